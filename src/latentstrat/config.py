@@ -1,0 +1,403 @@
+"""Collection config: loading, schema validation, defaults, cells and their canonical ids.
+
+A collection config (see config/config.yaml) holds fixed cell settings (`cell`), the primary
+arm's grid axes (`grid`), an optional `seeds` axis, and reference arms. This module is the one
+place that turns it into cells; Snakemake's common.smk and every stage call it.
+
+Cell ids are canonical strings built from the cell's settings (never from the position in a
+grid): `agg-sum_fam-raw_beta-0.01_seed-314159`, plus `key-value` for every other cell setting
+that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are the same beta.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
+
+# cell setting -> short id key, in id order. agg, fam, beta and seed always appear.
+ID_KEYS = {
+    "token_aggregation": "agg",
+    "reconstruction_family": "fam",
+    "beta": "beta",
+    "beta_schedule": "sched",
+    "init": "init",
+    "adaptation": "adapt",
+    "latent_dim": "zdim",
+    "z_slots": "slots",
+    "posterior_variance_weight": "lpv",
+    "router_marginal_kl_weight": "lrmk",
+    "seed": "seed",
+}
+ALWAYS_IN_ID = ("token_aggregation", "reconstruction_family", "beta", "seed")
+CELL_KEYS = tuple(ID_KEYS)
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the offending key."""
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
+    """Fill `default`s of `properties` recursively (objects only), following $ref/allOf."""
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        assert ref.startswith("#/"), ref
+        target = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        _fill_defaults(instance, target, root)
+    for sub in schema.get("allOf", []):
+        _fill_defaults(instance, sub, root)
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(instance[key], sub, root)
+
+
+def _key_path(path) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<root>"
+
+
+def _schema_error_message(err: jsonschema.ValidationError) -> str:
+    where = _key_path(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        known = ", ".join(sorted(err.schema.get("properties", {})))
+        names = ", ".join(f"{where}.{k}" if where != "<root>" else k for k in extra)
+        return f"unknown config key {names} (known keys here: {known})"
+    if err.validator == "required":
+        return f"config key {where}: {err.message}"
+    if err.validator in ("minItems", "minProperties") and not err.instance:
+        return f"config key {where}: must not be empty"
+    if err.validator == "pattern" and "tokcc" in str(err.schema.get("pattern", "")):
+        return (f"config key {where}: unknown reconstruction family {err.instance!r} "
+                "(expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])")
+    if err.validator == "pattern" and "lin" in str(err.schema.get("pattern", "")):
+        return f"config key {where}: unknown beta schedule {err.instance!r} (expected constant or lin<N>)"
+    return f"config key {where}: {err.message}"
+
+
+def validate(cfg: dict) -> dict:
+    """Validate against the schema and fill defaults. Returns a new dict; raises ConfigError."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("config must be a mapping")
+    cfg = copy.deepcopy(cfg)
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        raise ConfigError(_schema_error_message(errors[0]))
+    _fill_defaults(cfg, schema, schema)
+    _check_semantics(cfg)
+    return cfg
+
+
+def _check_semantics(cfg: dict) -> None:
+    from latentstrat.tasks import TASKS  # local import: tasks import nothing from config
+
+    for i, name in enumerate(cfg["data"]["tasks"]):
+        if name not in TASKS:
+            raise ConfigError(f"config key data.tasks[{i}]: unknown task {name!r} (known: {', '.join(sorted(TASKS))})")
+    for where, values in _family_values(cfg):
+        for i, fam in enumerate(values):
+            try:
+                parse_family(fam)
+            except ValueError as e:
+                raise ConfigError(f"config key {where}[{i}]: {e}") from None
+    if cfg["backbone"]["source"] in ("pretrained", "config_json") and not cfg["backbone"]["name_or_path"]:
+        raise ConfigError(f"config key backbone.name_or_path: required when backbone.source is {cfg['backbone']['source']!r}")
+    names = [cfg["primary_arm"]] + [a["name"] for a in cfg["reference_arms"]]
+    for i, arm in enumerate(cfg["reference_arms"]):
+        where = f"reference_arms[{i}]"
+        if names.count(arm["name"]) > 1:
+            raise ConfigError(f"config key {where}.name: arm name {arm['name']!r} is used twice")
+        if "table" in arm and ("grid" in arm or arm.get("settings")):
+            raise ConfigError(f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both")
+        if "table" not in arm and not arm.get("settings") and "grid" not in arm:
+            raise ConfigError(f"config key {where}: needs `settings`/`grid` (run here) or `table` (external)")
+    cells = expand_cells(cfg, validated=True)
+    if cfg["entangle"]["mode"] == "skip" and any(c.settings["init"] == "entangled" for c in cells):
+        raise ConfigError("config key entangle.mode: 'skip' but some cells have init: entangled")
+    ids = [c.cell_id for c in cells]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ConfigError(f"config keys grid/reference_arms: cell {dup[0]!r} appears in two arms")
+
+
+def _family_values(cfg: dict):
+    yield "cell.reconstruction_family", [cfg["cell"]["reconstruction_family"]]
+    yield "grid.reconstruction_family", cfg["grid"].get("reconstruction_family", [])
+    for i, arm in enumerate(cfg["reference_arms"]):
+        if "reconstruction_family" in arm.get("settings", {}):
+            yield f"reference_arms[{i}].settings.reconstruction_family", [arm["settings"]["reconstruction_family"]]
+        yield f"reference_arms[{i}].grid.reconstruction_family", arm.get("grid", {}).get("reconstruction_family", [])
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None, cfg: dict | None = None) -> dict:
+    """Read a YAML config (or take `cfg`), deep-merge `overrides`, validate, fill defaults."""
+    if cfg is None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        with open(path) as f:
+            try:
+                cfg = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    cfg = copy.deepcopy(cfg)
+    if overrides:
+        _deep_merge(cfg, overrides)
+    return validate(cfg)
+
+
+def _deep_merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+
+
+# ----------------------------------------------------------------------------- families
+
+
+@dataclass(frozen=True)
+class Family:
+    """A reconstruction family: kind in raw|dist_norm|tokcc|dist_tokcc, with its parameters."""
+    name: str
+    kind: str
+    alpha: float = 0.25  # tokcc exponent a
+    p: float = 0.0  # dist_tokcc weight on dist_norm
+    q: float = 0.0  # dist_tokcc weight on tokcc
+
+
+_FAMILY_RE = re.compile(
+    r"^(?:(?P<raw>raw)|(?P<dist>dist_norm)|tokcc_a(?P<a>[0-9.]+)|dist_tokcc_(?P<p>[0-9.]+)_(?P<q>[0-9.]+)(?:_a(?P<a2>[0-9.]+))?)$")
+
+
+def parse_family(name: str) -> Family:
+    m = _FAMILY_RE.match(str(name))
+    if not m:
+        raise ValueError(f"unknown reconstruction family {name!r} (expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])")
+    try:
+        if m["raw"]:
+            return Family(name, "raw")
+        if m["dist"]:
+            return Family(name, "dist_norm")
+        if m["a"] is not None:
+            return Family(name, "tokcc", alpha=float(m["a"]))
+        return Family(name, "dist_tokcc", alpha=float(m["a2"]) if m["a2"] else 0.25, p=float(m["p"]), q=float(m["q"]))
+    except ValueError:
+        raise ValueError(f"unknown reconstruction family {name!r}: malformed number") from None
+
+
+def family_label(name: str) -> str:
+    """Human label used by tables and figures: `tokcc a.25`, `dist+tokcc 0.05/0.95`."""
+    f = parse_family(name)
+    if f.kind == "raw":
+        return "raw"
+    if f.kind == "dist_norm":
+        return "dist norm"
+    a = _short(f.alpha)
+    if f.kind == "tokcc":
+        return f"tokcc a{a}"
+    return f"dist+tokcc {f.p:g}/{f.q:g}" + ("" if f.alpha == 0.25 else f" a{a}")
+
+
+def _short(x: float) -> str:
+    s = f"{x:g}"
+    return s[1:] if s.startswith("0.") else s
+
+
+def schedule_warmup(schedule: str) -> int:
+    """`constant` -> 0, `linN` -> N."""
+    if schedule == "constant":
+        return 0
+    m = re.fullmatch(r"lin([1-9][0-9]*)", schedule)
+    if not m:
+        raise ValueError(f"unknown beta schedule {schedule!r}")
+    return int(m[1])
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def format_value(v: Any) -> str:
+    """Canonical text of a setting value: 1 and 1.0 -> '1'; 0.010 -> '0.01'."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        if f.is_integer() and abs(f) < 1e15:
+            return str(int(f))
+        return repr(f)
+    return str(v)
+
+
+def beta_label(beta: float) -> str:
+    """Label as the seeds write it: beta=.01, beta=1."""
+    return "beta=" + _short(float(beta))
+
+
+def schema_cell_defaults() -> dict:
+    schema = load_schema()
+    return {k: v["default"] for k, v in schema["properties"]["cell"]["properties"].items()}
+
+
+def cell_id(settings: dict) -> str:
+    defaults = schema_cell_defaults()
+    parts = []
+    for key, short in ID_KEYS.items():
+        v = settings[key]
+        if key in ALWAYS_IN_ID or _canon(v) != _canon(defaults[key]):
+            parts.append(f"{short}-{format_value(v)}")
+    return "_".join(parts)
+
+
+def _canon(v):
+    return format_value(v)
+
+
+def parse_cell_id(cid: str) -> dict:
+    """Inverse of cell_id for the keys it names (values as strings)."""
+    rev = {v: k for k, v in ID_KEYS.items()}
+    out = {}
+    for part in cid.split("_"):
+        short, _, value = part.partition("-")
+        if short not in rev:
+            # family names contain underscores: glue back onto the previous part
+            last = list(out)[-1]
+            out[last] += "_" + part
+            continue
+        out[rev[short]] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    cell_id: str
+    arm: str
+    role: str  # primary | reference | comparison
+    settings: dict = field(hash=False)
+
+    def to_json(self) -> dict:
+        return {"cell_id": self.cell_id, "arm": self.arm, "role": self.role, **self.settings}
+
+
+def _normalize_settings(s: dict) -> dict:
+    out = dict(s)
+    for k in ("beta", "posterior_variance_weight", "router_marginal_kl_weight"):
+        out[k] = float(out[k])
+    for k in ("latent_dim", "z_slots", "seed"):
+        out[k] = int(out[k])
+    return out
+
+
+def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -> list[Cell]:
+    axes = [k for k in CELL_KEYS if k in grid and k != "seed"]
+    cells, seen = [], set()
+    for values in itertools.product(*(grid[k] for k in axes)):
+        for seed in seeds:
+            s = dict(base)
+            s.update(zip(axes, values))
+            s["seed"] = seed
+            s = _normalize_settings(s)
+            cid = cell_id(s)
+            if cid in seen:  # e.g. beta [1, 1.0]
+                continue
+            seen.add(cid)
+            cells.append(Cell(cid, name, role, s))
+    return cells
+
+
+def expand_cells(cfg: dict, validated: bool = False) -> list[Cell]:
+    """All cells run by this workflow: the primary arm, then each run-here reference arm."""
+    if not validated:
+        cfg = validate(cfg)
+    seeds = cfg.get("seeds") or [cfg["cell"]["seed"]]
+    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], seeds)
+    for arm in cfg["reference_arms"]:
+        if "table" in arm:
+            continue
+        base = {**cfg["cell"], **arm.get("settings", {})}
+        grid = {k: v for k, v in cfg["grid"].items() if k not in arm.get("settings", {})}
+        grid.update(arm.get("grid", {}))
+        cells += _arm_cells(arm["name"], arm.get("role", "reference"), base, grid, seeds)
+    return cells
+
+
+def external_arms(cfg: dict) -> list[dict]:
+    return [a for a in cfg["reference_arms"] if "table" in a]
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where every stage reads and writes. One place for the layout."""
+    results: Path
+    collection: str
+    base: str
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "Paths":
+        return cls(Path(cfg["results_dir"]), cfg["collection"], cfg["base"])
+
+    # base-level (shared by collections with the same `base`)
+    @property
+    def base_dir(self) -> Path: return self.results / "base" / self.base
+    @property
+    def data_dir(self) -> Path: return self.base_dir / "data"
+    @property
+    def entangle_dir(self) -> Path: return self.base_dir / "entangle"
+    @property
+    def reference_dir(self) -> Path: return self.base_dir / "reference"
+    # collection-level
+    @property
+    def collection_dir(self) -> Path: return self.results / self.collection
+    def cell_dir(self, cid: str) -> Path: return self.collection_dir / "cells" / cid
+    def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
+    def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
+    def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"
+    def metrics_path(self, cid: str) -> Path: return self.cell_dir(cid) / "metrics.parquet"
+    @property
+    def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
+    @property
+    def report_dir(self) -> Path: return self.collection_dir / "report"
+
+
+def base_settings(cfg: dict) -> dict:
+    """The config sections that define the shared base (data, backbone, entangle)."""
+    return {k: cfg[k] for k in ("data", "backbone", "entangle")}
+
+
+def dump_json(obj: Any, path: str | Path) -> None:
+    """Write JSON atomically (temp file, then rename)."""
+    from latentstrat.io import atomic_path
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")

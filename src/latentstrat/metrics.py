@@ -1,0 +1,106 @@
+"""Metric definitions: the one place for names, labels and derived-metric formulas.
+
+Every table and figure reads its names and labels from here (DESIGN section 6).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    higher_is_better: bool | None  # None: neither (scales, diagnostics)
+    description: str
+
+
+_M = [
+    Metric("matched_router_score", "matched router score", True,
+           "within_task_router_probe x strategy_match_rate"),
+    Metric("within_task_router_probe", "within-task router probe", True,
+           "per task, CV accuracy of a linear probe from router-sampled z to the strategy the generation followed (unambiguous matches); mean over tasks"),
+    Metric("global_router_probe", "global router probe", True,
+           "one probe over all tasks from router-sampled z to task:strategy"),
+    Metric("strategy_match_rate", "strategy-match rate", True,
+           "fraction of generations whose trace matches at least one strategy"),
+    Metric("posterior_probe", "posterior probe", True,
+           "per task, CV accuracy from the posterior mean mu_q(x, y_true) to the true strategy; mean over tasks"),
+    Metric("final_answer_accuracy", "final answer accuracy", True,
+           "mean verifier result over router-sampled greedy generations"),
+    Metric("reconstruction_loss", "reconstruction loss", False,
+           "raw reconstruction: mean_i A_i(l)"),
+    Metric("distribution_normalized_reconstruction_loss", "dist-normalized reconstruction", False,
+           "base-relative reconstruction: raw / S_ref"),
+    Metric("tokcc_reconstruction_loss", "tokcc reconstruction", False,
+           "token-weighted concentration-corrected reconstruction: mean_i A_i(w*l) / T_ref"),
+    Metric("kl_prior_loss", "KL to prior", False,
+           "KL(q(z|x,y) || p_router(z|x)), summed over latent dims, mean over examples"),
+    Metric("active_reconstruction_objective", "active reconstruction objective", False,
+           "the reconstruction family this cell optimizes"),
+    Metric("kl_over_active_reconstruction", "KL / active recon", None,
+           "kl_prior_loss / active_reconstruction_objective"),
+    Metric("inferred_zfree_reference_scale", "inferred z-free reference scale", None,
+           "reconstruction_loss / distribution_normalized_reconstruction_loss = S_ref"),
+    Metric("posterior_router_probe_gap", "posterior-router probe gap", None,
+           "posterior_probe - within_task_router_probe"),
+]
+METRICS: dict[str, Metric] = {m.name: m for m in _M}
+# the order of the seeds' "Metric Distributions" table
+DISTRIBUTION_METRICS = list(METRICS)
+LOSS_METRICS = ["reconstruction_loss", "distribution_normalized_reconstruction_loss",
+                "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective"]
+PROBE_METRICS = ["within_task_router_probe", "global_router_probe", "posterior_probe"]
+
+# diagnostics logged during training (weights default 0)
+DIAGNOSTICS = {
+    "posterior_variance": "posterior variance (mean exp(logvar_q))",
+    "router_marginal_kl_to_prior": "router marginal KL to N(0, I)",
+}
+# per-task training-history metrics (task != "all")
+PER_TASK_HISTORY = {
+    "token_count_mean": "mean supervised tokens per example",
+    "example_share": "share of examples",
+    "token_share": "share of supervised tokens",
+    "loss_share": "share of the summed (aggregated) reconstruction loss",
+    "grad_norm_share": "share of gradient norm",
+}
+
+
+def label(name: str) -> str:
+    if name in METRICS:
+        return METRICS[name].label
+    if name in DIAGNOSTICS:
+        return DIAGNOSTICS[name]
+    if name in PER_TASK_HISTORY:
+        return PER_TASK_HISTORY[name]
+    return name.replace("_", " ")
+
+
+def _nan_if_missing(x) -> float:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return x
+
+
+def safe_ratio(a, b) -> float:
+    a, b = _nan_if_missing(a), _nan_if_missing(b)
+    if math.isnan(a) or math.isnan(b) or b == 0:
+        return math.nan
+    return a / b
+
+
+def derive(row: dict) -> dict:
+    """Add the derived metrics to a row that has the base metrics. Returns a new dict.
+
+    The identities the tests check on every row live here and nowhere else.
+    """
+    out = dict(row)
+    out["matched_router_score"] = _nan_if_missing(row.get("within_task_router_probe")) * _nan_if_missing(row.get("strategy_match_rate"))
+    out["posterior_router_probe_gap"] = _nan_if_missing(row.get("posterior_probe")) - _nan_if_missing(row.get("within_task_router_probe"))
+    out["kl_over_active_reconstruction"] = safe_ratio(row.get("kl_prior_loss"), row.get("active_reconstruction_objective"))
+    out["inferred_zfree_reference_scale"] = safe_ratio(row.get("reconstruction_loss"), row.get("distribution_normalized_reconstruction_loss"))
+    return out
