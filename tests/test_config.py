@@ -1,0 +1,107 @@
+"""Config loading, validation errors that name the key, cells and canonical cell ids."""
+import copy
+from pathlib import Path
+
+import pytest
+
+from latentstrat import config as C
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_cfg():
+    return C.load_config(ROOT / "config" / "config.yaml")
+
+
+def minimal(**over):
+    cfg = {"collection": "t", "base": "b", "data": {}, "grid": {"reconstruction_family": ["raw"], "beta": [0.1]}}
+    cfg.update(over)
+    return cfg
+
+
+def test_default_collection_has_12_sum_cells_and_8_reference_cells():
+    cells = C.expand_cells(default_cfg())
+    primary = [c for c in cells if c.role == "primary"]
+    ref = [c for c in cells if c.arm == "mean_lin100"]
+    assert len(primary) == 12 and len(ref) == 8 and len(cells) == 20
+    assert {c.settings["token_aggregation"] for c in primary} == {"sum"}
+    assert {c.settings["beta_schedule"] for c in ref} == {"lin100"}
+    assert {c.settings["beta"] for c in ref} == {0.01, 0.1}
+    assert "agg-sum_fam-raw_beta-0.01_seed-314159" in {c.cell_id for c in primary}
+    assert "agg-mean_fam-dist_norm_beta-0.1_sched-lin100_seed-314159" in {c.cell_id for c in ref}
+
+
+def test_cell_id_beta_one_and_one_point_zero_are_the_same():
+    cfg = minimal(grid={"reconstruction_family": ["raw"], "beta": [1, 1.0, 0.010]})
+    ids = [c.cell_id for c in C.expand_cells(cfg)]
+    assert ids == ["agg-sum_fam-raw_beta-1_seed-314159", "agg-sum_fam-raw_beta-0.01_seed-314159"]
+
+
+def test_cell_id_names_non_default_settings_and_round_trips():
+    s = {**C.schema_cell_defaults(), "token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
+         "beta": 0.1, "latent_dim": 8, "seed": 3}
+    cid = C.cell_id(C._normalize_settings(s))
+    assert cid == "agg-sum_scaled_fam-dist_tokcc_0.05_0.95_beta-0.1_zdim-8_seed-3"
+    back = C.parse_cell_id(cid)
+    assert back == {"token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
+                    "beta": "0.1", "latent_dim": "8", "seed": "3"}
+
+
+def test_grid_with_four_axes_and_seeds_expands_to_product():
+    cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1],
+                        "token_aggregation": ["mean", "sum"]}, seeds=[1, 2])
+    cells = C.expand_cells(cfg)
+    assert len(cells) == 16 and len({c.cell_id for c in cells}) == 16
+
+
+def test_reference_arm_inherits_primary_axes_it_does_not_override():
+    cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
+                  reference_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}])
+    cells = C.expand_cells(cfg)
+    assert len([c for c in cells if c.arm == "matched"]) == 6
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["grid"].update(reconstruction_family=["raw", "bogus"]), "grid.reconstruction_family[1]"),
+    (lambda c: c["grid"].update(beta=[-0.1]), "grid.beta[0]"),
+    (lambda c: c["grid"].update(beta=[]), "grid.beta"),
+    (lambda c: c.update(gird={}), "gird"),
+    (lambda c: c["data"].update(train_per_task=0), "data.train_per_task"),
+    (lambda c: c["data"].update(tasks=["sorting_algorithms", "no_such_task"]), "data.tasks[1]"),
+    (lambda c: c.update(train={"stpes": 3}), "train.stpes"),
+    (lambda c: c.update(cell={"beta_schedule": "linear"}), "cell.beta_schedule"),
+    (lambda c: c.update(reference_arms=[{"name": "x"}]), "reference_arms[0]"),
+])
+def test_bad_config_names_the_key(mutate, key):
+    cfg = minimal()
+    mutate(cfg)
+    with pytest.raises(C.ConfigError) as e:
+        C.validate(cfg)
+    assert key in str(e.value), str(e.value)
+
+
+def test_defaults_filled_and_input_not_mutated():
+    raw = minimal()
+    before = copy.deepcopy(raw)
+    cfg = C.validate(raw)
+    assert raw == before
+    assert cfg["train"]["eval_every"] == 25 and cfg["cell"]["latent_dim"] == 64
+    assert cfg["backbone"]["embedded"]["num_hidden_layers"] >= 1
+
+
+def test_family_parsing_and_labels():
+    f = C.parse_family("dist_tokcc_0.05_0.95")
+    assert (f.kind, f.p, f.q, f.alpha) == ("dist_tokcc", 0.05, 0.95, 0.25)
+    assert C.parse_family("tokcc_a0.5").alpha == 0.5
+    assert C.family_label("tokcc_a0.25") == "tokcc a.25"
+    assert C.family_label("dist_tokcc_0.05_0.95") == "dist+tokcc 0.05/0.95"
+    assert C.beta_label(0.01) == "beta=.01" and C.beta_label(1.0) == "beta=1"
+    assert C.schedule_warmup("lin100") == 100 and C.schedule_warmup("constant") == 0
+    with pytest.raises(ValueError, match="unknown reconstruction family"):
+        C.parse_family("tokcc")
+
+
+def test_all_shipped_configs_validate():
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        cfg = C.load_config(path)
+        assert C.expand_cells(cfg), path
