@@ -1,0 +1,169 @@
+"""Linear probes: how much strategy information a latent carries (DESIGN sections 5.6 and 6).
+
+A probe is a multinomial logistic regression on standardized features (the scaler is fitted
+inside each fold: a Pipeline), scored by stratified k-fold cross-validation. Next to every
+accuracy it reports the chance level (majority-class rate) and a shuffled-label control (the
+same CV on permuted labels). A probe that cannot be run honestly (fewer than 2 classes, or a
+class with fewer examples than folds) reports status 'na' with the reason instead of a number.
+
+Probes on the evaluate records of a cell:
+- within_task_router: per task, router-sampled z -> the strategy the generation followed
+  (generations that match exactly one strategy);
+- posterior: per task, posterior mean mu_q(x, y_true) -> the true strategy (examples whose
+  true trace is unambiguous);
+- global_router: over all tasks, router-sampled z -> "task:followed_strategy".
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from latentstrat.io import read_parquet, write_parquet
+
+PROBE_NAMES = ("within_task_router", "posterior", "global_router")
+PROBE_COLUMNS = ["cell_id", "task", "probe", "accuracy", "chance", "shuffled_accuracy", "n",
+                 "n_classes", "folds", "status", "reason"]
+# the record columns the probes read
+PROBE_RECORD_COLUMNS = ["cell_id", "task", "strategy", "followed_strategy", "ambiguous",
+                        "router_z", "posterior_mu"]
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    accuracy: float  # mean CV accuracy (nan when na)
+    chance: float  # majority-class rate
+    shuffled_accuracy: float  # the same CV on permuted labels
+    n: int
+    n_classes: int
+    folds: int
+    status: str  # ok | na
+    reason: str  # why na ('' when ok)
+
+    def to_row(self, **keys) -> dict:
+        return {**keys, **asdict(self)}
+
+
+def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: int) -> float:
+    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    accs = []
+    for tr, te in cv.split(X, y):
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X[tr], y[tr])
+        accs.append(float(np.mean(clf.predict(X[te]) == y[te])))
+    return float(np.mean(accs))
+
+
+def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000) -> ProbeResult:
+    """CV accuracy of a multinomial logistic regression from features X [n, d] to labels y [n]."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y).astype(str)
+    if X.ndim != 2 or len(X) != len(y):
+        raise ValueError(f"linear_probe: features must be [n, d] with n = len(labels); got {X.shape} and {len(y)} labels")
+    if not np.isfinite(X).all():
+        raise ValueError("linear_probe: features contain NaN or inf")
+    counts = Counter(y.tolist())
+    n, k = len(y), len(counts)
+    chance = max(counts.values()) / n if n else float("nan")
+
+    def na(reason: str) -> ProbeResult:
+        return ProbeResult(float("nan"), chance, float("nan"), n, k, folds, "na", reason)
+
+    if k < 2:
+        return na(f"{k} class{'es' if k != 1 else ''} among {n} examples (need at least 2)")
+    small = sorted((c, s) for s, c in counts.items() if c < folds)
+    if small:
+        c, s = small[0]
+        return na(f"class {s!r} has {c} example{'s' if c != 1 else ''}, fewer than folds={folds}")
+    acc = _cv_accuracy(X, y, folds, seed, max_iter)
+    y_shuffled = np.random.default_rng(seed).permutation(y)
+    shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)
+    return ProbeResult(acc, chance, shuffled, n, k, folds, "ok", "")
+
+
+# ----------------------------------------------------------------------------- on records
+
+
+def _features(rows: pd.DataFrame, column: str, records_path) -> np.ndarray:
+    if rows.empty:
+        return np.zeros((0, 0))
+    lengths = rows[column].map(len)
+    if lengths.nunique() != 1:
+        raise ValueError(f"records {records_path}: column {column!r} has vectors of different lengths {sorted(lengths.unique())}")
+    return np.stack([np.asarray(v, dtype=np.float64) for v in rows[column]])
+
+
+def _probe_row(cfg, cell_id, task, probe, X, y) -> dict:
+    p = cfg["probes"]
+    if len(y) == 0:
+        res = ProbeResult(float("nan"), float("nan"), float("nan"), 0, 0, p["folds"], "na", "no eligible examples")
+    else:
+        res = linear_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
+    return res.to_row(cell_id=cell_id, task=task, probe=probe)
+
+
+def _read_records(records_path) -> pd.DataFrame:
+    df = read_parquet(records_path, "evaluate records", columns=PROBE_RECORD_COLUMNS)
+    if df.empty:
+        raise ValueError(f"evaluate records {records_path} has no rows")
+    ids = df["cell_id"].unique()
+    if len(ids) != 1:
+        raise ValueError(f"evaluate records {records_path} mix cells {sorted(ids)}")
+    return df
+
+
+def router_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Generations that followed exactly one strategy (the within-task router probe's data)."""
+    return df[df["followed_strategy"].notna()]
+
+
+def posterior_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Examples whose true trace is unambiguous (the posterior probe's data)."""
+    return df[~df["ambiguous"].astype(bool)]
+
+
+def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
+    """Within-task router probe and posterior probe of one task -> two rows at out_path."""
+    df = _read_records(records_path)
+    rows = df[df["task"] == task]
+    if rows.empty:
+        raise ValueError(f"evaluate records {records_path} have no rows for task {task!r} (tasks: {sorted(df['task'].unique())})")
+    cid = df["cell_id"].iloc[0]
+    r = router_probe_rows(rows)
+    q = posterior_probe_rows(rows)
+    out = pd.DataFrame([
+        _probe_row(cfg, cid, task, "within_task_router", _features(r, "router_z", records_path), r["followed_strategy"].to_numpy()),
+        _probe_row(cfg, cid, task, "posterior", _features(q, "posterior_mu", records_path), q["strategy"].to_numpy()),
+    ], columns=PROBE_COLUMNS)
+    write_parquet(out, out_path)
+    return out
+
+
+def probe_global(cfg: dict, records_path, out_path) -> pd.DataFrame:
+    """One router probe over all tasks: z -> "task:followed_strategy" -> one row at out_path."""
+    df = _read_records(records_path)
+    r = router_probe_rows(df)
+    labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
+    out = pd.DataFrame([_probe_row(cfg, df["cell_id"].iloc[0], "global", "global_router",
+                                   _features(r, "router_z", records_path), labels)], columns=PROBE_COLUMNS)
+    write_parquet(out, out_path)
+    return out
+
+
+def read_probes(paths) -> pd.DataFrame:
+    """Concatenate probe tables (per task and global), checking their columns."""
+    frames = [read_parquet(p, "probe table", columns=PROBE_COLUMNS) for p in paths]
+    if not frames:
+        return pd.DataFrame(columns=PROBE_COLUMNS)
+    return pd.concat(frames, ignore_index=True)
