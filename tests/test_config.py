@@ -105,3 +105,27 @@ def test_all_shipped_configs_validate():
     for path in sorted((ROOT / "config").glob("*.yaml")):
         cfg = C.load_config(path)
         assert C.expand_cells(cfg), path
+
+
+def test_followup_extends_default_and_adds_matched_and_scaled_arms():
+    cfg = C.load_config(ROOT / "config" / "followup.yaml")
+    default = default_cfg()
+    assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"]
+    cells = C.expand_cells(cfg)
+    by_arm = {}
+    for c in cells:
+        by_arm.setdefault(c.arm, []).append(c)
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 12, "matched_mean": 12, "sum_scaled": 12, "mean_lin100": 8}
+    assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"constant"}
+    # the matched arm differs from the primary arm in token aggregation alone
+    prim = {(c.settings["reconstruction_family"], c.settings["beta"]): c.settings for c in by_arm["sum"]}
+    for c in by_arm["matched_mean"]:
+        p = prim[(c.settings["reconstruction_family"], c.settings["beta"])]
+        assert {k for k in p if p[k] != c.settings[k]} == {"token_aggregation"}
+
+
+def test_extends_missing_parent_names_the_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("extends: config/nope.yaml\ncollection: x\n")
+    with pytest.raises(C.ConfigError, match="extends"):
+        C.load_config(p)

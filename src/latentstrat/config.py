@@ -166,10 +166,38 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None, c
                 cfg = yaml.safe_load(f)
             except yaml.YAMLError as e:
                 raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    cfg = copy.deepcopy(cfg)
+    cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else None)
     if overrides:
         _deep_merge(cfg, overrides)
     return validate(cfg)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_extends(cfg: dict, here: Path | None = None, _seen: tuple = ()) -> dict:
+    """`extends: config/config.yaml` deep-merges this config over another one.
+
+    The path is relative to the repository root (or to the extending file's folder). One
+    place for shared sections: a follow-up collection extends the default one and changes
+    only what differs (the shared `base` then matches by construction).
+    """
+    parent = cfg.pop("extends", None)
+    if parent is None:
+        return cfg
+    candidates = [Path(parent)] if Path(parent).is_absolute() else [REPO_ROOT / parent] + ([here / parent] if here else [])
+    for cand in candidates:
+        if cand.exists():
+            break
+    else:
+        raise ConfigError(f"config key extends: {parent!r} not found (looked in {', '.join(map(str, candidates))})")
+    if cand.resolve() in _seen:
+        raise ConfigError(f"config key extends: cycle through {cand}")
+    with open(cand) as f:
+        base = yaml.safe_load(f) or {}
+    base = resolve_extends(base, cand.parent, _seen + (cand.resolve(),))
+    _deep_merge(base, cfg)
+    return base
 
 
 def _deep_merge(dst: dict, src: dict) -> None:
