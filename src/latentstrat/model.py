@@ -1,0 +1,310 @@
+"""Backbones and the latent strategy model (DESIGN section 3).
+
+A backbone is a transformers causal LM: the embedded small Qwen2 (built from a `Qwen2Config`,
+tied embeddings), any hub/local model via `from_pretrained`, or random init from a config JSON.
+
+`LatentStrategyModel` wraps one backbone with
+- a router head on the hidden state at `<z>` -> (mu_r, logvar_r),
+- a posterior head on the last non-pad token of the posterior input -> (mu_q, logvar_q),
+- a z projection: z -> P slot embeddings written into the `[Z]` positions (added to the
+  `[Z]` token embedding), so the generator pass conditions on z,
+and two "adapters":
+- `lora`: two peft LoRA adapters ("generator" = router+generator, "posterior") over one frozen
+  base; only adapters and heads train.
+- `full`: two trainable copies of the backbone (generator copy, posterior copy). Chosen over one
+  shared trainable base so `full` keeps the two-adapter semantics (the posterior's weights never
+  see the generator's gradients and vice versa); memory is 2x the backbone.
+- `frozen`: one frozen backbone, heads only.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ADAPTERS = ("generator", "posterior")
+
+
+# ----------------------------------------------------------------------------- backbones
+
+
+def _special_ids(tokenizer) -> dict:
+    ids = {}
+    for key, tok in (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>")):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if tid is None or tid == getattr(tokenizer, "unk_token_id", None):
+            tid = getattr(tokenizer, key)
+        ids[key] = tid
+    return ids
+
+
+def embedded_config(embedded_cfg: dict, tokenizer):
+    """The embedded default: a small Qwen2 with tied embeddings, vocab from the tokenizer."""
+    from transformers import Qwen2Config
+
+    e = embedded_cfg
+    if e["hidden_size"] % e["num_attention_heads"]:
+        raise ValueError(f"config key backbone.embedded.hidden_size ({e['hidden_size']}) must be divisible by num_attention_heads ({e['num_attention_heads']})")
+    if e["num_attention_heads"] % e["num_key_value_heads"]:
+        raise ValueError(f"config key backbone.embedded.num_attention_heads ({e['num_attention_heads']}) must be divisible by num_key_value_heads ({e['num_key_value_heads']})")
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=e["hidden_size"],
+        intermediate_size=e["intermediate_size"],
+        num_hidden_layers=e["num_hidden_layers"],
+        num_attention_heads=e["num_attention_heads"],
+        num_key_value_heads=e["num_key_value_heads"],
+        max_position_embeddings=e.get("max_position_embeddings", 256),
+        tie_word_embeddings=True,
+        use_cache=False,
+        **_special_ids(tokenizer),
+    )
+
+
+def build_backbone(backbone_cfg: dict, tokenizer=None):
+    """A causal LM per `backbone_cfg` (the config's `backbone` section), in its dtype.
+
+    embedded: random init from `embedded_config` (seed the global torch RNG before calling);
+    pretrained: `AutoModelForCausalLM.from_pretrained(name_or_path)`;
+    config_json: random init from a config JSON file (or a directory holding config.json).
+    If the tokenizer has more tokens than the model's vocabulary, embeddings are resized.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = backbone_cfg.get("source", "embedded")
+    dtype = DTYPES[backbone_cfg.get("dtype", "float32")]
+    if source == "embedded":
+        if tokenizer is None:
+            raise ValueError("build_backbone: backbone.source 'embedded' needs the dataset tokenizer")
+        model = AutoModelForCausalLM.from_config(embedded_config(backbone_cfg["embedded"], tokenizer))
+    elif source == "pretrained":
+        path = backbone_cfg.get("name_or_path")
+        if not path:
+            raise ValueError("config key backbone.name_or_path: required when backbone.source is 'pretrained'")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    elif source == "config_json":
+        path = backbone_cfg.get("name_or_path")
+        if not path or not Path(path).exists():
+            raise FileNotFoundError(f"config key backbone.name_or_path: config JSON {path!r} does not exist")
+        config = AutoConfig.from_pretrained(path)
+        config.use_cache = False
+        model = AutoModelForCausalLM.from_config(config)
+    else:
+        raise ValueError(f"config key backbone.source: unknown source {source!r}")
+    if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+        for key, tid in _special_ids(tokenizer).items():
+            setattr(model.config, key, tid)
+    return model.to(dtype)
+
+
+def load_entangled(entangle_dir: str | Path, dtype: str | None = None):
+    """The entangled (z-free) model saved by the entangle stage: `<entangle_dir>/model/`.
+
+    Accepts the stage directory or the `model/` directory itself.
+    """
+    from transformers import AutoModelForCausalLM
+
+    d = Path(entangle_dir)
+    if (d / "model" / "config.json").exists():
+        d = d / "model"
+    if not (d / "config.json").exists():
+        raise FileNotFoundError(f"entangled model {d} has no config.json (run the entangle stage first)")
+    kw = {"dtype": DTYPES[dtype]} if dtype else {}
+    return AutoModelForCausalLM.from_pretrained(d, **kw)
+
+
+def count_params(model: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# ----------------------------------------------------------------------------- latent model
+
+
+class GaussianHead(nn.Module):
+    """hidden [B, H] -> (mu, logvar) [B, D], in float32."""
+
+    def __init__(self, hidden: int, latent_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden, 2 * latent_dim)
+        nn.init.normal_(self.proj.weight, std=0.02)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h):
+        mu, logvar = self.proj(h.float()).chunk(2, dim=-1)
+        return mu, logvar
+
+
+def _lora_config(lora_cfg: dict | None):
+    from peft import LoraConfig
+
+    c = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", **(lora_cfg or {})}
+    tm = c["target_modules"]
+    return LoraConfig(r=c["r"], lora_alpha=c["alpha"], lora_dropout=c["dropout"],
+                      target_modules=tm if tm == "all-linear" else list(tm), bias="none")
+
+
+class LatentStrategyModel(nn.Module):
+    def __init__(self, backbone, latent_dim: int, z_slots: int = 1, adaptation: str = "lora",
+                 lora_cfg: dict | None = None):
+        super().__init__()
+        if adaptation not in ("lora", "full", "frozen"):
+            raise ValueError(f"cell setting adaptation: unknown adaptation {adaptation!r} (lora, full, frozen)")
+        self.adaptation = adaptation
+        self.latent_dim = latent_dim
+        self.z_slots = z_slots
+        self.hidden = backbone.config.hidden_size
+        self.dtype_ = next(backbone.parameters()).dtype
+        for p in backbone.parameters():
+            p.requires_grad_(False)
+        if adaptation == "lora":
+            from peft import get_peft_model
+
+            cfg = _lora_config(lora_cfg)
+            self.peft = get_peft_model(backbone, cfg, adapter_name="generator")
+            self.peft.add_adapter("posterior", copy.deepcopy(cfg))
+            self.lm = self.peft.base_model.model  # the causal LM with LoRA layers injected
+            self.lm_post = self.lm
+        elif adaptation == "full":
+            self.lm = backbone
+            self.lm_post = copy.deepcopy(backbone)
+            for p in list(self.lm.parameters()) + list(self.lm_post.parameters()):
+                p.requires_grad_(True)
+        else:
+            self.lm = self.lm_post = backbone
+        self.router_head = GaussianHead(self.hidden, latent_dim)
+        self.posterior_head = GaussianHead(self.hidden, latent_dim)
+        self.z_proj = nn.Linear(latent_dim, z_slots * self.hidden)
+        nn.init.normal_(self.z_proj.weight, std=0.02)
+        nn.init.zeros_(self.z_proj.bias)
+        self._active = "generator"
+        self._trainable = self._trainable_names()
+        params = dict(self.named_parameters())
+        for n in self._trainable:
+            params[n].requires_grad_(True)
+
+    # -------------------------------------------------------------- adapters
+
+    def _trainable_names(self) -> list[str]:
+        heads = ("router_head.", "posterior_head.", "z_proj.")
+        names = []
+        for n, p in self.named_parameters():  # tied weights appear once
+            if n.startswith(heads):
+                names.append(n)
+            elif self.adaptation == "lora" and ".lora_" in n:
+                names.append(n)
+            elif self.adaptation == "full" and n.startswith(("lm.", "lm_post.")):
+                names.append(n)
+        return names
+
+    def _set_active(self, name: str) -> None:
+        if name not in ADAPTERS:
+            raise ValueError(f"unknown adapter {name!r} (expected one of {ADAPTERS})")
+        if self.adaptation == "lora" and name != self._active:
+            self.peft.base_model.set_adapter(name)
+            # peft freezes the inactive adapter; both must stay trainable (one backward per step)
+            if self.training:
+                params = dict(self.named_parameters())
+                for n in self._trainable:
+                    params[n].requires_grad_(True)
+        self._active = name
+
+    @contextlib.contextmanager
+    def adapter(self, name: str):
+        prev = self._active
+        self._set_active(name)
+        try:
+            yield
+        finally:
+            self._set_active(prev)
+
+    # -------------------------------------------------------------- passes
+
+    def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None):
+        out = lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False)
+        return out.last_hidden_state
+
+    def posterior(self, post_ids, post_mask):
+        """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q)."""
+        with self.adapter("posterior"):
+            h = self._hidden(self.lm_post, input_ids=post_ids, mask=post_mask)
+        last = post_mask.long().sum(1) - 1
+        pooled = h[torch.arange(h.shape[0], device=h.device), last]
+        return self.posterior_head(pooled)
+
+    def router_prefix(self, ids, mask, z_open_pos):
+        """p(z|x) from the `<z>` hidden state; only the prefix up to `<z>` is run."""
+        T = int(z_open_pos.max()) + 1
+        with self.adapter("generator"):
+            h = self._hidden(self.lm, input_ids=ids[:, :T], mask=mask[:, :T])
+        return self.router_head(h[torch.arange(h.shape[0], device=h.device), z_open_pos])
+
+    def slot_embeddings(self, z):
+        """z [B, D] -> [B, P, H] added to the `[Z]` token embedding at the slot positions."""
+        return self.z_proj(z.float()).view(z.shape[0], self.z_slots, self.hidden)
+
+    def embed_with_z(self, ids, z, z_slot_pos):
+        emb = self.lm.get_input_embeddings()(ids)
+        rows = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(z_slot_pos)
+        slots = emb[rows, z_slot_pos] + self.slot_embeddings(z).to(emb.dtype)
+        emb = emb.index_put((rows, z_slot_pos), slots)  # out of place: keeps autograd simple
+        return emb
+
+    def generator(self, gen_ids, gen_mask, z, z_open_pos, z_slot_pos, sup_pos=None):
+        """One pass: router from the `<z>` hidden state (it has seen x only), generator logits
+        with z written into the slots. Logits are [B, T, V], or [B, L, V] at `sup_pos` only
+        (positions whose next token is supervised: cheaper for large vocabularies)."""
+        with self.adapter("generator"):
+            h = self._hidden(self.lm, inputs_embeds=self.embed_with_z(gen_ids, z, z_slot_pos), mask=gen_mask)
+            rows = torch.arange(h.shape[0], device=h.device)
+            mu_r, logvar_r = self.router_head(h[rows, z_open_pos])
+            if sup_pos is not None:
+                h = h[rows[:, None], sup_pos]
+            logits = self.lm.lm_head(h)
+        return logits, mu_r, logvar_r
+
+    # -------------------------------------------------------------- weights
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        params = dict(self.named_parameters())
+        return [params[n] for n in self._trainable]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        params = dict(self.named_parameters())
+        return {n: params[n].detach().contiguous() for n in self._trainable}
+
+    def save_trainable(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        from latentstrat.io import atomic_path
+
+        sd = {n: t.cpu().clone() for n, t in self.trainable_state_dict().items()}
+        with atomic_path(path, suffix=".safetensors") as tmp:
+            save_file(sd, str(tmp), metadata={"adaptation": self.adaptation, "latent_dim": str(self.latent_dim),
+                                              "z_slots": str(self.z_slots)})
+
+    def load_trainable(self, path_or_state) -> None:
+        """Load adapters + heads (lora), everything (full) or heads (frozen). Strict on names."""
+        if isinstance(path_or_state, (str, Path)):
+            from safetensors.torch import load_file
+
+            if not Path(path_or_state).exists():
+                raise FileNotFoundError(f"trained weights {path_or_state} do not exist")
+            state = load_file(str(path_or_state))
+            where = str(path_or_state)
+        else:
+            state, where = path_or_state, "state dict"
+        missing = sorted(set(self._trainable) - set(state))
+        extra = sorted(set(state) - set(self._trainable))
+        if missing or extra:
+            raise ValueError(f"{where} does not match this model ({self.adaptation}): missing {missing[:5]}, unexpected {extra[:5]}")
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for n, t in state.items():
+                if params[n].shape != t.shape:
+                    raise ValueError(f"{where}: {n} has shape {tuple(t.shape)}, model has {tuple(params[n].shape)}")
+                params[n].copy_(t.to(params[n].dtype))
