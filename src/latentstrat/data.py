@@ -1,0 +1,375 @@
+"""Data stage: task examples -> parquet splits, a word-level tokenizer, a data card; and the
+encoding/batching every model stage uses (docs/architecture.md, Data).
+
+    python -m latentstrat.data --config config/config.yaml [--out DIR]
+
+Records (words separated by single spaces; P = z_slots):
+
+    <bos> <x> x </x> <z> [Z]*P </z> <y> y </y> <eos>     generator (with z)
+    <bos> <x> x </x> <y> y </y> <eos>                     z-free (entangled)
+    <bos> <x> x </x> <y> y </y>                           posterior input
+
+Supervised tokens: the y tokens, `</y>` and `<eos>` (n_supervised = n_y_tokens + 2).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from latentstrat.io import read_parquet, write_parquet, write_text
+from latentstrat.tasks import TASKS
+
+SPLITS = ("train", "validation", "test")
+PAD, UNK, BOS, X_OPEN, X_CLOSE, Z_OPEN, Z_SLOT, Z_CLOSE, Y_OPEN, Y_CLOSE, EOS = (
+    "<pad>", "<unk>", "<bos>", "<x>", "</x>", "<z>", "[Z]", "</z>", "<y>", "</y>", "<eos>")
+SPECIAL_TOKENS = (PAD, UNK, BOS, X_OPEN, X_CLOSE, Z_OPEN, Z_SLOT, Z_CLOSE, Y_OPEN, Y_CLOSE, EOS)
+COLUMNS = ("task", "example_id", "split", "strategy", "x", "y", "answer", "ambiguous",
+           "matching_strategies", "n_y_tokens", "n_supervised")
+MAX_DRAWS_PER_EXAMPLE = 200  # give up (clear error) when a task's input space is too small
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def render_record(x: str, y: str, with_z: bool = True, z_slots: int = 1, eos: bool = True) -> str:
+    """The record text; `eos=False` (and with_z=False) gives the posterior input."""
+    parts = [BOS, X_OPEN, x, X_CLOSE]
+    if with_z:
+        parts += [Z_OPEN] + [Z_SLOT] * z_slots + [Z_CLOSE]
+    parts += [Y_OPEN, y, Y_CLOSE]
+    if eos:
+        parts.append(EOS)
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def task_rng(seed: int, task: str) -> random.Random:
+    """One independent, reproducible stream per (data seed, task)."""
+    return random.Random(f"{seed}:{task}")
+
+
+def generate_task(name: str, sizes: dict[str, int], seed: int) -> pd.DataFrame:
+    """Examples of one task for every split: unique inputs (so splits are disjoint by x),
+    strategy labels uniform per example, ambiguity flags from the matcher."""
+    task = TASKS[name]
+    rng = task_rng(seed, name)
+    total = sum(sizes.values())
+    xs, seen, draws = [], set(), 0
+    while len(xs) < total:
+        draws += 1
+        if draws > MAX_DRAWS_PER_EXAMPLE * total:
+            raise ValueError(f"task {name}: found only {len(xs)} distinct inputs for {total} requested "
+                             f"examples (data.*_per_task too large for this task's input space)")
+        x = task.sample_input(rng)
+        if x not in seen:
+            seen.add(x)
+            xs.append(x)
+    rows, start = [], 0
+    for split in SPLITS:
+        for i, x in enumerate(xs[start:start + sizes[split]]):
+            strategy = rng.choice(task.strategies)
+            y = task.render(x, strategy)
+            matches = sorted(task.matching_strategies(x, y))
+            if strategy not in matches or not task.final_answer_correct(x, y):
+                raise AssertionError(f"task {name}: the {strategy} trace of {x!r} fails its own verifier/matcher")
+            n_y = len(y.split())
+            rows.append(dict(task=name, example_id=f"{name}-{split}-{i:05d}", split=split, strategy=strategy,
+                             x=x, y=y, answer=task.answer(x), ambiguous=len(matches) > 1,
+                             matching_strategies=matches, n_y_tokens=n_y, n_supervised=n_y + 2))
+        start += sizes[split]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def generate(data_cfg: dict) -> pd.DataFrame:
+    """All tasks of a (validated) data config, sorted by (split, task, example_id)."""
+    sizes = {s: int(data_cfg[f"{s}_per_task"]) for s in SPLITS}
+    for key, n in sizes.items():
+        if n < 1:
+            raise ValueError(f"config key data.{key}_per_task: must be positive, got {n}")
+    unknown = [t for t in data_cfg["tasks"] if t not in TASKS]
+    if unknown:
+        raise ValueError(f"config key data.tasks: unknown task {unknown[0]!r} (known: {', '.join(sorted(TASKS))})")
+    df = pd.concat([generate_task(t, sizes, int(data_cfg["seed"])) for t in data_cfg["tasks"]], ignore_index=True)
+    df["_s"] = df.split.map(SPLITS.index)
+    return df.sort_values(["_s", "task", "example_id"]).drop(columns="_s").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(texts) -> "tokenizers.Tokenizer":  # noqa: F821
+    """Word-level tokenizer: special tokens first (fixed ids), then the sorted vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = set("0123456789")
+    for t in texts:
+        words.update(t.split())
+    vocab = list(SPECIAL_TOKENS) + sorted(words - set(SPECIAL_TOKENS))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
+def load_tokenizer(data_dir: str | Path):
+    """The data stage's tokenizer.json as a PreTrainedTokenizerFast."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(data_dir) / "tokenizer.json"
+    if not path.exists():
+        raise FileNotFoundError(f"tokenizer {path} does not exist (run the data stage)")
+    extra = [t for t in SPECIAL_TOKENS if t not in (PAD, UNK, BOS, EOS)]
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                   unk_token=UNK, additional_special_tokens=extra)
+
+
+# ----------------------------------------------------------------------------- data card
+
+
+def data_card(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per task: examples per split, strategies, ambiguity rate, y-token stats."""
+    rows = []
+    for name, g in df.groupby("task", sort=True):
+        n = g.n_y_tokens
+        row = dict(task=name, strategies=", ".join(TASKS[name].strategies), n_strategies=len(TASKS[name].strategies))
+        for s in SPLITS:
+            row[f"n_{s}"] = int((g.split == s).sum())
+        row.update(ambiguity_rate=float(g.ambiguous.mean()), n_ambiguous=int(g.ambiguous.sum()),
+                   y_tokens_mean=float(n.mean()), y_tokens_std=float(n.std(ddof=0)), y_tokens_min=int(n.min()),
+                   y_tokens_median=float(n.median()), y_tokens_max=int(n.max()),
+                   record_tokens_max=int((g.x.str.split().str.len() + n).max() + 10),
+                   strategy_counts=", ".join(f"{k}:{v}" for k, v in sorted(g.strategy.value_counts().items())))
+        for s in TASKS[name].strategies:
+            row[f"y_tokens_mean[{s}]"] = float(n[g.strategy == s].mean()) if (g.strategy == s).any() else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def data_card_markdown(card: pd.DataFrame, df: pd.DataFrame) -> str:
+    lines = ["# Data card", "",
+             f"{len(df)} examples, {card.shape[0]} tasks. Splits are disjoint by input x within each task; "
+             "strategy labels are uniform per example. `ambiguous`: the true trace matches more than one "
+             "strategy (left out of probe labels). y tokens: word-level tokens of the trace + final answer "
+             "(supervised tokens = y tokens + 2). Record tokens max includes the 10 special tokens of the "
+             "record with one z slot.", "",
+             "| task | strategies | train | validation | test | ambiguity rate | y tokens mean | std | min | median | max | record tokens max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in card.itertuples(index=False):
+        lines.append(f"| {r.task} | {r.strategies} | {r.n_train} | {r.n_validation} | {r.n_test} | "
+                     f"{r.ambiguity_rate:.2%} | {r.y_tokens_mean:.1f} | {r.y_tokens_std:.1f} | {r.y_tokens_min} | "
+                     f"{r.y_tokens_median:g} | {r.y_tokens_max} | {r.record_tokens_max} |")
+    m = card.y_tokens_mean
+    lines += ["", f"Longest / shortest mean y: {m.max():.1f} / {m.min():.1f} = {m.max() / m.min():.2f}x.", "",
+              "## One example per task and strategy (train split)", ""]
+    train = df[df.split == "train"]
+    for name in card.task:
+        lines.append(f"### {name}")
+        lines.append("")
+        for s in TASKS[name].strategies:
+            ex = train[(train.task == name) & (train.strategy == s)].head(1)
+            for r in ex.itertuples(index=False):
+                lines.append(f"- {s}: `{r.x}` -> `{r.y}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- stage
+
+
+def build_dataset(data_cfg: dict, out_dir: str | Path, base_config: dict | None = None) -> pd.DataFrame:
+    """The data stage: {train,validation,test}.parquet, tokenizer.json, data_card.{md,parquet}
+    (and base_config.json when given). Returns the data card."""
+    out_dir = Path(out_dir)
+    df = generate(data_cfg)
+    tok = build_tokenizer(render_record(x, y) for x, y in zip(df.x, df.y))
+    for split in SPLITS:
+        write_parquet(df[df.split == split].reset_index(drop=True), out_dir / f"{split}.parquet")
+    write_text(tok.to_str(pretty=True) + "\n", out_dir / "tokenizer.json")
+    card = data_card(df)
+    write_parquet(card, out_dir / "data_card.parquet")
+    write_text(data_card_markdown(card, df) + "\n", out_dir / "data_card.md")
+    if base_config is not None:
+        from latentstrat.config import dump_json
+        dump_json(base_config, out_dir / "base_config.json")
+    return card
+
+
+def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
+    df = read_parquet(Path(data_dir) / f"{split}.parquet", what=f"{split} split", columns=list(COLUMNS))
+    df["matching_strategies"] = df.matching_strategies.map(list)
+    return df
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+@dataclass
+class Encoded:
+    """Token ids per example of one split, computed once (see `encode`)."""
+    tasks: list[str]  # sorted task names; task_idx indexes this list
+    z_slots: int
+    gen_ids: list[list[int]]
+    zfree_ids: list[list[int]]
+    post_ids: list[list[int]]
+    sup_ids: list[list[int]]  # y tokens, </y>, <eos>
+    z_open_pos: list[int]
+    zfree_y_pos: list[int]  # position of <y> in the z-free record
+    task_idx: list[int]
+    pad_id: int
+    lengths: list[int] = field(default_factory=list)  # generator record lengths
+
+    def __len__(self) -> int:
+        return len(self.gen_ids)
+
+
+def encode(df: pd.DataFrame, tokenizer, z_slots: int = 1) -> Encoded:
+    """Encode every row of a split (row i of df -> example i)."""
+    if z_slots < 1:
+        raise ValueError(f"z_slots must be >= 1, got {z_slots}")
+    vocab = tokenizer.get_vocab()
+    unk = vocab[UNK]
+
+    def ids(words):
+        return [vocab.get(w, unk) for w in words]
+
+    s = {t: vocab[t] for t in SPECIAL_TOKENS}
+    tasks = sorted(df.task.unique())
+    tindex = {t: i for i, t in enumerate(tasks)}
+    enc = Encoded(tasks, z_slots, [], [], [], [], [], [], [], s[PAD])
+    for task, x, y in zip(df.task, df.x, df.y):
+        xi, yi = ids(x.split()), ids(y.split())
+        head = [s[BOS], s[X_OPEN], *xi, s[X_CLOSE]]
+        body = [s[Y_OPEN], *yi, s[Y_CLOSE]]
+        zblock = [s[Z_OPEN]] + [s[Z_SLOT]] * z_slots + [s[Z_CLOSE]]
+        enc.gen_ids.append(head + zblock + body + [s[EOS]])
+        enc.zfree_ids.append(head + body + [s[EOS]])
+        enc.post_ids.append(head + body)
+        enc.sup_ids.append(yi + [s[Y_CLOSE], s[EOS]])
+        enc.z_open_pos.append(len(head))
+        enc.zfree_y_pos.append(len(head))
+        enc.task_idx.append(tindex[task])
+    enc.lengths = [len(g) for g in enc.gen_ids]
+    return enc
+
+
+def length_grouped_batches(lengths, batch_size: int, rng):
+    """Yield index lists of similar lengths: shuffle, stable-sort by length, chunk, shuffle
+    the chunks. `rng`: numpy Generator, random.Random or an int seed."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(rng, (int, np.integer)):
+        rng = np.random.default_rng(int(rng))
+    order = list(range(len(lengths)))
+    _shuffle(order, rng)
+    order.sort(key=lambda i: lengths[i])
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    _shuffle(batches, rng)
+    yield from batches
+
+
+def _shuffle(items: list, rng) -> None:
+    if isinstance(rng, random.Random):
+        rng.shuffle(items)
+    else:
+        perm = rng.permutation(len(items))
+        items[:] = [items[i] for i in perm]
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for one batch (fields: docs/architecture.md, Batching)."""
+    gen_ids: torch.Tensor
+    gen_mask: torch.Tensor
+    z_open_pos: torch.Tensor
+    z_slot_pos: torch.Tensor
+    gen_sup_pos: torch.Tensor
+    sup_ids: torch.Tensor
+    sup_mask: torch.Tensor
+    post_ids: torch.Tensor
+    post_mask: torch.Tensor
+    zfree_ids: torch.Tensor
+    zfree_mask: torch.Tensor
+    zfree_sup_pos: torch.Tensor
+    b: torch.Tensor | None
+    task_idx: torch.Tensor
+    row_idx: torch.Tensor
+
+    def to(self, device) -> "Batch":
+        return Batch(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+
+    def __len__(self) -> int:
+        return self.gen_ids.shape[0]
+
+
+def _pad(seqs: list[list], value, dtype=torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), value, dtype=dtype)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = torch.as_tensor(s, dtype=dtype)
+        mask[i, :len(s)] = 1
+    return out, mask
+
+
+def collate(encoded: Encoded, idx, b=None) -> Batch:
+    """Batch of rows `idx`. `b`: per-row reference NLLs for the whole split (b[i] aligned
+    with sup_ids of row i), or None."""
+    idx = [int(i) for i in idx]
+    if not idx:
+        raise ValueError("collate: empty index list")
+    P = encoded.z_slots
+    gen_ids, gen_mask = _pad([encoded.gen_ids[i] for i in idx], encoded.pad_id)
+    zfree_ids, zfree_mask = _pad([encoded.zfree_ids[i] for i in idx], encoded.pad_id)
+    post_ids, post_mask = _pad([encoded.post_ids[i] for i in idx], encoded.pad_id)
+    sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id)
+    z_open = torch.tensor([encoded.z_open_pos[i] for i in idx])
+    # next-token positions: the <y> token predicts the first y token, ...
+    gen_sup = [list(range(encoded.z_open_pos[i] + P + 2, encoded.z_open_pos[i] + P + 2 + len(encoded.sup_ids[i])))
+               for i in idx]
+    zfree_sup = [list(range(encoded.zfree_y_pos[i], encoded.zfree_y_pos[i] + len(encoded.sup_ids[i]))) for i in idx]
+    b_t = None
+    if b is not None:
+        rows = [list(map(float, b[i])) for i in idx]
+        for i, r in zip(idx, rows):
+            if len(r) != len(encoded.sup_ids[i]):
+                raise ValueError(f"collate: b for row {i} has {len(r)} values, expected {len(encoded.sup_ids[i])} (n_supervised)")
+        b_t, _ = _pad(rows, 0.0, dtype=torch.float32)
+    return Batch(
+        gen_ids=gen_ids, gen_mask=gen_mask, z_open_pos=z_open,
+        z_slot_pos=z_open[:, None] + torch.arange(1, P + 1)[None, :],
+        gen_sup_pos=_pad(gen_sup, 0)[0], sup_ids=sup_ids, sup_mask=sup_mask,
+        post_ids=post_ids, post_mask=post_mask, zfree_ids=zfree_ids, zfree_mask=zfree_mask,
+        zfree_sup_pos=_pad(zfree_sup, 0)[0], b=b_t,
+        task_idx=torch.tensor([encoded.task_idx[i] for i in idx]), row_idx=torch.tensor(idx))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv=None) -> None:
+    from latentstrat.config import Paths, base_settings, load_config
+
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.data", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap.add_argument("--out", help="output folder (default: the config's data dir)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    out = Path(args.out) if args.out else Paths.from_config(cfg).data_dir
+    card = build_dataset(cfg["data"], out, base_config=base_settings(cfg))
+    cols = ["task", "n_train", "n_validation", "n_test", "ambiguity_rate", "y_tokens_mean", "y_tokens_max"]
+    print(card[cols].to_string(index=False))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
