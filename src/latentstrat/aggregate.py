@@ -1,0 +1,662 @@
+"""Collection aggregate: per-cell metrics + histories -> the tables the report reads.
+
+`aggregate_collection` loads the per-cell files named by the workflow; `aggregate_tables` does
+the rest from DataFrames alone (the `python -m latentstrat.report` command uses it on summary
+tables from elsewhere). Every table has a pure function below so it is unit-testable.
+
+Conventions: the primary arm is the ablated arm (e.g. `sum`); a reference arm is run here or
+read from an external reference summary table (columns in docs/reference-table.md). Deltas
+are primary minus reference. Distributions use the population std (ddof=0, as the seeds'
+tables); across-seed std is the sample std (ddof=1).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
+from latentstrat.io import write_parquet, write_text
+from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, derive
+
+FAMILY_COL = "reconstruction_loss_family_label"
+DELTA_METRICS = ["matched_router_score", "final_answer_accuracy", "active_reconstruction_objective"]
+SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]
+# dynamics summary: metric -> short name used in column names (seeds: base_relative_reconstruction)
+DYNAMICS_METRICS = {
+    "distribution_normalized_reconstruction_loss": "base_relative_reconstruction",
+    "active_reconstruction_objective": "active_reconstruction_objective",
+    "kl_prior_loss": "kl_prior_loss",
+    "kl_over_active_reconstruction": "kl_over_active_reconstruction",
+    "within_task_router_probe": "within_task_router_probe",
+    "posterior_probe": "posterior_probe",
+    "matched_router_score": "matched_router_score",
+}
+INIT_LABEL = "initialization"
+
+# external reference / summary tables (docs/reference-table.md)
+TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", "matched_router_score"]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Check a reference/summary table against docs/reference-table.md; fill labels and derived metrics."""
+    missing = [c for c in TABLE_REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"summary table {source} lacks required column {missing[0]!r} "
+                         f"(required: {', '.join(TABLE_REQUIRED)}; see docs/reference-table.md)")
+    df = df.copy()
+    for i, fam in enumerate(df["reconstruction_family"]):
+        try:
+            family_label(fam)
+        except ValueError as e:
+            raise ValueError(f"summary table {source}, column reconstruction_family, row {i}: {e}") from None
+    for col in ["beta"] + [m for m in METRICS if m in df.columns]:
+        bad = pd.to_numeric(df[col], errors="coerce").isna() & df[col].notna()
+        if bad.any():
+            raise ValueError(f"summary table {source}, column {col!r}, row {int(np.flatnonzero(bad)[0])}: not a number")
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["family_label"] = [family_label(f) for f in df["reconstruction_family"]]
+    df["beta_label"] = [beta_label(b) for b in df["beta"]]
+    df = _fill_derived(df)
+    if "cell_id" not in df.columns:
+        df["cell_id"] = [f"{source}#{i}" for i in range(len(df))]
+    return df
+
+
+def read_summary_table(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"summary table {path} does not exist")
+    df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    return validate_summary_table(df, str(path))
+
+
+def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
+    """Derived metrics (metrics.derive) where the inputs exist and the column is absent/NaN."""
+    df = df.copy()
+    rows = [derive(r) for r in df.to_dict("records")]
+    for name in ["matched_router_score", "posterior_router_probe_gap", "kl_over_active_reconstruction",
+                 "inferred_zfree_reference_scale"]:
+        derived = pd.Series([r[name] for r in rows], index=df.index, dtype=float)
+        if name in df.columns:
+            df[name] = df[name].astype(float).fillna(derived)
+        elif derived.notna().any():
+            df[name] = derived
+    return df
+
+
+def load_cell_metrics(cfg: dict, metrics_paths: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary of complete cells, collection_state of every expected cell)."""
+    cells = expand_cells(cfg, validated=True)
+    rows, state = [], []
+    for c in cells:
+        path = metrics_paths.get(c.cell_id)
+        status, reason = "complete", ""
+        if path is None:
+            status, reason = "incomplete", "no metrics path given"
+        else:
+            try:
+                df = pd.read_parquet(path)
+                if len(df) != 1:
+                    raise ValueError(f"{len(df)} rows, expected 1")
+                row = df.iloc[0].to_dict()
+                if row.get("cell_id") != c.cell_id:
+                    raise ValueError(f"cell_id {row.get('cell_id')!r} != expected {c.cell_id!r}")
+                rows.append(row)
+            except FileNotFoundError:
+                status, reason = "incomplete", f"metrics file {path} missing"
+            except Exception as e:  # unreadable / wrong content: the cell is incomplete, named
+                status, reason = "incomplete", f"metrics file {path} unreadable: {e}"
+        state.append({"cell_id": c.cell_id, "arm": c.arm, "role": c.role, "status": status, "reason": reason,
+                      **{k: c.settings[k] for k in CELL_KEYS}})
+    summary = pd.DataFrame(rows)
+    if len(summary):
+        summary = _fill_derived(summary)
+    return summary, pd.DataFrame(state)
+
+
+def load_histories(history_paths: dict) -> tuple[pd.DataFrame, list[str]]:
+    frames, bad = [], []
+    for cid, path in history_paths.items():
+        try:
+            df = pd.read_parquet(path)
+            missing = [c for c in ("cell_id", "step", "task", "metric", "value") if c not in df.columns]
+            if missing:
+                raise ValueError(f"lacks columns {missing}")
+            frames.append(df.assign(cell_id=cid))
+        except Exception:
+            bad.append(cid)
+    hist = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    return hist, bad
+
+
+# ----------------------------------------------------------------------------- pure tables
+
+
+def collection_state_counts(state: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: expected / complete / incomplete counts and the incomplete ids."""
+    out = []
+    for arm, g in state.groupby("arm", sort=False):
+        inc = g[g.status != "complete"]
+        out.append({"arm": arm, "role": g.role.iloc[0], "expected": len(g), "complete": int((g.status == "complete").sum()),
+                    "incomplete": len(inc), "incomplete_cells": ", ".join(inc.cell_id)})
+    return pd.DataFrame(out)
+
+
+def setting_keys(df: pd.DataFrame) -> list[str]:
+    """The cell settings a table records, except seed."""
+    return [k for k in CELL_KEYS if k in df.columns and k != "seed"]
+
+
+def seed_means(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting (seeds averaged): metric means, `<metric>_std` (ddof=1), n_seeds."""
+    if df.empty:
+        return df
+    keys = ["arm"] * ("arm" in df.columns) + setting_keys(df)
+    metrics = [m for m in METRICS if m in df.columns]
+    extra = [c for c in df.columns if c.endswith("_chance") or c.endswith("_shuffled") or c == "n_test"]
+    g = df.groupby(keys, sort=False, dropna=False)
+    out = g[metrics + extra].mean().reset_index()
+    std = g[metrics].std(ddof=1).reset_index(drop=True).add_suffix("_std")
+    out = pd.concat([out, std], axis=1)
+    out["n_seeds"] = g.size().values
+    out["seeds"] = g["seed"].apply(lambda s: ",".join(format_value(v) for v in s)).values if "seed" in df.columns else ""
+    out["cell_ids"] = g["cell_id"].apply(lambda s: ",".join(s)).values
+    out["family_label"] = [family_label(f) for f in out["reconstruction_family"]]
+    out["beta_label"] = [beta_label(b) for b in out["beta"]]
+    return out
+
+
+def metric_distributions(rows: pd.DataFrame, metrics=None) -> pd.DataFrame:
+    """min/mean/median/max/std (ddof=0) per metric over rows; metrics with no values are left out."""
+    out = []
+    for m in metrics or DISTRIBUTION_METRICS:
+        if m not in rows.columns:
+            continue
+        v = rows[m].astype(float).dropna()
+        if v.empty:
+            continue
+        out.append({"metric": m, "label": METRICS[m].label if m in METRICS else m, "n": len(v), "min": v.min(),
+                    "mean": v.mean(), "median": v.median(), "max": v.max(), "std": v.std(ddof=0)})
+    return pd.DataFrame(out, columns=["metric", "label", "n", "min", "mean", "median", "max", "std"])
+
+
+def pair_keys(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes) -> list[str]:
+    """Keys that pair a primary row with a reference row: the grid axes except aggregation."""
+    return [k for k in grid_axes if k != "token_aggregation" and k in primary.columns and k in reference.columns]
+
+
+def _key(row, keys):
+    return tuple(format_value(row[k]) for k in keys)
+
+
+def arm_prefix(primary: pd.DataFrame, reference: pd.DataFrame) -> tuple[str, str]:
+    """Column prefixes: the arms' token aggregations (mean_/sum_) when they differ, else primary_/reference_."""
+    pa = set(primary["token_aggregation"]) if len(primary) else set()
+    ra = set(reference["token_aggregation"]) if len(reference) else set()
+    if len(pa) == 1 and len(ra) == 1 and pa != ra:
+        return pa.pop(), ra.pop()
+    return "primary", "reference"
+
+
+def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm: str,
+                 metrics=DELTA_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(common rows with reference/primary values and deltas, primary rows without a match).
+
+    Rows are setting-level (seed means). Delta = primary - reference.
+    """
+    keys = pair_keys(primary, reference, grid_axes)
+    p_pre, r_pre = arm_prefix(primary, reference)
+    ref_index = {}
+    for _, r in reference.iterrows():
+        ref_index.setdefault(_key(r, keys), r)
+    rows, unmatched = [], []
+    for _, p in primary.iterrows():
+        r = ref_index.get(_key(p, keys))
+        ident = {FAMILY_COL: p["family_label"], "beta_label": p["beta_label"]}
+        if r is None:
+            unmatched.append({"reference_arm": arm, **ident, "primary_cell": p.get("cell_id", p.get("cell_ids")),
+                              "reason": f"no {arm} row with " + ", ".join(f"{k}={format_value(p[k])}" for k in keys)})
+            continue
+        row = {"reference_arm": arm, **ident}
+        for m in metrics:
+            rv, pv = float(r.get(m, math.nan)), float(p.get(m, math.nan))
+            row[f"{r_pre}_{m}"], row[f"{p_pre}_{m}"], row[f"delta_{m}"] = rv, pv, pv - rv
+            if f"{m}_std" in p.index and p.get("n_seeds", 1) > 1:
+                row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
+        row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
+        row["reference_cell"] = r.get("cell_ids", r.get("cell_id"))
+        rows.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(unmatched, columns=["reference_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
+
+
+def differing_keys(p: pd.Series, r: pd.Series, ignore=("token_aggregation", "seed")) -> tuple[list[str], list[str]]:
+    """(cell keys recorded on both rows whose values differ, cell keys the reference does not record)."""
+    diff, unknown = [], []
+    for k in CELL_KEYS:
+        if k in ignore:
+            continue
+        if k not in r.index or pd.isna(r[k]):
+            unknown.append(k)
+        elif k in p.index and format_value(p[k]) != format_value(r[k]):
+            diff.append(k)
+    return diff, unknown
+
+
+def scale_table(primary: pd.DataFrame, references: dict, commons: dict) -> pd.DataFrame:
+    """Inferred z-free reference scale per arm (common cells for reference arms) and primary/reference ratios."""
+    col = "inferred_zfree_reference_scale"
+    rows = []
+
+    def stats(v):
+        v = pd.Series(v, dtype=float).dropna()
+        return {"n": len(v), "min": v.min(), "mean": v.mean(), "max": v.max(), "std": v.std(ddof=0)} if len(v) else None
+
+    p_agg = _agg_name(primary)
+    p_stats = stats(primary[col]) if col in primary.columns else None
+    if p_stats:
+        rows.append({"aggregation_mode": p_agg, "source": "primary arm", **p_stats})
+    for arm, ref in references.items():
+        if col not in ref.columns:
+            continue
+        common = commons.get(arm)
+        ids = set(common["reference_cell"]) if common is not None and len(common) else set()
+        key = "cell_ids" if "cell_ids" in ref.columns else "cell_id"
+        sub = ref[ref[key].isin(ids)] if ids else ref.iloc[0:0]
+        r_stats = stats(sub[col])
+        if not r_stats:
+            continue
+        r_agg = _agg_name(ref)
+        rows.append({"aggregation_mode": f"{r_agg}_reference_common_cells", "source": arm, **r_stats})
+        if p_stats:
+            ratio = p_stats["mean"] / r_stats["mean"] if r_stats["mean"] else math.nan
+            rows.append({"aggregation_mode": f"{p_agg}_over_{r_agg}_reference_ratio", "source": f"derived: primary / {arm}",
+                         "n": 1, "min": ratio, "mean": ratio, "max": ratio, "std": 0.0})
+    return pd.DataFrame(rows, columns=["aggregation_mode", "source", "n", "min", "mean", "max", "std"])
+
+
+def _agg_name(df: pd.DataFrame) -> str:
+    aggs = sorted(set(df["token_aggregation"])) if "token_aggregation" in df.columns and len(df) else []
+    return "+".join(aggs) or "unknown"
+
+
+def label_cells(df: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
+    """Join arm / family / beta labels / aggregation onto a table keyed by cell_id."""
+    info = cells[["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta"]].copy()
+    if "seed" in cells.columns:
+        info["seed"] = cells["seed"]
+    info[FAMILY_COL] = [family_label(f) for f in info.reconstruction_family]
+    info["beta_label"] = [beta_label(b) for b in info.beta]
+    return df.merge(info, on="cell_id", how="left")
+
+
+def checkpoint_label(step: int) -> str:
+    return INIT_LABEL if int(step) == 0 else f"step {int(step)}"
+
+
+def dynamics_summary(history_all: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: first/final step (step 0 labelled initialization), first/min/final per metric, max matched router."""
+    rows = []
+    for cid, g in history_all.groupby("cell_id", sort=False):
+        first_step, final_step = int(g.step.min()), int(g.step.max())
+        row = {"cell_id": cid, "first_checkpoint": checkpoint_label(first_step),
+               "first_global_step": first_step, "final_global_step": final_step}
+        for metric, short in DYNAMICS_METRICS.items():
+            s = g[g.metric == metric].sort_values("step").set_index("step")["value"].astype(float).dropna()
+            if s.empty:
+                continue
+            row[f"first_{short}"] = s.iloc[0]
+            row[f"min_{short}"] = s.min()
+            row[f"max_{short}"] = s.max()
+            row[f"final_{short}"] = s.iloc[-1]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def per_task_checkpoints(history_task: pd.DataFrame, top_k: int) -> pd.DataFrame:
+    """Per (task, cell): final and max matched router score, final answer accuracy; top_k cells per task."""
+    rows = []
+    for (task, cid), g in history_task.groupby(["task", "cell_id"], sort=False):
+        r = g[g.metric == "matched_router_score"].sort_values("step")
+        if r.empty:
+            continue
+        acc = g[g.metric == "final_answer_accuracy"].sort_values("step")
+        rows.append({"task_name": task, "cell_id": cid, "final_matched_router_score": r.value.iloc[-1],
+                     "max_matched_router_score": r.value.max(), "step_of_max": int(r.step.iloc[int(np.argmax(r.value.values))]),
+                     "final_final_answer_accuracy": acc.value.iloc[-1] if len(acc) else math.nan})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df = df.sort_values(["task_name", "max_matched_router_score"], ascending=[True, False])
+    return df.groupby("task_name", sort=False).head(top_k).reset_index(drop=True)
+
+
+def derived_diagnostics(rows: pd.DataFrame) -> pd.DataFrame:
+    cols = ["matched_router_score", "active_reconstruction_objective", "kl_prior_loss", "kl_over_active_reconstruction",
+            "inferred_zfree_reference_scale", "posterior_router_probe_gap"]
+    return _labelled(rows, cols)
+
+
+def _labelled(rows: pd.DataFrame, cols) -> pd.DataFrame:
+    out = pd.DataFrame({FAMILY_COL: rows["family_label"].values, "beta_label": rows["beta_label"].values})
+    for c in cols:
+        out[c] = rows[c].values if c in rows.columns else math.nan
+        if f"{c}_std" in rows.columns and rows.get("n_seeds", pd.Series([1])).max() > 1:
+            out[f"{c}_std"] = rows[f"{c}_std"].values
+    out["cell_id"] = rows["cell_ids"].values if "cell_ids" in rows.columns else rows["cell_id"].values
+    return out
+
+
+def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    cols = ["matched_router_score", "within_task_router_probe", "strategy_match_rate", "final_answer_accuracy",
+            "reconstruction_loss", "kl_prior_loss"]
+    cols = [metric] + [c for c in cols if c != metric]
+    ranked = rows.dropna(subset=[metric]).sort_values(metric, ascending=False, kind="stable")
+    bottom = rows.dropna(subset=[metric]).sort_values(metric, ascending=True, kind="stable")
+    return _labelled(ranked.head(k), cols), _labelled(bottom.head(k), cols)
+
+
+def task_shares(task, values) -> pd.Series:
+    """Share of sum(values) per task (e.g. per-example aggregated losses A_i). Sums to 1."""
+    s = pd.Series(np.asarray(values, dtype=float)).groupby(np.asarray(task)).sum()
+    total = s.sum()
+    if total == 0:
+        raise ValueError("task_shares: values sum to 0")
+    return s / total
+
+
+def token_dominance(history_task: pd.DataFrame) -> pd.DataFrame:
+    """Per aggregation, checkpoint (initialization / final) and task: mean shares over the cells of that aggregation.
+
+    Shares are the trainer's per-task history metrics; `share_sum` per (aggregation, checkpoint,
+    metric) is checked to be 1 and reported.
+    """
+    h = history_task[history_task.metric.isin(SHARE_METRICS)]
+    if h.empty:
+        return pd.DataFrame()
+    rows = []
+    for cid, g in h.groupby("cell_id", sort=False):
+        first, last = g.step.min(), g.step.max()
+        for which, step in (("initialization" if first == 0 else f"first (step {int(first)})", first), ("final", last)):
+            snap = g[g.step == step].pivot_table(index="task", columns="metric", values="value", aggfunc="mean")
+            for task, r in snap.iterrows():
+                rows.append({"cell_id": cid, "token_aggregation": g["token_aggregation"].iloc[0], "checkpoint": which,
+                             "step": int(step), "task": task, **{m: r.get(m, math.nan) for m in SHARE_METRICS}})
+    per_cell = pd.DataFrame(rows)
+    out = (per_cell.groupby(["token_aggregation", "checkpoint", "task"], sort=False)[SHARE_METRICS].mean()
+           .reset_index())
+    out["n_cells"] = per_cell.groupby(["token_aggregation", "checkpoint", "task"], sort=False).size().values
+    return out
+
+
+def share_sums(dominance: pd.DataFrame) -> pd.DataFrame:
+    if dominance.empty:
+        return dominance
+    return dominance.groupby(["token_aggregation", "checkpoint"], sort=False)[SHARE_METRICS].sum().reset_index()
+
+
+# ----------------------------------------------------------------------------- fairness
+
+
+def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_rows: pd.DataFrame, grid_axes,
+                   references: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
+                   history_task: pd.DataFrame) -> pd.DataFrame:
+    """claim | status | evidence, each computed from configs and outputs (DESIGN section 7)."""
+    rows = []
+    pst = state[state.role == "primary"] if "role" in state.columns else state
+    n_exp, n_ok = len(pst), int((pst.status == "complete").sum())
+    missing = list(pst[pst.status != "complete"].cell_id)
+    status = "supported" if n_ok == n_exp and n_exp else ("partial" if n_ok else "not supported")
+    ev = f"{n_ok}/{n_exp} primary cells have final metrics" + (f"; missing: {', '.join(missing)}" if missing else "")
+    rows.append({"claim": "planned grid completeness", "status": status, "evidence": ev})
+
+    fixed, varying = [], []
+    for k in CELL_KEYS:
+        if k not in primary_cells.columns or k in grid_axes:
+            continue
+        vals = sorted({format_value(v) for v in primary_cells[k].dropna()})
+        (fixed if len(vals) == 1 else varying).append(f"{k}={'/'.join(vals)}")
+    status = "supported" if not [v for v in varying if not v.startswith("seed=")] else "not supported"
+    rows.append({"claim": "fixed-setting coverage", "status": status,
+                 "evidence": "fixed " + ", ".join(fixed) + (f"; also varying outside the grid: {', '.join(varying)}" if varying else "")
+                 + f"; grid axes: {', '.join(grid_axes)}"})
+
+    for arm, ref in references.items():
+        common, un = commons.get(arm), unmatched.get(arm)
+        n_c = 0 if common is None else len(common)
+        n_p = len(primary_rows)
+        status = "supported" if n_c == n_p and n_p else ("partial" if n_c else "not supported")
+        ev = f"{n_c} common cells of {n_p} primary rows with {arm}"
+        if un is not None and len(un):
+            ev += "; no matching row for " + ", ".join(f"{r[FAMILY_COL]} {r['beta_label']}" for _, r in un.iterrows())
+        rows.append({"claim": f"common-cell comparison ({arm})", "status": status, "evidence": ev})
+        rows.append({"claim": f"aggregation-only causal attribution ({arm})",
+                     **attribution(primary_rows, ref, common, grid_axes, arm)})
+
+    rows.append({"claim": "training-dynamics diagnosis", **dynamics_status(history_all, primary_cells)})
+    rows.append({"claim": "token-count dominance", **dominance_status(history_task)})
+    n_seeds = primary_rows["n_seeds"] if "n_seeds" in primary_rows.columns else pd.Series([1] * len(primary_rows))
+    seeds = sorted({format_value(s) for s in primary_cells.get("seed", pd.Series(dtype=float)).dropna()})
+    lo = int(n_seeds.min()) if len(n_seeds) else 0
+    status = "supported" if lo >= 3 else ("partial" if lo == 2 else "not supported")
+    rows.append({"claim": "seed replication", "status": status,
+                 "evidence": f"{lo} seed(s) per setting at least (seeds: {', '.join(seeds) or 'none'}); 3 or more needed"})
+    return pd.DataFrame(rows, columns=["claim", "status", "evidence"])
+
+
+def attribution(primary_rows: pd.DataFrame, ref: pd.DataFrame, common: pd.DataFrame | None, grid_axes, arm: str) -> dict:
+    """supported when paired cells differ only in token_aggregation; not supported naming the key otherwise."""
+    if common is None or common.empty:
+        return {"status": "not supported", "evidence": f"no common cells with {arm}"}
+    keys = pair_keys(primary_rows, ref, grid_axes)
+    ref_index = {_key(r, keys): r for _, r in ref.iterrows()}
+    diffs, unknown = {}, set()
+    for _, p in primary_rows.iterrows():
+        r = ref_index.get(_key(p, keys))
+        if r is None:
+            continue
+        d, u = differing_keys(p, r)
+        unknown.update(u)
+        for k in d:
+            diffs.setdefault(k, (set(), set()))
+            diffs[k][0].add(format_value(p[k]))
+            diffs[k][1].add(format_value(r[k]))
+    p_agg, r_agg = arm_prefix(primary_rows, ref)
+    if diffs:
+        parts = [f"{k}: {p_agg} rows use {'/'.join(sorted(a))}, {arm} rows use {'/'.join(sorted(b))}" for k, (a, b) in diffs.items()]
+        return {"status": "not supported", "evidence": "paired cells differ besides token_aggregation in " + "; ".join(parts)}
+    if unknown:
+        return {"status": "partial", "evidence": f"recorded settings match, but {arm} does not record {', '.join(sorted(unknown))}"}
+    return {"status": "supported", "evidence": f"{len(common)} paired cells differ only in token_aggregation ({p_agg} vs {r_agg})"}
+
+
+def dynamics_status(history_all: pd.DataFrame, primary_cells: pd.DataFrame) -> dict:
+    ids = set(primary_cells.cell_id)
+    h = history_all[history_all.cell_id.isin(ids)] if len(history_all) else history_all
+    if h.empty:
+        return {"status": "not supported", "evidence": "no training history for primary cells"}
+    n_cells = h.cell_id.nunique()
+    n_ck = h.groupby("cell_id").step.nunique()
+    first = int(h.step.min())
+    ev = f"{n_cells}/{len(ids)} primary cells with history, {int(n_ck.min())}-{int(n_ck.max())} validation checkpoints"
+    if first != 0:
+        return {"status": "partial", "evidence": ev + f"; earliest checkpoint is step {first}: exact initialization metrics are absent"}
+    with_init = h[h.step == 0].cell_id.nunique()
+    status = "supported" if n_cells == len(ids) and with_init == n_cells else "partial"
+    return {"status": status, "evidence": ev + f"; {with_init} with step-0 (initialization) metrics"}
+
+
+def dominance_status(history_task: pd.DataFrame) -> dict:
+    have = sorted(set(history_task.metric) & set(SHARE_METRICS)) if len(history_task) else []
+    if not have:
+        return {"status": "not supported", "evidence": "no per-task share metrics in the histories"}
+    lack = [m for m in SHARE_METRICS if m not in have]
+    return {"status": "partial" if lack else "supported",
+            "evidence": f"per-task {', '.join(have)} for {history_task.cell_id.nunique()} cells" + (f"; missing {', '.join(lack)}" if lack else "")}
+
+
+def availability_table(primary_rows: pd.DataFrame, references: dict, commons: dict, history_all: pd.DataFrame,
+                       history_task: pd.DataFrame) -> pd.DataFrame:
+    """diagnostic | local_data (yes/partial/no) | local_source | missing_data_note, from what exists."""
+    def has(df, *cols):
+        return len(df) > 0 and all(c in df.columns and df[c].notna().any() for c in cols)
+
+    def hist_has(h, metric):
+        return len(h) > 0 and (h.metric == metric).any()
+
+    rows = []
+
+    def add(diag, ok, source, note_if_missing, partial=False, note=""):
+        rows.append({"diagnostic": diag, "local_data": "partial" if (ok and partial) else ("yes" if ok else "no"),
+                     "local_source": source if ok else "", "missing_data_note": note if ok else note_if_missing})
+
+    add("KL-to-reconstruction trade-off", has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"), "summary",
+        "summary lacks kl_prior_loss or active_reconstruction_objective")
+    add("KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio")
+    ref_scale = any(has(r, "inferred_zfree_reference_scale") for r in references.values())
+    add("Sum scale vs mean scale", has(primary_rows, "inferred_zfree_reference_scale") and ref_scale,
+        "summary + reference arm", "no reference arm with reconstruction_loss and distribution_normalized_reconstruction_loss")
+    n_common = sum(len(c) for c in commons.values() if c is not None)
+    add("Mean-vs-sum objective scale", n_common > 0, "mean_vs_sum_common_cells", "no common cells with a reference arm")
+    add("Posterior-router gap", has(primary_rows, "posterior_router_probe_gap"), "summary", "no posterior / router probes")
+    add("KL dynamics over training", hist_has(history_all, "kl_prior_loss"), "history_long", "no history with kl_prior_loss")
+    add("Reconstruction dynamics", hist_has(history_all, "distribution_normalized_reconstruction_loss"), "history_long",
+        "no history with base-relative reconstruction")
+    first = int(history_all.step.min()) if len(history_all) else None
+    add("Initialization / first-eval scale", first is not None, "history_long", "no history",
+        partial=first not in (None, 0),
+        note="" if first == 0 else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent")
+    dom = dominance_status(history_task)
+    add("Token-count dominance", dom["status"] != "not supported", "history_per_task_long",
+        "requires per-task example/token/loss/gradient shares in the histories", partial=dom["status"] == "partial",
+        note=dom["evidence"] if dom["status"] == "partial" else "")
+    seeds_lo = int(primary_rows["n_seeds"].min()) if has(primary_rows, "n_seeds") else 1
+    add("Seed replication", seeds_lo >= 2, "summary_by_setting", f"one seed per setting", partial=seeds_lo == 2,
+        note="2 seeds only" if seeds_lo == 2 else "")
+    add("Fairness of the collection", True, "collection config + collection_state", "")
+    return pd.DataFrame(rows, columns=["diagnostic", "local_data", "local_source", "missing_data_note"])
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dict, grid_axes, history: pd.DataFrame,
+                     out_dir: str | Path, top_k: int = 5, primary_metric: str = "matched_router_score",
+                     meta: dict | None = None) -> dict:
+    """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
+
+    summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
+    references: external reference arm name -> validated table; run-here arms come from summary.
+    """
+    out_dir = Path(out_dir)
+    t: dict[str, pd.DataFrame] = {}
+    role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
+    primary_cells = summary[role == "primary"]
+    t["summary"] = summary
+    t["collection_state"] = state
+    t["collection_state_counts"] = collection_state_counts(state)
+    by_setting = seed_means(summary)
+    t["summary_by_setting"] = by_setting
+    primary_rows = seed_means(primary_cells)
+    t["metric_distributions"] = metric_distributions(primary_rows)
+    refs = dict(references)
+    if "arm" in summary.columns:
+        for arm in summary.loc[role != "primary", "arm"].unique():
+            refs[arm] = seed_means(summary[summary.arm == arm])
+    refs = {a: (seed_means(r) if "n_seeds" not in r.columns else r) for a, r in refs.items()}
+    commons, unmatched = {}, {}
+    for arm, ref in refs.items():
+        commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm)
+    t["mean_vs_sum_common_cells"] = _concat(commons.values())
+    t["unmatched_rows"] = _concat(unmatched.values())
+    t["reference_scale"] = scale_table(primary_rows, refs, commons)
+    t["derived_diagnostics"] = derived_diagnostics(primary_rows)
+    t["top_rows"], t["bottom_rows"] = top_bottom(primary_rows, primary_metric, top_k)
+
+    cells_info = pd.concat([state[["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"]]],
+                           ignore_index=True) if len(state) else pd.DataFrame(columns=["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"])
+    hist = history if len(history) else pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    hist = label_cells(hist, cells_info) if len(hist) else hist.assign(**{c: [] for c in ["arm", "token_aggregation", FAMILY_COL, "beta_label"]})
+    h_all, h_task = hist[hist.task == "all"], hist[hist.task != "all"]
+    t["history_long"], t["history_per_task_long"] = h_all, h_task
+    dyn = dynamics_summary(h_all) if len(h_all) else pd.DataFrame()
+    t["dynamics_summary"] = label_cells(dyn, cells_info) if len(dyn) else dyn
+    t["per_task_checkpoints"] = label_cells(per_task_checkpoints(h_task, top_k), cells_info) if len(h_task) else pd.DataFrame()
+    t["token_dominance"] = token_dominance(h_task) if len(h_task) else pd.DataFrame()
+    t["token_dominance_sums"] = share_sums(t["token_dominance"])
+    t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task)
+    t["data_availability"] = availability_table(primary_rows, refs, commons, h_all, h_task)
+    for name, df in t.items():
+        df = df.reset_index(drop=True)
+        write_parquet(df, out_dir / f"{name}.parquet")
+        with_text = df.to_csv(index=False)
+        write_text(with_text, out_dir / f"{name}.csv")
+    import json
+    write_text(json.dumps({"grid_axes": list(grid_axes), "top_k": top_k, "primary_metric": primary_metric,
+                           "reference_arms": list(refs), **(meta or {})}, indent=2, default=str) + "\n",
+               out_dir / "aggregate_meta.json")
+    return t
+
+
+def _concat(frames) -> pd.DataFrame:
+    frames = [f for f in frames if f is not None and len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir) -> dict:
+    """The aggregate job: per-cell metrics + histories of a collection -> aggregate tables under out_dir."""
+    references = {}
+    for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
+        references[arm["name"]] = read_summary_table(arm["table"])
+    summary, state = load_cell_metrics(cfg, metrics_paths)
+    complete = set(state.loc[state.status == "complete", "cell_id"])
+    history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
+    grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
+    meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
+            "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad}
+    return aggregate_tables(summary, state, references, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
+                            primary_metric=cfg["report"]["primary_metric"], meta=meta)
+
+
+def state_from_summary(summary: pd.DataFrame, arm: str = "primary") -> pd.DataFrame:
+    """Collection state when only a summary table exists: every row is a complete primary cell."""
+    st = pd.DataFrame({"cell_id": summary["cell_id"], "arm": summary.get("arm", arm), "role": "primary",
+                       "status": "complete", "reason": ""})
+    for k in CELL_KEYS:
+        st[k] = summary[k].values if k in summary.columns else None
+    return st
+
+
+def grid_axes_from_rows(rows: pd.DataFrame) -> list[str]:
+    """Cell keys (not seed) that take more than one value in the rows: the grid axes."""
+    return [k for k in CELL_KEYS if k != "seed" and k in rows.columns and rows[k].map(format_value).nunique() > 1]
+
+
+def aggregate_from_tables(summary_path, reference_paths=(), history_path=None, out_dir=".", top_k: int = 5,
+                          primary_metric: str = "matched_router_score") -> dict:
+    """Aggregate tables from a summary table (+ reference tables, + long history) alone."""
+    summary = read_summary_table(summary_path)  # validate every input before any work
+    references = {Path(p).stem: read_summary_table(p) for p in reference_paths}
+    history = pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    if history_path:
+        p = Path(history_path)
+        history = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        missing = [c for c in ("cell_id", "step", "task", "metric", "value") if c not in history.columns]
+        if missing:
+            raise ValueError(f"history table {p} lacks required column {missing[0]!r}")
+        unknown = sorted(set(history.cell_id) - set(summary.cell_id))
+        if unknown:
+            raise ValueError(f"history table {p}: cell_id {unknown[0]!r} is not in the summary table {summary_path}")
+    summary = summary.assign(role="primary")
+    if "arm" not in summary.columns:
+        summary["arm"] = _agg_name(summary)
+    state = state_from_summary(summary)
+    meta = {"collection": Path(summary_path).stem, "source": "tables", "summary_table": str(summary_path),
+            "reference_tables": [str(p) for p in reference_paths], "history_table": str(history_path or "")}
+    return aggregate_tables(summary, state, references, grid_axes_from_rows(summary), history, out_dir,
+                            top_k=top_k, primary_metric=primary_metric, meta=meta)
