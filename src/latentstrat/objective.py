@@ -1,0 +1,118 @@
+"""The disentangling objective (DESIGN section 4).
+
+Per supervised token t of example i: l_it (generator NLL) and b_it (z-free reference NLL, read
+from the reference stage). Token aggregation A_i (the ablated axis), reconstruction families,
+analytic Gaussian KL, beta schedules and diagnostics. Every family is computed and logged
+always; the cell's active family is the one optimized.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from latentstrat.config import parse_family, schedule_warmup
+
+AGGREGATIONS = ("mean", "sum", "sum_scaled")
+TOKCC_EPS = 1e-3
+
+
+def aggregate_tokens(v: torch.Tensor, mask: torch.Tensor, aggregation: str, n_bar: float | None = None) -> torch.Tensor:
+    """A_i(v) per example [B] from per-token values v [B, L] and mask [B, L].
+
+    mean: sum_t v / n_i; sum: sum_t v; sum_scaled: sum_t v / n_bar (n_bar: mean n_i on train).
+    """
+    mask = mask.to(v.dtype)
+    s = (v * mask).sum(-1)
+    if aggregation == "mean":
+        return s / mask.sum(-1).clamp_min(1)
+    if aggregation == "sum":
+        return s
+    if aggregation == "sum_scaled":
+        if not n_bar or n_bar <= 0:
+            raise ValueError(f"token aggregation sum_scaled needs n_bar > 0 (got {n_bar!r})")
+        return s / n_bar
+    raise ValueError(f"unknown token aggregation {aggregation!r} (expected one of {AGGREGATIONS})")
+
+
+def tokcc_weights(b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """w_it = (b_it + 1e-3)^alpha."""
+    return (b.clamp_min(0) + TOKCC_EPS) ** alpha
+
+
+def reconstruction_per_example(l, b, mask, family: str, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
+    """Per-example [B] values of every family: raw, dist_norm, tokcc, active.
+
+    scales: {"S_ref": float, "T_ref": float, "n_bar": float} for this aggregation and the
+    family's alpha (see `reference_scales`). b is a constant (no gradient flows into it).
+    """
+    fam = parse_family(family)
+    b = b.detach().to(l.dtype)
+    n_bar = scales.get("n_bar")
+    raw = aggregate_tokens(l, mask, aggregation, n_bar)
+    dist_norm = raw / scales["S_ref"]
+    tokcc = aggregate_tokens(tokcc_weights(b, fam.alpha) * l, mask, aggregation, n_bar) / scales["T_ref"]
+    if fam.kind == "raw":
+        active = raw
+    elif fam.kind == "dist_norm":
+        active = dist_norm
+    elif fam.kind == "tokcc":
+        active = tokcc
+    else:
+        active = fam.p * dist_norm + fam.q * tokcc
+    return {"raw": raw, "dist_norm": dist_norm, "tokcc": tokcc, "active": active}
+
+
+def reconstruction(l, b, mask, family: str, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
+    """Batch means (scalars) of every family: raw, dist_norm, tokcc, active."""
+    return {k: v.mean() for k, v in reconstruction_per_example(l, b, mask, family, aggregation, scales).items()}
+
+
+def gaussian_kl(mu_q, logvar_q, mu_r, logvar_r) -> torch.Tensor:
+    """KL(N(mu_q, exp logvar_q) || N(mu_r, exp logvar_r)) per example [B], summed over dims."""
+    return 0.5 * (logvar_r - logvar_q + (logvar_q.exp() + (mu_q - mu_r) ** 2) / logvar_r.exp() - 1).sum(-1)
+
+
+def beta_at(step: int, beta: float, schedule: str) -> float:
+    """constant: beta; linN: beta * min(1, step / N) (step = optimizer steps taken)."""
+    n = schedule_warmup(schedule)
+    if n == 0:
+        return float(beta)
+    return float(beta) * min(1.0, step / n)
+
+
+def posterior_variance(logvar_q) -> torch.Tensor:
+    """Mean of exp(logvar_q) over batch and dims."""
+    return logvar_q.exp().mean()
+
+
+def router_marginal_kl_to_prior(mu_r, logvar_r) -> torch.Tensor:
+    """The batch's router Gaussians moment-matched to one diagonal Gaussian; KL to N(0, I)."""
+    m = mu_r.mean(0)
+    v = (logvar_r.exp() + mu_r ** 2).mean(0) - m ** 2
+    v = v.clamp_min(1e-12)
+    return 0.5 * (v + m ** 2 - 1 - v.log()).sum()
+
+
+def token_nll(logits, targets) -> torch.Tensor:
+    """Per-token NLL [B, L] from logits [B, L, V] and targets [B, L] (computed in float32)."""
+    return torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+
+
+def reference_scales(b_lists, aggregation: str, alpha: float = 0.25, n_bar: float | None = None) -> tuple[float, float]:
+    """(S_ref, T_ref) from per-example reference NLL lists (the validation split):
+    S_ref = mean_i A_i(b), T_ref = mean_i A_i(w * b), w = (b + 1e-3)^alpha."""
+    b_lists = [list(x) for x in b_lists]
+    if not b_lists or any(len(x) == 0 for x in b_lists):
+        raise ValueError("reference_scales: needs a non-empty list of non-empty per-example b lists")
+    L = max(len(x) for x in b_lists)
+    b = torch.zeros(len(b_lists), L, dtype=torch.float64)
+    mask = torch.zeros_like(b)
+    for i, x in enumerate(b_lists):
+        b[i, :len(x)] = torch.tensor(x, dtype=torch.float64)
+        mask[i, :len(x)] = 1
+    s = aggregate_tokens(b, mask, aggregation, n_bar).mean().item()
+    t = aggregate_tokens(tokcc_weights(b, alpha) * b, mask, aggregation, n_bar).mean().item()
+    if not (math.isfinite(s) and math.isfinite(t)) or s <= 0 or t <= 0:
+        raise ValueError(f"reference_scales: non-positive or non-finite scales S_ref={s}, T_ref={t} ({aggregation})")
+    return s, t
