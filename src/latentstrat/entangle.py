@@ -1,0 +1,418 @@
+"""Entangle stage: train the z-free (entangled) model p(y|x) on the task mixture and check that
+it is a real multi-strategy model (DESIGN sections 3 and 5.2).
+
+    python -m latentstrat.entangle --config config/config.yaml [--threads N]
+
+Records are the z-free ones, `<bos> <x> .. </x> <y> .. </y> <eos>`; the loss is the mean NLL
+over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
+scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
+AdamW, linear warmup then cosine decay to lr/10, grad clip 1.0, length-grouped batches, seeded.
+
+Writes to `out_dir`:
+- `model/`            save_pretrained dir (loads with `model.load_entangled`)
+- `history.parquet`   step, task ("all" or a task), metric, value
+- `quality.json`      per task: answer accuracy, strategy-match rate and strategy TV of samples
+                      at temperature 1 on test inputs, thresholds, pass/fail; training summary
+- `quality.parquet`   the same checks as a table (task, check, value, threshold, passed)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from latentstrat import data
+from latentstrat.config import dump_json
+from latentstrat.io import write_parquet
+from latentstrat.objective import token_nll
+from latentstrat.tasks import TASKS
+from latentstrat.tasks.base import END_TOKENS
+
+# check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
+CHECKS = {
+    "answer_accuracy": ("quality_min_answer_accuracy", "min"),
+    "strategy_match_rate": ("quality_min_strategy_match", "min"),
+    "strategy_tv": ("quality_max_strategy_tv", "max"),
+}
+TEMPERATURE = 1.0
+MIN_LR_RATIO = 0.1  # cosine decays to lr * MIN_LR_RATIO
+GRAD_CLIP = 1.0
+LOG_EVERY = 25  # train-loss history interval (steps)
+N_EVALS = 10  # validation-loss evaluations over the run (+ step 0 and the end)
+
+
+class QualityError(RuntimeError):
+    """The entangled model failed a quality check and entangle.quality_enforce is true."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay from lr to lr * MIN_LR_RATIO at `steps`."""
+    if warmup > 0 and step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, steps - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:
+    """Logits [B, L, V] at the positions whose next token is supervised. Only those hidden
+    states go through the output projection (a 150k vocabulary stays cheap)."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    h = hidden.gather(1, sup_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return model.get_output_embeddings()(h)
+
+
+def zfree_token_nll(model, batch: data.Batch) -> torch.Tensor:
+    """-log p(y_t | x, y_<t) per supervised token [B, L] (float32, 0 at padding)."""
+    logits = supervised_logits(model, batch.zfree_ids, batch.zfree_mask, batch.zfree_sup_pos)
+    return token_nll(logits, batch.sup_ids) * batch.sup_mask
+
+
+def zfree_lengths(encoded: data.Encoded) -> list[int]:
+    return [len(s) for s in encoded.zfree_ids]
+
+
+@torch.no_grad()
+def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, float]:
+    """Per-task and overall ("all") mean NLL per supervised token."""
+    was_training = model.training
+    model.eval()
+    dev = device_of(model)
+    tot = torch.zeros(len(encoded.tasks), dtype=torch.float64)
+    cnt = torch.zeros(len(encoded.tasks), dtype=torch.float64)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded.zfree_ids[i]))
+    for s in range(0, len(order), batch_size):
+        batch = data.collate(encoded, order[s:s + batch_size]).to(dev)
+        nll = zfree_token_nll(model, batch).double().sum(1).cpu()
+        n = batch.sup_mask.sum(1).double().cpu()
+        tot.index_add_(0, batch.task_idx.cpu(), nll)
+        cnt.index_add_(0, batch.task_idx.cpu(), n)
+    model.train(was_training)
+    out = {t: float(tot[i] / cnt[i]) for i, t in enumerate(encoded.tasks) if cnt[i] > 0}
+    out["all"] = float(tot.sum() / cnt.sum())
+    return out
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, log=print):
+    """Train `model` in place on the z-free records. Returns (history rows, training summary)."""
+    dev = device_of(model)
+    steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ecfg["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    rng = np.random.default_rng(ecfg["seed"])
+    lengths = zfree_lengths(train_enc)
+    eval_steps = {0, steps} | {round(steps * k / N_EVALS) for k in range(1, N_EVALS)}
+    history: list[dict] = []
+
+    def record_validation(step):
+        for task, v in validation_loss(model, val_enc, 2 * bs).items():
+            history.append(dict(step=step, task=task, metric="validation_loss", value=v))
+
+    record_validation(0)
+    model.train()
+    batches = iter(())
+    t0, tokens, tokens_window, t_window = time.time(), 0, 0, time.time()
+    loss_window, gnorm_window, n_window = 0.0, 0.0, 0
+    for step in range(steps):
+        idx = next(batches, None)
+        if idx is None:  # new epoch
+            batches = data.length_grouped_batches(lengths, bs, rng)
+            idx = next(batches)
+        batch = data.collate(train_enc, idx).to(dev)
+        cur_lr = lr_at(step, lr, warmup, steps)
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        nll = zfree_token_nll(model, batch)
+        loss = nll.sum() / batch.sup_mask.sum()
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"entangle: non-finite training loss {loss.item()} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        opt.step()
+        n_tok = int(batch.zfree_mask.sum())
+        tokens += n_tok
+        tokens_window += n_tok
+        loss_window += loss.item()
+        gnorm_window += float(gnorm)
+        n_window += 1
+        done = step + 1
+        if done % LOG_EVERY == 0 or done == steps:
+            dt = time.time() - t_window
+            for metric, value in (("train_loss", loss_window / n_window), ("grad_norm", gnorm_window / n_window),
+                                  ("lr", cur_lr), ("tokens_per_s", tokens_window / max(dt, 1e-9)),
+                                  ("elapsed_s", time.time() - t0)):
+                history.append(dict(step=done, task="all", metric=metric, value=float(value)))
+            log(f"entangle step {done}/{steps}: loss {loss_window / n_window:.4f} lr {cur_lr:.2e} "
+                f"{tokens_window / max(dt, 1e-9):.0f} tok/s, {time.time() - t0:.0f}s")
+            loss_window, gnorm_window, n_window, tokens_window, t_window = 0.0, 0.0, 0, 0, time.time()
+        if done in eval_steps:
+            record_validation(done)
+            log(f"entangle step {done}: validation loss {history[-1]['value']:.4f}")
+    wall = time.time() - t0
+    model.eval()
+    summary = dict(steps=steps, batch_size=bs, lr=lr, warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
+                   tokens_per_s=tokens / max(wall, 1e-9),
+                   final_validation_loss={r["task"]: r["value"] for r in history
+                                          if r["metric"] == "validation_loss" and r["step"] == steps})
+    return history, summary
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@torch.no_grad()
+def sample_y(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int, seed: int,
+             temperature: float = TEMPERATURE) -> list[str]:
+    """Sample a y text for each prompt (`<bos> <x> .. </x> <y>` ids) at `temperature`, batched
+    with left padding and a KV cache; a row stops at `<eos>`. Returns the words before the
+    first `</y>` / `<eos>` joined by spaces. Deterministic given `seed` and the batch order."""
+    vocab = tokenizer.get_vocab()
+    pad, eos = vocab[data.PAD], vocab[data.EOS]
+    itos = {i: w for w, i in vocab.items()}
+    dev = device_of(model)
+    gen = torch.Generator().manual_seed(seed)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts = [""] * len(prompts)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        B, T = len(idx), max(len(prompts[i]) for i in idx)
+        ids = torch.full((B, T), pad, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, T - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[r, T - len(prompts[i]):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        done = torch.zeros(B, dtype=torch.bool)
+        new = []
+        for _ in range(max_new_tokens):
+            probs = torch.softmax(out.logits[:, -1].float().cpu() / temperature, -1)
+            tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            new.append(tok)
+            done |= tok == eos
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], 1)
+            pos = pos[:, -1:] + 1
+            out = model(input_ids=tok[:, None].to(dev), attention_mask=mask, position_ids=pos,
+                        cache=out.cache, use_cache=True)
+        gen_ids = torch.stack(new, 1).tolist()
+        for r, i in enumerate(idx):
+            words = []
+            for t in gen_ids[r]:
+                w = itos.get(t, data.UNK)
+                if w in END_TOKENS:
+                    break
+                words.append(w)
+            texts[i] = " ".join(words)
+    return texts
+
+
+def prompts_from(encoded: data.Encoded) -> list[list[int]]:
+    """The z-free record cut after `<y>`: exactly the training layout."""
+    return [ids[:p + 1] for ids, p in zip(encoded.zfree_ids, encoded.zfree_y_pos)]
+
+
+# ----------------------------------------------------------------------------- quality
+
+
+def strategy_distribution(match_sets, strategies) -> dict[str, float]:
+    """Followed-strategy distribution over examples with >= 1 matching strategy. An example
+    matching k strategies (an ambiguous trace) adds 1/k to each: a trace that several
+    strategies produce is evidence for none of them in particular. None values: no match."""
+    counts = {s: 0.0 for s in strategies}
+    n = 0
+    for m in match_sets:
+        m = [s for s in m if s in counts]
+        if not m:
+            continue
+        n += 1
+        for s in m:
+            counts[s] += 1.0 / len(m)
+    return {s: (c / n if n else None) for s, c in counts.items()}
+
+
+def total_variation(p: dict[str, float], q: dict[str, float]) -> float:
+    keys = set(p) | set(q)
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in keys)
+
+
+def data_strategy_distributions(train_df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """The data's strategy distribution per task (train split, true traces' matching sets)."""
+    return {task: strategy_distribution(g.matching_strategies, TASKS[task].strategies)
+            for task, g in train_df.groupby("task", sort=True)}
+
+
+def quality_report(samples: pd.DataFrame, data_dist: dict[str, dict[str, float]], thresholds: dict) -> dict:
+    """Per-task checks of temperature-1 samples.
+
+    samples: columns task, x, y_generated. data_dist: task -> strategy -> probability.
+    thresholds: entangle config keys of CHECKS. Returns {"passed", "thresholds", "tasks": {task:
+    {"n", "passed", "checks": {check: {value, threshold, passed}}, "followed_distribution",
+    "data_distribution", "n_matched"}}}.
+    """
+    missing = [c for c in ("task", "x", "y_generated") if c not in samples.columns]
+    if missing:
+        raise ValueError(f"quality_report: samples lack columns {missing}")
+    tasks = {}
+    for name, g in samples.groupby("task", sort=True):
+        task = TASKS[name]
+        if name not in data_dist:
+            raise ValueError(f"quality_report: no data strategy distribution for task {name!r}")
+        correct = [task.final_answer_correct(x, y) for x, y in zip(g.x, g.y_generated)]
+        matches = [task.matching_strategies(x, y) for x, y in zip(g.x, g.y_generated)]
+        matched = [m for m in matches if m]
+        followed = strategy_distribution(matched, task.strategies)
+        values = {"answer_accuracy": float(np.mean(correct)),
+                  "strategy_match_rate": len(matched) / len(g),
+                  # no matched sample: nothing follows the data's strategies -> maximal distance
+                  "strategy_tv": total_variation(followed, data_dist[name]) if matched else 1.0}
+        checks = {}
+        for check, (key, direction) in CHECKS.items():
+            v, thr = values[check], float(thresholds[key])
+            checks[check] = dict(value=v, threshold=thr, direction=direction,
+                                 passed=bool(v >= thr if direction == "min" else v <= thr))
+        tasks[name] = dict(n=int(len(g)), n_matched=len(matched), checks=checks,
+                           passed=all(c["passed"] for c in checks.values()),
+                           followed_distribution=followed, data_distribution=data_dist[name])
+    return dict(passed=bool(tasks) and all(t["passed"] for t in tasks.values()),
+                thresholds={k: float(thresholds[k]) for k, _ in CHECKS.values()}, tasks=tasks)
+
+
+def quality_table(report: dict) -> pd.DataFrame:
+    rows = [dict(task=t, check=c, value=v["value"], threshold=v["threshold"], direction=v["direction"],
+                 passed=v["passed"], n=r["n"])
+            for t, r in report["tasks"].items() for c, v in r["checks"].items()]
+    return pd.DataFrame(rows, columns=["task", "check", "value", "threshold", "direction", "passed", "n"])
+
+
+def check_quality(model, tokenizer, test_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict,
+                  batch_size: int) -> tuple[dict, pd.DataFrame]:
+    """Sample at temperature 1 on up to `quality_samples_per_task` test inputs per task and
+    run the checks. Returns (report, samples)."""
+    n = ecfg["quality_samples_per_task"]
+    test = test_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)
+    enc = data.encode(test, tokenizer)
+    max_new = int(max(train_df.n_supervised.max(), test_df.n_supervised.max())) + 8
+    texts = sample_y(model, tokenizer, prompts_from(enc), max_new, batch_size, seed=ecfg["seed"])
+    samples = test[["task", "example_id", "strategy", "x", "y"]].assign(y_generated=texts)
+    report = quality_report(samples, data_strategy_distributions(train_df), ecfg)
+    report.update(temperature=TEMPERATURE, samples_per_task=n, max_new_tokens=max_new)
+    return report, samples
+
+
+# ----------------------------------------------------------------------------- stage
+
+
+def _check_inputs(data_dir: Path) -> None:
+    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
+        if not (data_dir / name).exists():
+            raise FileNotFoundError(f"entangle: input {data_dir / name} does not exist (run the data stage)")
+
+
+def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> dict:
+    """The entangle stage (see module doc). Returns the quality report."""
+    from latentstrat.model import build_backbone, count_params
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    ecfg = cfg["entangle"]
+    torch.set_num_threads(int(threads))
+    if ecfg["mode"] == "skip":
+        report = dict(mode="skip", passed=None, backbone=cfg["backbone"],
+                      note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
+                           "no model is trained, copied or checked")
+        write_parquet(pd.DataFrame(columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
+        dump_json(report, out_dir / "quality.json")
+        return report
+    _check_inputs(data_dir)
+    tokenizer = data.load_tokenizer(data_dir)
+    train_df, val_df, test_df = (data.load_split(data_dir, s) for s in data.SPLITS)
+    train_enc, val_enc = data.encode(train_df, tokenizer), data.encode(val_df, tokenizer)
+
+    torch.manual_seed(ecfg["seed"])
+    device = pick_device()
+    model = build_backbone(cfg["backbone"], tokenizer).to(device)
+    log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
+        f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
+        f"{threads} threads")
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log)
+    summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
+                   torch_threads=torch.get_num_threads())
+    model.save_pretrained(out_dir / "model.tmp")
+    _replace_dir(out_dir / "model.tmp", out_dir / "model")
+    write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
+
+    t0 = time.time()
+    report, samples = check_quality(model, tokenizer, test_df, train_df, ecfg, batch_size=2 * ecfg["batch_size"])
+    report.update(mode="train", quality_s=time.time() - t0, training=summary)
+    dump_json(report, out_dir / "quality.json")
+    write_parquet(quality_table(report), out_dir / "quality.parquet")
+    write_parquet(samples, out_dir / "quality_samples.parquet")
+    for task, r in report["tasks"].items():
+        log(f"quality {task}: " + ", ".join(f"{c} {v['value']:.3f} ({'ok' if v['passed'] else 'FAIL'})"
+                                            for c, v in r["checks"].items()))
+    if not report["passed"] and ecfg["quality_enforce"]:
+        failed = [f"{t}.{c}={v['value']:.3f}" for t, r in report["tasks"].items()
+                  for c, v in r["checks"].items() if not v["passed"]]
+        raise QualityError(f"entangle: quality checks failed ({', '.join(failed)}); report in {out_dir / 'quality.json'}")
+    return report
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Swap a fully written directory into place (no half-written `model/`)."""
+    import shutil
+
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+
+
+def main(argv=None) -> None:
+    from latentstrat.config import Paths, load_config
+
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.entangle", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
+    ap.add_argument("--data-dir", help="data stage folder (default: the config's)")
+    ap.add_argument("--out", help="output folder (default: the config's entangle dir)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    paths = Paths.from_config(cfg)
+    report = run_entangle(cfg, args.data_dir or paths.data_dir, args.out or paths.entangle_dir,
+                          args.threads or cfg["resources"]["threads"])
+    print(f"quality passed: {report['passed']}")
+
+
+if __name__ == "__main__":
+    main()
