@@ -1,0 +1,28 @@
+# latentstrat: a grid of latent-strategy models, trained, evaluated, probed, aggregated and
+# reported per collection. `snakemake -n` shows the grid; `snakemake --profile slurm` runs it.
+# The collection config is config/config.yaml unless --configfile names another one.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/entangle.smk"
+include: "workflow/rules/reference.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/probe.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        report_targets(),
+    default_target: True

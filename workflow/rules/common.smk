@@ -1,0 +1,179 @@
+# Config loading, cells, paths, params and resources shared by every rule.
+#
+# The package (latentstrat.config) is the one place for schema validation, defaults, cell
+# expansion, canonical cell ids and the output layout; this file only adapts it to Snakemake.
+import copy
+import json
+import re
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from latentstrat.config import (
+    ConfigError,
+    Paths,
+    base_settings,
+    expand_cells,
+    external_arms,
+    load_config,
+)
+
+
+try:
+    CFG = load_config(cfg=config)
+except ConfigError as e:
+    raise WorkflowError(f"invalid collection config: {e}") from None
+# Second check with Snakemake's own validator on the resolved config (same schema).
+validate(copy.deepcopy(CFG), schema="../schemas/config.schema.yaml", set_default=False)
+
+P = Paths.from_config(CFG)
+CELLS = {c.cell_id: c for c in expand_cells(CFG, validated=True)}
+TASKS = list(CFG["data"]["tasks"])
+RES = CFG["resources"]
+LOGS = P.collection_dir / "logs"
+BENCH = P.collection_dir / "benchmarks"
+BASE_LOGS = P.base_dir / "logs"
+BASE_BENCH = P.base_dir / "benchmarks"
+SRC = Path(workflow.basedir) / "src" / "latentstrat"
+
+
+wildcard_constraints:
+    cell="[^/]+",
+    task="|".join(re.escape(t) for t in TASKS),
+
+
+# ----------------------------------------------------------------------------- base guard
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def base_config_diff(stored, current):
+    """Dotted keys whose values differ between two base-settings dicts."""
+    a, b = _flatten(stored), _flatten(json.loads(json.dumps(current, default=str)))
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
+
+
+BASE_CONFIG = P.data_dir / "base_config.json"
+if BASE_CONFIG.exists():
+    try:
+        _stored = json.loads(BASE_CONFIG.read_text())
+    except json.JSONDecodeError as e:
+        raise WorkflowError(f"{BASE_CONFIG} is not valid JSON ({e}); delete it or the base") from None
+    _diff = base_config_diff(_stored, base_settings(CFG))
+    if _diff:
+        raise WorkflowError(
+            f"base {CFG['base']!r} at {P.base_dir} was built with different settings: "
+            f"{', '.join(_diff)} differ from this config. Use a new `base` name for the new "
+            f"settings, or delete {P.base_dir} to rebuild it (and retrain every collection on it)."
+        )
+
+
+# ----------------------------------------------------------------------------- params
+# Each rule gets, as params, exactly the config sections its stage reads. Snakemake's
+# `params` rerun trigger then reruns a job only when those sections change: a report setting
+# never retrains, a train setting retrains every cell, a cell's own settings rerun that cell.
+
+
+def sections(*names):
+    return {k: CFG[k] for k in names}
+
+
+BASE_SECTIONS = ("collection", "base", "results_dir", "data", "backbone", "entangle")
+TRAIN_SECTIONS = BASE_SECTIONS + ("lora", "train")
+EVALUATE_SECTIONS = TRAIN_SECTIONS + ("evaluate",)
+
+
+def cell_json(wildcards):
+    if wildcards.cell not in CELLS:
+        raise WorkflowError(
+            f"unknown cell {wildcards.cell!r}: not in the grid of collection {CFG['collection']!r}"
+        )
+    return CELLS[wildcards.cell].to_json()
+
+
+# ----------------------------------------------------------------------------- resources
+
+
+def slurm_resources():
+    """Partition/account from the config's `resources` section (the one place to set them)."""
+    out = {}
+    if RES["slurm_partition"]:
+        out["slurm_partition"] = RES["slurm_partition"]
+    if RES["slurm_account"]:
+        out["slurm_account"] = RES["slurm_account"]
+    return out
+
+
+SLURM = slurm_resources()
+GPU = RES["gpu"]
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def data_files():
+    d = P.data_dir
+    return {
+        "train": str(d / "train.parquet"),
+        "validation": str(d / "validation.parquet"),
+        "test": str(d / "test.parquet"),
+        "tokenizer": str(d / "tokenizer.json"),
+    }
+
+
+def entangle_files():
+    d = P.entangle_dir
+    return {
+        "entangle_config": str(d / "model" / "config.json"),
+        "entangle_weights": str(d / "model" / "model.safetensors"),
+        "quality": str(d / "quality.json"),
+        "entangle_history": str(d / "history.parquet"),
+    }
+
+
+def reference_files():
+    d = P.reference_dir
+    return {
+        "tokens": str(d / "tokens.parquet"),
+        "scales": str(d / "scales.json"),
+        "token_counts": str(d / "token_counts.parquet"),
+    }
+
+
+def train_files(cid):
+    d = P.train_dir(cid)
+    return {
+        "cell_model": str(d / "model.safetensors"),
+        "history": str(d / "history.parquet"),
+        "summary": str(d / "summary.json"),
+    }
+
+
+def probe_files(cid):
+    return [str(P.probe_path(cid, t)) for t in TASKS] + [str(P.probe_path(cid, "global"))]
+
+
+def metrics_files():
+    return [str(P.metrics_path(c)) for c in CELLS]
+
+
+def history_files():
+    return [train_files(c)["history"] for c in CELLS]
+
+
+def aggregate_marker():
+    return str(P.aggregate_dir / "collection_state.parquet")
+
+
+def report_targets():
+    return [str(P.report_dir / "results.md"), str(P.report_dir / "analysis.md")]

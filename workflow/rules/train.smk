@@ -1,0 +1,28 @@
+# Stage 4 (per cell): disentangle router / generator / posterior. Checkpoints under
+# train/checkpoints/ are not outputs, so a preempted or cancelled job resumes from them.
+
+
+rule train:
+    input:
+        **data_files(),
+        **entangle_files(),
+        **reference_files(),
+    output:
+        **train_files("{cell}"),
+    params:
+        cell=cell_json,
+        settings=sections(*TRAIN_SECTIONS),
+    log:
+        str(LOGS / "train" / "{cell}.log"),
+    benchmark:
+        str(BENCH / "train" / "{cell}.tsv")
+    threads: RES["threads"]
+    resources:
+        mem_mb=RES["mem_mb"],
+        runtime=RES["runtime_train"],
+        gpu=GPU,
+        **SLURM,
+    conda:
+        "../../envs/latentstrat.yaml"
+    script:
+        "../scripts/train.py"

@@ -1,0 +1,51 @@
+"""Shared by the rule scripts: the stage's config and a log that captures everything.
+
+Each script reads only snakemake.input/output/params/threads/log and calls one package
+function (docs/architecture.md, "Stages").
+"""
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from latentstrat.config import load_config
+
+
+def stage_config(snakemake) -> dict:
+    """The validated collection config, with the rule's params sections on top.
+
+    The params sections are what Snakemake's `params` rerun trigger watches, so the values a
+    stage sees are exactly the ones that decide whether it reruns.
+    """
+    cfg = load_config(cfg=dict(snakemake.config))
+    cfg.update(snakemake.params.settings)
+    return cfg
+
+
+@contextlib.contextmanager
+def logged(snakemake):
+    """Send stdout/stderr (Python and C level) to the rule's log; log the traceback on failure."""
+    log = Path(snakemake.log[0])
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        try:
+            yield
+        except BaseException:
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])

@@ -1,0 +1,9 @@
+from _stage import logged, stage_config
+
+from latentstrat import metrics
+
+with logged(snakemake):
+    cfg = stage_config(snakemake)
+    metrics.write_cell_metrics(
+        cfg, snakemake.params.cell, snakemake.input.records, list(snakemake.input.probes), snakemake.output[0]
+    )

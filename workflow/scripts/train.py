@@ -1,0 +1,17 @@
+from pathlib import Path
+
+from _stage import logged, stage_config
+
+from latentstrat import train
+
+with logged(snakemake):
+    cfg = stage_config(snakemake)
+    train.train_cell(
+        cfg,
+        snakemake.params.cell,
+        data_dir=Path(snakemake.input.tokenizer).parent,
+        entangle_dir=Path(snakemake.input.quality).parent,
+        reference_dir=Path(snakemake.input.scales).parent,
+        out_dir=Path(snakemake.output.summary).parent,
+        threads=snakemake.threads,
+    )
