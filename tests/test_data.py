@@ -1,0 +1,223 @@
+"""Data stage: splits, determinism, tokenizer round trip, config errors, encode/collate."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from latentstrat import data as D
+from latentstrat.config import ConfigError, load_config
+from latentstrat.tasks import TASKS
+
+BASE_CFG = {"collection": "t", "base": "t", "grid": {"beta": [0.1]}}
+
+
+def test_render_record_forms():
+    assert D.render_record("sort 2 1", "1 2 ; answer 1 2", with_z=True, z_slots=2) == (
+        "<bos> <x> sort 2 1 </x> <z> [Z] [Z] </z> <y> 1 2 ; answer 1 2 </y> <eos>")
+    assert D.render_record("a", "b", with_z=False) == "<bos> <x> a </x> <y> b </y> <eos>"
+    assert D.render_record("a", "b", with_z=False, eos=False) == "<bos> <x> a </x> <y> b </y>"
+
+
+def test_splits_columns_sizes_and_disjoint_inputs(data_dir, small_data_cfg):
+    splits = {s: D.load_split(data_dir, s) for s in D.SPLITS}
+    for s, df in splits.items():
+        assert list(df.columns) == list(D.COLUMNS)
+        assert (df.split == s).all()
+        n = small_data_cfg[f"{s}_per_task"]
+        assert df.groupby("task").size().to_dict() == {t: n for t in small_data_cfg["tasks"]}
+        assert df.example_id.is_unique
+        assert (df.n_supervised == df.n_y_tokens + 2).all()
+        assert (df.n_y_tokens == df.y.str.split().str.len()).all()
+        assert all(isinstance(m, list) and r.strategy in m for m, r in zip(df.matching_strategies, df.itertuples()))
+        assert (df.ambiguous == (df.matching_strategies.str.len() > 1)).all()
+        for r in df.itertuples():
+            assert TASKS[r.task].final_answer_correct(r.x, r.y) and r.answer == TASKS[r.task].answer(r.x)
+    for t in small_data_cfg["tasks"]:
+        xs = [set(df.x[df.task == t]) for df in splits.values()]
+        assert not (xs[0] & xs[1]) and not (xs[0] & xs[2]) and not (xs[1] & xs[2])
+        assert sum(map(len, xs)) == sum(small_data_cfg[f"{s}_per_task"] for s in D.SPLITS), "x unique within splits"
+
+
+def test_strategy_labels_are_roughly_uniform():
+    df = D.generate_task("sorting_algorithms", {"train": 900, "validation": 1, "test": 1}, seed=3)
+    counts = df[df.split == "train"].strategy.value_counts()
+    assert set(counts.index) == set(TASKS["sorting_algorithms"].strategies)
+    assert counts.min() > 250  # 300 expected each; 250 is > 5 sd below
+
+
+def test_same_config_gives_byte_identical_files(tmp_path, small_data_cfg):
+    cfg = dict(small_data_cfg, train_per_task=10, validation_per_task=3, test_per_task=3)
+    D.build_dataset(cfg, tmp_path / "a")
+    D.build_dataset(cfg, tmp_path / "b")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert {"train.parquet", "validation.parquet", "test.parquet", "tokenizer.json", "data_card.md",
+            "data_card.parquet"} <= set(names)
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
+    D.build_dataset(dict(cfg, seed=cfg["seed"] + 1), tmp_path / "c")  # negative control
+    assert (tmp_path / "a" / "train.parquet").read_bytes() != (tmp_path / "c" / "train.parquet").read_bytes()
+
+
+def test_tokenizer_round_trips_every_record(data_dir):
+    tok = D.load_tokenizer(data_dir)
+    assert len(tok) < 200
+    vocab = tok.get_vocab()
+    assert [vocab[t] for t in D.SPECIAL_TOKENS] == list(range(len(D.SPECIAL_TOKENS)))
+    assert tok.pad_token == "<pad>" and tok.eos_token == "<eos>" and tok.bos_token == "<bos>"
+    unk = vocab["<unk>"]
+    for s in D.SPLITS:
+        df = D.load_split(data_dir, s)
+        for x, y in zip(df.x, df.y):
+            for text in (D.render_record(x, y, True, 2), D.render_record(x, y, False),
+                         D.render_record(x, y, False, eos=False)):
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                assert unk not in ids and len(ids) == len(text.split())
+                assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
+    # unknown words map to <unk> (negative control)
+    assert tok("answer zebra", add_special_tokens=False)["input_ids"][1] == unk
+
+
+def test_data_card(data_dir, small_data_cfg):
+    card = pd.read_parquet(data_dir / "data_card.parquet")
+    assert sorted(card.task) == sorted(small_data_cfg["tasks"])
+    df = pd.concat([D.load_split(data_dir, s) for s in D.SPLITS])
+    for r in card.itertuples():
+        g = df[df.task == r.task]
+        assert r.n_train == small_data_cfg["train_per_task"]
+        assert r.y_tokens_mean == pytest.approx(g.n_y_tokens.mean())
+        assert r.ambiguity_rate == pytest.approx(g.ambiguous.mean())
+        assert r.y_tokens_max == g.n_y_tokens.max()
+    md = (data_dir / "data_card.md").read_text()
+    assert all(t in md for t in small_data_cfg["tasks"]) and "ambiguity rate" in md
+
+
+def test_trace_lengths_differ_across_tasks():
+    df = D.generate({"seed": 5, "tasks": sorted(TASKS), "train_per_task": 300, "validation_per_task": 1,
+                     "test_per_task": 1})
+    means = df.groupby("task").n_y_tokens.mean()
+    assert means.max() >= 3 * means.min()
+    assert means.min() >= 7 and means.max() <= 60
+    rec = df.x.str.split().str.len() + df.n_y_tokens + 10
+    assert rec.max() <= 100
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"tasks": ["sorting_algorithms", "juggling"]}, "data.tasks[1]"),
+    ({"train_per_task": 0}, "data.train_per_task"),
+    ({"validation_per_task": -3}, "data.validation_per_task"),
+    ({"test_per_task": 2.5}, "data.test_per_task"),
+    ({"tasks": []}, "data.tasks"),
+    ({"sizes": 3}, "data.sizes"),
+])
+def test_bad_data_config_names_the_key(data, key):
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        load_config(cfg={**BASE_CFG, "data": data})
+
+
+def test_generate_rejects_bad_sections_directly():
+    good = {"seed": 1, "tasks": ["grid_pathfinding"], "train_per_task": 2, "validation_per_task": 1, "test_per_task": 1}
+    with pytest.raises(ValueError, match="data.tasks"):
+        D.generate({**good, "tasks": ["nope"]})
+    with pytest.raises(ValueError, match="data.test_per_task"):
+        D.generate({**good, "test_per_task": 0})
+    with pytest.raises(ValueError, match="distinct inputs"):  # the grid has 3136 inputs
+        D.generate({**good, "train_per_task": 4000})
+
+
+def test_cli_writes_data_and_base_config(tmp_path):
+    import json
+
+    import yaml
+    cfg = {**BASE_CFG, "results_dir": str(tmp_path / "results"),
+           "data": {"seed": 2, "tasks": ["grid_pathfinding", "sorting_algorithms"], "train_per_task": 5,
+                    "validation_per_task": 2, "test_per_task": 2}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    D.main(["--config", str(path)])
+    out = tmp_path / "results" / "base" / "t" / "data"
+    assert len(D.load_split(out, "test")) == 4
+    base = json.loads((out / "base_config.json").read_text())
+    assert base["data"]["tasks"] == ["grid_pathfinding", "sorting_algorithms"] and "backbone" in base
+    with pytest.raises(ConfigError, match=r"data\.train_per_task"):
+        path.write_text(yaml.safe_dump({**cfg, "data": {**cfg["data"], "train_per_task": 0}}))
+        D.main(["--config", str(path)])
+
+
+# ----------------------------------------------------------------------------- encode / collate
+
+
+@pytest.fixture(scope="module")
+def encoded(data_dir):
+    df = D.load_split(data_dir, "train")
+    return df, D.load_tokenizer(data_dir), D.encode(df, D.load_tokenizer(data_dir), z_slots=2)
+
+
+def test_collate_fields(encoded):
+    df, tok, enc = encoded
+    v = tok.get_vocab()
+    idx = [0, 5, 40, len(df) - 1]
+    b = D.collate(enc, idx)
+    B, P = len(idx), 2
+    L = int(df.n_supervised.iloc[idx].max())
+    assert b.gen_ids.shape == b.gen_mask.shape and b.gen_ids.shape[0] == B
+    assert b.z_slot_pos.shape == (B, P) and b.z_open_pos.shape == (B,)
+    assert b.sup_ids.shape == b.sup_mask.shape == b.gen_sup_pos.shape == b.zfree_sup_pos.shape == (B, L)
+    assert b.sup_mask.sum(1).tolist() == df.n_supervised.iloc[idx].tolist()
+    m = b.sup_mask.bool()
+    assert torch.equal(b.gen_ids.gather(1, b.gen_sup_pos + 1)[m], b.sup_ids[m])
+    assert torch.equal(b.zfree_ids.gather(1, b.zfree_sup_pos + 1)[m], b.sup_ids[m])
+    assert (b.gen_ids.gather(1, b.z_open_pos[:, None]) == v["<z>"]).all()
+    assert (b.gen_ids.gather(1, b.z_slot_pos) == v["[Z]"]).all()
+    assert ((b.gen_ids == v["[Z]"]).sum(1) == P).all()
+    assert (b.gen_ids.gather(1, b.gen_sup_pos[:, :1]) == v["<y>"]).all()  # <y> predicts the first y token
+    last = b.post_mask.sum(1) - 1  # posterior pooling position holds </y>
+    assert (b.post_ids.gather(1, last[:, None]) == v["</y>"]).all()
+    assert b.gen_mask.sum(1).tolist() == [len(enc.gen_ids[i]) for i in idx]
+    assert b.zfree_mask.sum(1).tolist() == [len(enc.gen_ids[i]) - P - 2 for i in idx]
+    assert (b.gen_ids[b.gen_mask == 0] == v["<pad>"]).all()
+    tasks = sorted(df.task.unique())
+    assert [tasks[i] for i in b.task_idx.tolist()] == df.task.iloc[idx].tolist()
+    assert b.row_idx.tolist() == idx and b.b is None
+    # hand check of one record: text at the sup positions + 1 is the y text + </y> <eos>
+    i = idx[1]
+    words = tok.convert_ids_to_tokens(b.sup_ids[1][: int(df.n_supervised.iloc[i])].tolist())
+    assert " ".join(words) == df.y.iloc[i] + " </y> <eos>"
+
+
+def test_collate_reference_b_alignment(encoded):
+    df, _, enc = encoded
+    b_all = [np.arange(n, dtype=float) for n in df.n_supervised]
+    b = D.collate(enc, [2, 3], b=b_all)
+    assert b.b.shape == b.sup_ids.shape and b.b.dtype == torch.float32
+    n2 = int(df.n_supervised.iloc[2])
+    assert b.b[0, :n2].tolist() == list(range(n2)) and (b.b[0, n2:] == 0).all()
+    bad = list(b_all)
+    bad[3] = bad[3][:-1]
+    with pytest.raises(ValueError, match="row 3"):
+        D.collate(enc, [2, 3], b=bad)
+
+
+def test_length_grouped_batches(encoded):
+    _, _, enc = encoded
+    lengths = enc.lengths
+    batches = list(D.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
+    flat = sorted(i for bt in batches for i in bt)
+    assert flat == list(range(len(lengths)))
+    assert all(len(bt) <= 16 for bt in batches)
+    spread = np.mean([max(lengths[i] for i in bt) - min(lengths[i] for i in bt) for bt in batches])
+    rnd = random.Random(1)
+    shuffled = list(range(len(lengths)))
+    rnd.shuffle(shuffled)
+    rand_spread = np.mean([max(lengths[i] for i in shuffled[k:k + 16]) - min(lengths[i] for i in shuffled[k:k + 16])
+                           for k in range(0, len(shuffled), 16)])
+    assert spread < rand_spread / 2  # grouping by length cuts padding (control: random batches)
+    again = list(D.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
+    assert again == batches
+    assert list(D.length_grouped_batches(lengths, 16, random.Random(0)))  # random.Random works too
+    assert list(D.length_grouped_batches(lengths, 16, 0)) == list(D.length_grouped_batches(lengths, 16, 0))
+    with pytest.raises(ValueError, match="batch_size"):
+        list(D.length_grouped_batches(lengths, 0, 0))
