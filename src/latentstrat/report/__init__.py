@@ -1,0 +1,60 @@
+"""Collection report: results.md, analysis.md, figures, brief.yaml, findings.json from aggregate tables."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from latentstrat.config import load_schema
+from latentstrat.io import write_text
+
+
+def report_thresholds(meta: dict) -> dict:
+    """cfg["report"] values from meta (or the aggregate's meta), else the schema defaults."""
+    defaults = {k: v.get("default") for k, v in load_schema()["properties"]["report"]["properties"].items()}
+    return {**defaults, **(meta.get("report") or {})}
+
+
+def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
+    """Write the report of one collection from its cached aggregate tables. Returns {findings, figures, skipped, seconds}."""
+    from latentstrat.report.figures import make_figures
+    from latentstrat.report.findings import compute_findings
+    from latentstrat.report.markdown import analysis_md, results_md
+    from latentstrat.report.tables import load_aggregate
+
+    t0 = time.perf_counter()
+    tables, agg_meta = load_aggregate(aggregate_dir)
+    meta = {**agg_meta, **(meta or {}), "aggregate_dir": str(aggregate_dir)}
+    thresholds = report_thresholds(meta)
+    meta.setdefault("primary_metric", thresholds["primary_metric"])
+    out_dir = Path(out_dir)
+    made, skipped = make_figures(tables, out_dir / "figures")
+    findings = compute_findings(tables, thresholds)
+    write_text(results_md(tables, meta, made, skipped), out_dir / "results.md")
+    write_text(analysis_md(tables, meta, findings, thresholds), out_dir / "analysis.md")
+    write_text(json.dumps({"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
+                          indent=2, default=_jsonable) + "\n", out_dir / "findings.json")
+    st = tables["collection_state"]
+    brief = {
+        "collection": meta.get("collection"),
+        "title": meta.get("title") or meta.get("collection"),
+        "description": meta.get("description", ""),
+        "cells": {"expected": len(st), "complete": int((st.status == "complete").sum()) if len(st) else 0,
+                  "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else []},
+        "reference_arms": meta.get("reference_arms", []),
+        "fairness": {r.claim: r.status for r in tables["fairness"].itertuples()} if len(tables["fairness"]) else {},
+        "findings": {f["question"]: f["status"] for f in findings},
+        "figures": [f"figures/{n}.png" for n, _ in made],
+        "figures_skipped": [n for n, _ in skipped],
+    }
+    write_text(yaml.safe_dump(brief, sort_keys=False, width=120), out_dir / "brief.yaml")
+    return {"findings": findings, "figures": made, "skipped": skipped, "seconds": time.perf_counter() - t0}
+
+
+def _jsonable(o):
+    try:
+        return float(o)
+    except (TypeError, ValueError):
+        return str(o)

@@ -1,0 +1,37 @@
+"""python -m latentstrat.report --summary S [--reference R ...] [--history H] --out DIR
+
+Reports from tables alone (columns in docs/reference-table.md): writes DIR/aggregate/ and the
+report into DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from latentstrat.aggregate import aggregate_from_tables
+from latentstrat.report import build_report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.report", description=__doc__.splitlines()[0])
+    ap.add_argument("--summary", required=True, help="primary-arm summary table (CSV or parquet)")
+    ap.add_argument("--reference", action="append", default=[], help="reference arm summary table; repeatable (arm = file stem)")
+    ap.add_argument("--history", help="long history table: cell_id, step, task, metric, value")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--title", default="")
+    ap.add_argument("--top-k", type=int, default=5)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    try:
+        aggregate_from_tables(a.summary, a.reference, a.history, out / "aggregate", top_k=a.top_k)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    res = build_report(out / "aggregate", out, {"title": a.title} if a.title else {})
+    print(f"report written to {out} in {res['seconds']:.1f} s ({len(res['figures'])} figures, {len(res['skipped'])} skipped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

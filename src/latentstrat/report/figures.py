@@ -1,0 +1,281 @@
+"""Report figures (seaborn, Agg backend). Each maker returns a Figure, or None when its data is absent."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from latentstrat.aggregate import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
+from latentstrat.io import atomic_path  # noqa: E402
+from latentstrat.metrics import label  # noqa: E402
+
+sns.set_theme(style="whitegrid", context="paper")
+FAM, BETA = "family", "beta"
+
+
+def _rows(t: dict, table: str = "summary_by_setting") -> pd.DataFrame:
+    df = t.get(table, pd.DataFrame())
+    if df.empty:
+        return df
+    df = df.copy()
+    df[FAM], df[BETA] = df["family_label"], df["beta_label"]
+    return df
+
+
+def _primary(t: dict) -> pd.DataFrame:
+    """Setting-level rows of the primary arm (the arm of the collection_state primary cells)."""
+    df = _rows(t)
+    st = t.get("collection_state", pd.DataFrame())
+    if df.empty or st.empty or "arm" not in df.columns:
+        return df
+    arms = set(st.loc[st.role == "primary", "arm"])
+    return df[df.arm.isin(arms)]
+
+
+def _need(df: pd.DataFrame, *cols) -> bool:
+    return not df.empty and all(c in df.columns and df[c].notna().any() for c in cols)
+
+
+def _errorbars(ax, df, x, y):
+    for axis, col in (("x", x), ("y", y)):
+        std = f"{col}_std"
+        if std in df.columns and df[std].notna().any():
+            kw = {"xerr": df[std]} if axis == "x" else {"yerr": df[std]}
+            ax.errorbar(df[x], df[y], fmt="none", ecolor="0.4", elinewidth=0.8, capsize=2, **kw)
+
+
+def _scatter(df, x, y, title):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sns.scatterplot(data=df, x=x, y=y, hue=FAM, style=BETA, s=70, ax=ax)
+    _errorbars(ax, df, x, y)
+    ax.set(xlabel=label(x), ylabel=label(y), title=title)
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def objective_scale_heatmap(t):
+    c = t.get("mean_vs_sum_common_cells", pd.DataFrame())
+    if c.empty:
+        return None
+    cols = [f"delta_{m}" for m in DELTA_METRICS if f"delta_{m}" in c.columns]
+    multi = c.reference_arm.nunique() > 1
+    c = c.assign(col=(c.reference_arm + ": " if multi else "") + c[FAMILY_COL] + " " + c.beta_label)
+    delta = c.set_index("col")[cols].T
+    delta.index = [label(i[len("delta_"):]) for i in delta.index]
+    scale = delta.abs().max(axis=1).replace(0, 1)
+    colors = delta.div(scale, axis=0)
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * delta.shape[1] + 3), 1.1 * len(cols) + 2.2))
+    sns.heatmap(colors, annot=delta.map(lambda v: f"{v:+.4f}"), fmt="", cmap="RdBu_r", center=0, vmin=-1, vmax=1,
+                cbar_kws={"label": "delta / row max |delta|"}, ax=ax, annot_kws={"fontsize": 8})
+    ax.set(xlabel="", ylabel="", title="Primary minus reference (annotations: true deltas; colors row-normalized)")
+    plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
+    fig.tight_layout()
+    return fig
+
+
+def kl_vs_reconstruction(t):
+    df = _rows(t)
+    if not _need(df, "kl_prior_loss", "active_reconstruction_objective"):
+        return None
+    df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
+    return _scatter(df, "active_reconstruction_objective", "kl_prior_loss", "KL-to-reconstruction trade-off")
+
+
+def _bar(df, y, title):
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.barplot(data=df, x=FAM, y=y, hue=BETA, ax=ax, errorbar=None)
+    std = f"{y}_std"
+    if std in df.columns and df[std].notna().any():
+        for cont, (_, g) in zip(ax.containers, df.groupby(BETA, sort=False)):
+            xs = [b.get_x() + b.get_width() / 2 for b in cont]
+            ax.errorbar(xs, [b.get_height() for b in cont], yerr=g[std].values[:len(xs)], fmt="none", ecolor="0.2", capsize=2)
+    ax.set(xlabel="reconstruction family", ylabel=label(y), title=title)
+    ax.legend(title="", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def kl_recon_ratio(t):
+    df = _primary(t)
+    return _bar(df, "kl_over_active_reconstruction", "KL / active reconstruction (primary arm)") if _need(df, "kl_over_active_reconstruction") else None
+
+
+def posterior_router_gap(t):
+    df = _primary(t)
+    return _bar(df, "posterior_router_probe_gap", "Posterior minus router probe (primary arm)") if _need(df, "posterior_router_probe_gap") else None
+
+
+def base_relative_vs_router(t):
+    df = _rows(t)
+    if not _need(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe"):
+        return None
+    df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
+    fig = _scatter(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe",
+                   "Base-relative reconstruction vs router probe")
+    fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
+    return fig
+
+
+def inferred_scale(t):
+    s = t.get("reference_scale", pd.DataFrame())
+    if s.empty:
+        return None
+    bars = s[~s.aggregation_mode.str.contains("_ratio")]
+    ratios = s[s.aggregation_mode.str.contains("_ratio")]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.barplot(data=bars, x="aggregation_mode", y="mean", hue="source", ax=ax, errorbar=None)
+    ax.set_yscale("log")
+    title = "Inferred z-free reference scale"
+    if len(ratios):
+        title += "\n" + "; ".join(f"{r.aggregation_mode}: {r['mean']:.4g}" for _, r in ratios.iterrows())
+    ax.set(xlabel="", ylabel="S_ref = raw / base-relative (log)", title=title)
+    ax.legend(fontsize=7, title="")
+    fig.tight_layout()
+    return fig
+
+
+def _history(t, table="history_long"):
+    h = t.get(table, pd.DataFrame())
+    if h.empty:
+        return h
+    st = t.get("collection_state", pd.DataFrame())
+    if not st.empty:
+        h = h[h.cell_id.isin(st.loc[st.role == "primary", "cell_id"])]
+    return h.assign(**{FAM: h[FAMILY_COL], BETA: h["beta_label"]})
+
+
+def dynamics(t, metrics: list[str], title: str):
+    h = _history(t)
+    if h.empty:
+        return None
+    metrics = [m for m in metrics if (h.metric == m).any()]
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics) + 1.5, 4), squeeze=False)
+    for i, (ax, m) in enumerate(zip(axes[0], metrics)):
+        sns.lineplot(data=h[h.metric == m], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
+                     legend=i == len(metrics) - 1)
+        ax.set(ylabel=label(m), title=label(m), xlabel="step (0 = initialization)")
+    axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def trajectory(t):
+    h = _history(t)
+    if h.empty:
+        return None
+    w = h[h.metric.isin(["distribution_normalized_reconstruction_loss", "matched_router_score"])]
+    w = w.pivot_table(index=["cell_id", "step", FAM, BETA], columns="metric", values="value").reset_index()
+    if not _need(w, "distribution_normalized_reconstruction_loss", "matched_router_score"):
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    sns.lineplot(data=w.sort_values("step"), x="distribution_normalized_reconstruction_loss", y="matched_router_score",
+                 hue=FAM, style=BETA, units="cell_id", estimator=None, sort=False, marker="o", markersize=3, ax=ax)
+    start = w[w.step == w.step.min()]
+    ax.scatter(start.distribution_normalized_reconstruction_loss, start.matched_router_score, marker="x", color="k",
+               label="first checkpoint", zorder=5)
+    ax.set_xscale("log")
+    ax.set(xlabel=label("distribution_normalized_reconstruction_loss") + " (log)", ylabel=label("matched_router_score"),
+           title="Reconstruction-router trajectory")
+    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def per_task_router(t):
+    h = _history(t, "history_per_task_long")
+    if h.empty or not (h.metric == "matched_router_score").any():
+        return None
+    h = h[h.metric == "matched_router_score"]
+    tasks = sorted(h.task.unique())
+    n = len(tasks)
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols + 1.5, 3.4 * rows), squeeze=False, sharey=True)
+    for i, task in enumerate(tasks):
+        ax = axes[i // cols][i % cols]
+        sns.lineplot(data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
+                     legend=i == 0)
+        ax.set(title=task, ylabel=label("matched_router_score"), xlabel="step")
+    for j in range(n, rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize=8, frameon=False)
+    axes[0][0].get_legend().remove()
+    fig.suptitle("Per-task matched router score (validation)")
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    return fig
+
+
+def token_dominance(t):
+    d = t.get("token_dominance", pd.DataFrame())
+    if d.empty:
+        return None
+    long = d.melt(id_vars=["token_aggregation", "checkpoint", "task"], value_vars=[m for m in SHARE_METRICS if m in d.columns],
+                  var_name="share", value_name="value")
+    long["panel"] = long.token_aggregation + " | " + long.checkpoint
+    panels = list(dict.fromkeys(long.panel))
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols + 1.5, 3.6 * rows), squeeze=False, sharey=True)
+    for i, p in enumerate(panels):
+        ax = axes[i // cols][i % cols]
+        sns.barplot(data=long[long.panel == p], x="task", y="value", hue="share", ax=ax, errorbar=None)
+        ax.set(title=p, xlabel="", ylabel="share of total")
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+        if ax.get_legend():
+            ax.get_legend().remove()
+    for j in range(len(panels), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize=8, frameon=False)
+    fig.suptitle("Token-count dominance per task (shares sum to 1 per panel and share kind)")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    return fig
+
+
+# file name -> (title, maker)
+FIGURES = {
+    "objective_scale_heatmap": ("Mean-versus-sum objective scale", objective_scale_heatmap),
+    "kl_vs_reconstruction": ("KL-to-reconstruction trade-off", kl_vs_reconstruction),
+    "kl_reconstruction_ratio": ("KL/reconstruction ratio", kl_recon_ratio),
+    "base_relative_vs_router": ("Base-relative reconstruction versus router probe", base_relative_vs_router),
+    "inferred_scale": ("Inferred z-free reference scale", inferred_scale),
+    "posterior_router_gap": ("Posterior-router gap", posterior_router_gap),
+    "dynamics_base_relative": ("Base-relative reconstruction dynamics",
+                               lambda t: dynamics(t, ["distribution_normalized_reconstruction_loss"], "Validation dynamics")),
+    "dynamics_active_objective": ("Active reconstruction objective dynamics",
+                                  lambda t: dynamics(t, ["active_reconstruction_objective"], "Validation dynamics")),
+    "dynamics_kl": ("KL dynamics", lambda t: dynamics(t, ["kl_prior_loss"], "Validation dynamics")),
+    "dynamics_kl_ratio": ("KL/reconstruction ratio dynamics",
+                          lambda t: dynamics(t, ["kl_over_active_reconstruction"], "Validation dynamics")),
+    "dynamics_probes": ("Router and posterior probe dynamics",
+                        lambda t: dynamics(t, ["within_task_router_probe", "posterior_probe"], "Validation probes")),
+    "reconstruction_router_trajectory": ("Reconstruction-router trajectory", trajectory),
+    "per_task_router_dynamics": ("Per-task router dynamics", per_task_router),
+    "token_count_dominance": ("Token-count dominance", token_dominance),
+}
+
+
+def make_figures(t: dict, fig_dir: str | Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Write every figure whose data exists. Returns (made [(name, title)], skipped [(name, title)])."""
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    made, skipped = [], []
+    for name, (title, maker) in FIGURES.items():
+        fig = maker(t)
+        if fig is None:
+            skipped.append((name, title))
+            continue
+        with atomic_path(fig_dir / f"{name}.png", suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+        plt.close(fig)
+        made.append((name, title))
+    return made, skipped

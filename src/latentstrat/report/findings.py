@@ -1,0 +1,208 @@
+"""Interpretive findings: each answers one of the users' diagnostic questions from the aggregate tables.
+
+Every finding states its status (supported / not supported / cannot tell), the numbers and the
+threshold it used (cfg["report"]: near_zero_delta, base_relative_near_one). Nothing here is a
+hard-coded conclusion.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from latentstrat.aggregate import FAMILY_COL
+from latentstrat.config import parse_family
+from latentstrat.report.tables import fmt
+
+SUPPORTED, NOT_SUPPORTED, CANNOT_TELL = "supported", "not supported", "cannot tell"
+
+
+def _f(question, status, evidence, threshold="", numbers=None):
+    return {"question": question, "status": status, "evidence": evidence, "threshold": threshold, "numbers": numbers or {}}
+
+
+def _arm_aggs(t) -> dict:
+    """reference arm -> its token aggregation, from the run-here summary or the common-cell column names."""
+    s = t["summary_by_setting"]
+    out = {}
+    if not s.empty and "arm" in s.columns:
+        out.update({a: g.token_aggregation.iloc[0] for a, g in s.groupby("arm")})
+    c = t["mean_vs_sum_common_cells"]
+    for arm in (c.reference_arm.unique() if not c.empty else []):
+        if arm not in out:
+            pre = [col[: -len("_matched_router_score")] for col in c.columns if col.endswith("_matched_router_score")
+                   and not col.startswith("delta")]
+            out[arm] = next((p for p in pre if p not in ("sum",)), "mean")
+    return out
+
+
+def _deltas(t, arm, metric="matched_router_score") -> pd.Series:
+    c = t["mean_vs_sum_common_cells"]
+    if c.empty or f"delta_{metric}" not in c.columns:
+        return pd.Series(dtype=float)
+    return c.loc[c.reference_arm == arm, f"delta_{metric}"].dropna()
+
+
+def q_scale_vs_weighting(t, thr):
+    q = "Is sum failing because raw per-example reconstruction scale changes, or because token-sum changes which examples dominate gradients?"
+    aggs = _arm_aggs(t)
+    scaled = [a for a, g in aggs.items() if g == "sum_scaled"]
+    means = [a for a, g in aggs.items() if g == "mean" and _attribution_ok(t, a)]
+    if not scaled or not means:
+        return _f(q, CANNOT_TELL, "needs common cells with a `sum_scaled` arm and a matched `mean` arm (only token_aggregation differing); "
+                  f"have arms: {', '.join(f'{a} ({g})' for a, g in aggs.items()) or 'none'}", f"near_zero_delta={thr}")
+    d_scale = _deltas(t, scaled[0]).mean()  # sum - sum_scaled: scale only
+    d_mean = _deltas(t, means[0]).mean()  # sum - mean: scale + weighting
+    d_weight = d_mean - d_scale  # sum_scaled - mean: weighting only
+    nums = {"sum_minus_sum_scaled": d_scale, "sum_scaled_minus_mean": d_weight, "sum_minus_mean": d_mean}
+    ev = (f"mean matched-router delta sum - sum_scaled (scale only) = {fmt(d_scale)}; sum_scaled - mean (example weighting only) = "
+          f"{fmt(d_weight)}; sum - mean = {fmt(d_mean)}")
+    if abs(d_scale) >= thr and abs(d_weight) < thr:
+        return _f(q, SUPPORTED, "scale: " + ev, f"|delta| >= {thr} reads as an effect", nums)
+    if abs(d_weight) >= thr and abs(d_scale) < thr:
+        return _f(q, SUPPORTED, "example weighting: " + ev, f"|delta| >= {thr} reads as an effect", nums)
+    if abs(d_weight) < thr and abs(d_scale) < thr:
+        return _f(q, NOT_SUPPORTED, "neither changes the matched router score: " + ev, f"|delta| < {thr} reads as no difference", nums)
+    return _f(q, CANNOT_TELL, "both scale and weighting move the score: " + ev, f"|delta| >= {thr} reads as an effect", nums)
+
+
+def _attribution_ok(t, arm) -> bool:
+    f = t["fairness"]
+    row = f[f.claim == f"aggregation-only causal attribution ({arm})"] if not f.empty else f
+    return not row.empty and row.status.iloc[0] == "supported"
+
+
+def q_scale_cancels(t, thr_near_zero, thr_one):
+    q = "Does the z-free reference scale fully cancel the aggregation-scale change for normalized objectives, or only make final scalar magnitudes comparable?"
+    c = t["mean_vs_sum_common_cells"]
+    s = t["reference_scale"]
+    ratio = s.loc[s.aggregation_mode.str.endswith("_ratio"), "mean"] if not s.empty else pd.Series(dtype=float)
+    if c.empty or "delta_active_reconstruction_objective" not in c.columns:
+        return _f(q, CANNOT_TELL, "no common cells with active reconstruction objectives", "")
+    arm = c.reference_arm.iloc[0]
+    c = c[c.reference_arm == arm].dropna(axis=1, how="all")  # one reference arm: columns [reference_, primary_]
+    pre = [col[: -len("_active_reconstruction_objective")] for col in c.columns if col.endswith("_active_reconstruction_objective") and not col.startswith("delta")]
+    norm = c[c[FAMILY_COL] != "raw"]
+    if norm.empty or len(pre) < 2:
+        return _f(q, CANNOT_TELL, "no normalized-family common cells", "")
+    p_col, r_col = f"{pre[1]}_active_reconstruction_objective", f"{pre[0]}_active_reconstruction_objective"
+    rel = (norm[p_col] / norm[r_col]).median()
+    d_router = norm["delta_matched_router_score"].mean()
+    nums = {"scale_ratio": float(ratio.iloc[0]) if len(ratio) else None, "median_active_ratio_normalized": rel,
+            "mean_router_delta_normalized": d_router}
+    ev = (f"raw scale ratio {fmt(nums['scale_ratio'])}; over {len(norm)} normalized-family common cells the median "
+          f"{pre[1]}/{pre[0]} active objective ratio is {fmt(rel)} and the mean matched-router delta is {fmt(d_router)}")
+    thr = f"|ratio - 1| < {thr_one} reads as comparable magnitude; |delta| < {thr_near_zero} as no behavioural difference"
+    if abs(rel - 1) < thr_one and abs(d_router) < thr_near_zero:
+        return _f(q, SUPPORTED, "cancels: " + ev, thr, nums)
+    if abs(rel - 1) < thr_one:
+        return _f(q, NOT_SUPPORTED, "magnitudes comparable, behaviour not: " + ev, thr, nums)
+    return _f(q, NOT_SUPPORTED, "not even the magnitudes match: " + ev, thr, nums)
+
+
+def q_accuracy_hides_gap(t, thr):
+    q = "Does high final answer accuracy hide a posterior-router mismatch (generator solves tasks while router samples carry weak strategy information)?"
+    d = t["metric_distributions"].set_index("metric") if not t["metric_distributions"].empty else pd.DataFrame()
+    if d.empty or not {"final_answer_accuracy", "posterior_router_probe_gap"} <= set(d.index):
+        return _f(q, CANNOT_TELL, "needs final answer accuracy and the posterior-router probe gap", "")
+    acc, gap = d.loc["final_answer_accuracy", "median"], d.loc["posterior_router_probe_gap", "median"]
+    nums = {"median_final_answer_accuracy": acc, "median_posterior_router_gap": gap}
+    ev = f"median final answer accuracy {fmt(acc)}, median posterior-router probe gap {fmt(gap)}"
+    th = f"accuracy >= {fmt(1 - thr)} reads as saturated; gap > {thr} as a mismatch"
+    if acc >= 1 - thr and gap > thr:
+        return _f(q, SUPPORTED, ev, th, nums)
+    if acc >= 1 - thr:
+        return _f(q, NOT_SUPPORTED, "accuracy saturated but no gap: " + ev, th, nums)
+    return _f(q, NOT_SUPPORTED, "accuracy is not saturated: " + ev, th, nums)
+
+
+def q_early_or_late(t, thr):
+    q = "Do sum runs lose router structure early, or do they initially learn structure and collapse later?"
+    d = t["dynamics_summary"]
+    st = t["collection_state"]
+    if d.empty or "max_matched_router_score" not in d.columns:
+        return _f(q, CANNOT_TELL, "no validation history with matched router score", "")
+    if not st.empty:
+        d = d[d.cell_id.isin(st.loc[st.role == "primary", "cell_id"])]
+    learned = (d.max_matched_router_score - d.first_matched_router_score) > thr
+    collapsed = (d.max_matched_router_score - d.final_matched_router_score) > thr
+    n = len(d)
+    late, never = int((learned & collapsed).sum()), int((~learned).sum())
+    first = d.first_checkpoint.iloc[0] if "first_checkpoint" in d.columns else "first checkpoint"
+    nums = {"cells": n, "learned_then_collapsed": late, "never_learned": never,
+            "median_first": d.first_matched_router_score.median(), "median_max": d.max_matched_router_score.median(),
+            "median_final": d.final_matched_router_score.median()}
+    ev = (f"of {n} primary cells, {late} rise more than {thr} above their {first} value then fall more than {thr} by the end; "
+          f"{never} never rise more than {thr}; median matched router score first {fmt(nums['median_first'])}, "
+          f"max {fmt(nums['median_max'])}, final {fmt(nums['median_final'])}")
+    th = f"rise/fall > {thr} (near_zero_delta)"
+    if late > n / 2:
+        return _f(q, SUPPORTED, "learn then collapse: " + ev, th, nums)
+    if never > n / 2:
+        return _f(q, SUPPORTED, "lost early (never learned): " + ev, th, nums)
+    return _f(q, CANNOT_TELL, "mixed: " + ev, th, nums)
+
+
+def q_tokcc_narrow(t, thr_one, thr):
+    q = "Does tokcc under sum focus on a narrow token subset, leaving raw sequence reconstruction poor but final answers intact?"
+    s = t["summary_by_setting"]
+    st = t["collection_state"]
+    if s.empty or "distribution_normalized_reconstruction_loss" not in s.columns:
+        return _f(q, CANNOT_TELL, "summary lacks base-relative reconstruction", "")
+    if not st.empty and "arm" in s.columns:
+        s = s[s.arm.isin(st.loc[st.role == "primary", "arm"])]
+    tok = s[[parse_family(f).kind == "tokcc" for f in s.reconstruction_family]]
+    if tok.empty or tok.distribution_normalized_reconstruction_loss.isna().all():
+        return _f(q, CANNOT_TELL, "no tokcc rows with base-relative reconstruction", "")
+    br = tok.distribution_normalized_reconstruction_loss.median()
+    acc = tok.final_answer_accuracy.median() if "final_answer_accuracy" in tok.columns else float("nan")
+    act = tok.active_reconstruction_objective.median() if "active_reconstruction_objective" in tok.columns else float("nan")
+    nums = {"median_base_relative": br, "median_final_answer_accuracy": acc, "median_active_tokcc": act}
+    ev = (f"{len(tok)} tokcc rows: median base-relative reconstruction {fmt(br)}, median active tokcc objective {fmt(act)}, "
+          f"median final answer accuracy {fmt(acc)}")
+    th = f"base-relative > 1 + {thr_one} reads as poor raw reconstruction; accuracy >= {fmt(1 - thr)} as intact"
+    if br > 1 + thr_one and acc >= 1 - thr:
+        return _f(q, SUPPORTED, ev, th, nums)
+    return _f(q, NOT_SUPPORTED, ev, th, nums)
+
+
+def q_confounded(t):
+    q = "Are mean-reference comparisons confounded by schedule (or other setting) differences?"
+    f = t["fairness"]
+    rows = f[f.claim.str.startswith("aggregation-only causal attribution")] if not f.empty else f
+    if rows.empty:
+        return _f(q, CANNOT_TELL, "no reference arm to compare", "")
+    conf = rows[rows.status != "supported"]
+    ev = "; ".join(f"{r.claim}: {r.status} ({r.evidence})" for _, r in rows.iterrows())
+    if len(conf) == len(rows):
+        return _f(q, SUPPORTED, "every reference arm is confounded or incompletely recorded: " + ev, "attribution status from the fairness table")
+    if len(conf):
+        return _f(q, SUPPORTED, "some reference arms are confounded, at least one is matched: " + ev, "attribution status from the fairness table")
+    return _f(q, NOT_SUPPORTED, ev, "attribution status from the fairness table")
+
+
+def q_token_dominance(t, thr):
+    q = "Under token-sum, do tasks with more supervised tokens dominate the summed loss and the gradient?"
+    d = t["token_dominance"]
+    if d.empty:
+        return _f(q, CANNOT_TELL, "no per-task share metrics in the histories", "")
+    parts, nums = [], {}
+    verdicts = []
+    for (agg, ck), g in d.groupby(["token_aggregation", "checkpoint"], sort=False):
+        top = g.sort_values("loss_share", ascending=False).iloc[0]
+        gap_tok = (g.loss_share - g.token_share).abs().max()
+        gap_ex = (g.loss_share - g.example_share).abs().max()
+        nums[f"{agg}|{ck}"] = {"top_task": top.task, "top_loss_share": top.loss_share, "max_abs_loss_minus_token_share": gap_tok,
+                               "max_abs_loss_minus_example_share": gap_ex}
+        parts.append(f"{agg} at {ck}: top loss share {top.task} {fmt(top.loss_share)} (example share {fmt(top.example_share)}, "
+                     f"token share {fmt(top.token_share)}); max |loss - token share| {fmt(gap_tok)}, max |loss - example share| {fmt(gap_ex)}")
+        if agg == "sum":
+            verdicts.append(gap_tok < gap_ex and (g.loss_share - g.example_share).abs().max() > thr)
+    if not verdicts:
+        return _f(q, CANNOT_TELL, "no sum cells: " + "; ".join(parts), "")
+    status = SUPPORTED if all(verdicts) else NOT_SUPPORTED
+    return _f(q, status, "; ".join(parts), f"loss shares closer to token shares than to example shares, by more than {thr}", nums)
+
+
+def compute_findings(t: dict, thresholds: dict) -> list[dict]:
+    nz, one = thresholds["near_zero_delta"], thresholds["base_relative_near_one"]
+    return [q_scale_vs_weighting(t, nz), q_scale_cancels(t, nz, one), q_accuracy_hides_gap(t, nz), q_early_or_late(t, nz),
+            q_tokcc_narrow(t, one, nz), q_confounded(t), q_token_dominance(t, nz)]

@@ -1,0 +1,116 @@
+"""results.md (observational) and analysis.md (interpretive) from the aggregate tables."""
+from __future__ import annotations
+
+import pandas as pd
+
+from latentstrat.aggregate import FAMILY_COL
+from latentstrat.metrics import label
+from latentstrat.report.tables import fmt, md_table
+
+ID = [FAMILY_COL, "beta_label"]
+
+
+def _primary_arm(t) -> str:
+    st = t["collection_state"]
+    return ", ".join(st.loc[st.role == "primary", "arm"].unique()) if not st.empty else "primary"
+
+
+def results_md(t: dict, meta: dict, made, skipped) -> str:
+    title = meta.get("title") or meta.get("collection", "collection")
+    out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
+    if meta.get("description"):
+        out.append(meta["description"].strip() + "\n")
+    st, counts = t["collection_state"], t["collection_state_counts"]
+    n_ok = int((st.status == "complete").sum()) if not st.empty else 0
+    out += ["## Collection State\n",
+            f"The collection has {len(st)} expected cells: {n_ok} have final metrics and {len(st) - n_ok} remain without final metrics.\n",
+            md_table(counts)]
+    inc = st[st.status != "complete"] if not st.empty else st
+    if len(inc):
+        out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
+    out.append("## Aggregate Metrics\n")
+    p = t["top_rows"]
+    metric = meta.get("primary_metric", "matched_router_score")
+    if not p.empty:
+        b = p.iloc[0]
+        extra = ", ".join(f"{label(m)} {fmt(b[m])}" for m in ("within_task_router_probe", "final_answer_accuracy")
+                          if m in b.index and pd.notna(b[m]))
+        out.append(f"Primary arm: {_primary_arm(t)}. The best row by {label(metric)} is {b[FAMILY_COL]} at {b.beta_label} with "
+                   f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + ".\n")
+    by = t["summary_by_setting"]
+    if not by.empty and by.get("n_seeds", pd.Series([1])).max() > 1:
+        cols = ["arm", "family_label", "beta_label", "n_seeds"] + [c for m in ("matched_router_score", "final_answer_accuracy",
+                                                                              "active_reconstruction_objective") for c in (m, f"{m}_std")]
+        out += ["Mean and std (sample) across seeds:\n", md_table(by, cols)]
+    out += ["## Metric Distributions\n", "Over the complete primary-arm settings (population std).\n",
+            md_table(t["metric_distributions"], ["label", "n", "min", "mean", "median", "max", "std"])]
+    c = t["mean_vs_sum_common_cells"]
+    out.append("## Mean-Versus-Sum Common Cells\n")
+    if c.empty:
+        out.append("No common cells with a reference arm.\n")
+    for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
+        g = g.dropna(axis=1, how="all")
+        out += [f"### Reference arm `{arm}`\n", f"{len(g)} common cells; deltas are primary minus reference.\n",
+                md_table(g, [col for col in g.columns if col not in ("reference_arm", "primary_cell", "reference_cell")])]
+    u = t["unmatched_rows"]
+    if not u.empty:
+        out += ["Primary rows without a matching reference row (left out of the contrast):\n", md_table(u, ["reference_arm", *ID, "reason"])]
+    out += ["## Inferred Z-Free Reference Scale\n",
+            "Inferred as reconstruction_loss / distribution_normalized_reconstruction_loss.\n", md_table(t["reference_scale"])]
+    out += ["## Derived Local Diagnostic Table\n", md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"])]
+    out += ["## Validation Dynamics\n"]
+    d = t["dynamics_summary"]
+    if d.empty:
+        out.append("No training histories are available.\n")
+    else:
+        first = ", ".join(sorted(d.first_checkpoint.unique()))
+        out.append(f"Validation metrics, not final test metrics. First checkpoint: {first}.\n")
+        cols = [*ID, "first_checkpoint", "first_global_step", "final_global_step"] + [c for c in d.columns if c.startswith(("first_", "min_", "final_", "max_"))
+                                                                                      and c not in ("first_checkpoint", "first_global_step", "final_global_step")
+                                                                                      and ("base_relative" in c or "kl_prior" in c or "matched_router" in c)]
+        out += ["### Dynamics Summary Table\n", md_table(d, cols)]
+    pt = t["per_task_checkpoints"]
+    if not pt.empty:
+        out += ["### Top Per-Task Validation Router Checkpoints\n",
+                md_table(pt, ["task_name", *ID, "final_matched_router_score", "max_matched_router_score", "step_of_max", "final_final_answer_accuracy"])]
+    dom = t["token_dominance"]
+    out.append("## Token-Count Dominance\n")
+    if dom.empty:
+        out.append("No per-task share metrics in the histories.\n")
+    else:
+        out += ["Per task and aggregation (mean over cells), shares of examples, supervised tokens, summed loss and gradient norm.\n",
+                md_table(dom), "Share sums per aggregation and checkpoint:\n", md_table(t["token_dominance_sums"])]
+    out += ["## Top And Bottom Rows\n", f"### Top Rows By {label(metric).title()}\n", md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
+            f"### Bottom Rows By {label(metric).title()}\n", md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"])]
+    out.append("## Figures\n")
+    for name, title in made:
+        out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n")
+    if skipped:
+        out += ["Figures skipped because their data is absent:\n"] + [f"- {title} (`{name}.png`)" for name, title in skipped] + [""]
+    out += ["## Artifacts\n", "- Aggregate tables: `" + str(meta.get("aggregate_dir", "aggregate")) + "/*.parquet` and `*.csv`",
+            "- Interpretation: `analysis.md`; brief: `brief.yaml`; findings: `findings.json`; figures: `figures/`\n"]
+    return "\n".join(out)
+
+
+def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
+    title = meta.get("title") or meta.get("collection", "collection")
+    out = [f"# {title}: Analysis\n",
+           f"Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = {thresholds['near_zero_delta']}, "
+           f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n"]
+    c = t["mean_vs_sum_common_cells"]
+    if not c.empty:
+        for arm, g in c.groupby("reference_arm", sort=False):
+            d = g.delta_matched_router_score
+            sign = "negative" if (d < -thresholds["near_zero_delta"]).all() else (
+                "positive" if (d > thresholds["near_zero_delta"]).all() else "mixed or near zero")
+            out.append(f"Against `{arm}`, the {len(g)} common-cell matched-router deltas are {sign} (mean {fmt(d.mean())}, "
+                       f"range {fmt(d.min())} to {fmt(d.max())}).\n")
+    s = t["reference_scale"]
+    for _, r in (s[s.aggregation_mode.str.endswith("_ratio")].iterrows() if not s.empty else []):
+        out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
+    out += ["## What The Local Data Can Answer\n", md_table(t["data_availability"])]
+    out += ["## Fairness Assessment\n", md_table(t["fairness"])]
+    out.append("## Diagnostic Questions\n")
+    for f in findings:
+        out += [f"### {f['question']}\n", f"**{f['status']}** — {f['evidence']}" + (f" (threshold: {f['threshold']})" if f["threshold"] else "") + "\n"]
+    return "\n".join(out)

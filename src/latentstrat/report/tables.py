@@ -1,0 +1,57 @@
+"""Reading the aggregate directory and rendering tables as markdown (4 decimals, like the seeds)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+TABLES = ["summary", "collection_state", "collection_state_counts", "summary_by_setting", "metric_distributions",
+          "mean_vs_sum_common_cells", "unmatched_rows", "reference_scale", "derived_diagnostics", "top_rows",
+          "bottom_rows", "history_long", "history_per_task_long", "dynamics_summary", "per_task_checkpoints",
+          "token_dominance", "token_dominance_sums", "fairness", "data_availability"]
+
+
+def load_aggregate(aggregate_dir: str | Path) -> tuple[dict, dict]:
+    """({table name: DataFrame (empty when absent)}, aggregate_meta)."""
+    d = Path(aggregate_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"aggregate directory {d} does not exist")
+    tables = {}
+    for name in TABLES:
+        p = d / f"{name}.parquet"
+        tables[name] = pd.read_parquet(p) if p.exists() else pd.DataFrame()
+    meta_path = d / "aggregate_meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return tables, meta
+
+
+def fmt(v) -> str:
+    """Seeds' number style: round to 4 decimals, drop trailing zeros (1.0000 -> 1, 214.2840 -> 214.284)."""
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, (int,)) and not isinstance(v, bool):
+        return str(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(f):
+        return ""
+    r = round(f, 4)
+    if r == 0:
+        r = 0.0
+    s = f"{r:.4f}".rstrip("0").rstrip(".")
+    return s if s != "-0" else "0"
+
+
+def md_table(df: pd.DataFrame, columns: list[str] | None = None, max_rows: int | None = None) -> str:
+    if df is None or df.empty:
+        return "_(no rows)_\n"
+    cols = [c for c in (columns or list(df.columns)) if c in df.columns]
+    rows = df[cols].head(max_rows) if max_rows else df[cols]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in rows.iterrows():
+        lines.append("| " + " | ".join(fmt(r[c]).replace("|", "/") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
