@@ -221,3 +221,14 @@ def test_length_grouped_batches(encoded):
     assert list(D.length_grouped_batches(lengths, 16, 0)) == list(D.length_grouped_batches(lengths, 16, 0))
     with pytest.raises(ValueError, match="batch_size"):
         list(D.length_grouped_batches(lengths, 0, 0))
+
+
+def test_ambiguous_examples_are_kept_and_flagged():
+    df = D.generate_task("grid_pathfinding", {"train": 600, "validation": 1, "test": 1}, seed=4)
+    straight = df.x.map(lambda x: x.split()[1] == x.split()[4] or x.split()[2] == x.split()[5])
+    assert straight.sum() >= 3 and (df.ambiguous == straight).all()
+    assert all(m == ["horizontal_first", "vertical_first"] for m in df.matching_strategies[df.ambiguous])
+    assert all(len(m) == 1 for m in df.matching_strategies[~df.ambiguous])
+    card = D.data_card(df)
+    assert card.n_ambiguous.iloc[0] == straight.sum()
+    assert card.ambiguity_rate.iloc[0] == pytest.approx(straight.mean())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from latentstrat.tasks import TASKS
@@ -79,14 +80,16 @@ def test_every_trace_verifies_and_matches(name):
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_strategies_differ_early(name):
-    """The first differing token between two strategies' traces comes early (<= 3rd token)
-    for at least 95% of inputs: one early token decides the strategy."""
+    """Where two strategies' traces differ, the first differing token comes early (<= 3rd
+    token) for at least 95% of inputs: one early token decides the strategy."""
     t = TASKS[name]
     late = total = 0
     for x in _samples(t, 300, seed=1):
         ys = [t.render(x, s).split() for s in t.strategies]
         for i in range(len(ys)):
             for j in range(i + 1, len(ys)):
+                if ys[i] == ys[j]:  # ambiguous input
+                    continue
                 first = next((k for k, (a, b) in enumerate(zip(ys[i], ys[j])) if a != b), min(len(ys[i]), len(ys[j])))
                 late += first > 2
                 total += 1
@@ -112,6 +115,15 @@ def test_single_token_corruptions_are_caught(name):
                 total += 1
     assert total > 1000
     assert caught / total >= 0.95
+
+
+def test_ambiguous_inputs_match_every_strategy():
+    t = TASKS["grid_pathfinding"]
+    y = t.render("path 3 1 to 3 5", "horizontal_first")
+    assert y == "right right right right answer 4" == t.render("path 3 1 to 3 5", "vertical_first")
+    assert t.matching_strategies("path 3 1 to 3 5", y) == {"horizontal_first", "vertical_first"}
+    rate = np.mean([len(t.matching_strategies(x, t.render(x, "vertical_first"))) > 1 for x in _samples(t, 3000, 7)])
+    assert 0.005 < rate < 0.04  # STRAIGHT_RATE = 0.02
 
 
 def test_corruption_control_uncorrupted_is_not_caught():

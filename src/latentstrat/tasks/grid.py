@@ -2,14 +2,18 @@
 
 x: `path 2 5 to 6 1` (start row col, goal row col; rows grow downward). y: the moves, then
 `answer <number of moves>`. `horizontal_first` makes every left/right move before the
-up/down moves; `vertical_first` the other way round. Start and goal never share a row or a
-column, so the two traces differ from the first move on and no example is ambiguous.
+up/down moves; `vertical_first` the other way round. When start and goal differ in row and
+column the two traces differ from the first move on. A small share of inputs
+(STRAIGHT_RATE) are straight lines (same row or column): both strategies give the same trace,
+so these examples are ambiguous, as the design expects some to be (flagged in the data,
+left out of probe labels).
 """
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, Task, digits
 
 SIZE = 8
+STRAIGHT_RATE = 0.02
 
 
 class GridPathfinding(Task):
@@ -17,9 +21,14 @@ class GridPathfinding(Task):
     strategies = ("horizontal_first", "vertical_first")
 
     def sample_input(self, rng):
+        straight = rng.random() < STRAIGHT_RATE
         while True:
             r0, c0, r1, c1 = (rng.randrange(SIZE) for _ in range(4))
-            if r0 != r1 and c0 != c1:
+            if straight and rng.random() < 0.5:
+                r1 = r0
+            elif straight:
+                c1 = c0
+            if (r0, c0) != (r1, c1) and straight == (r0 == r1 or c0 == c1):
                 return f"path {r0} {c0} to {r1} {c1}"
 
     def _parse(self, x: str) -> tuple[int, int, int, int]:
