@@ -124,8 +124,8 @@ def test_generate_rejects_bad_sections_directly():
         D.generate({**good, "tasks": ["nope"]})
     with pytest.raises(ValueError, match="data.test_per_task"):
         D.generate({**good, "test_per_task": 0})
-    with pytest.raises(ValueError, match="distinct inputs"):  # the grid has 3136 inputs
-        D.generate({**good, "train_per_task": 4000})
+    with pytest.raises(ValueError, match="distinct inputs"):  # the grid has 4032 inputs
+        D.generate({**good, "train_per_task": 5000})
 
 
 def test_cli_writes_data_and_base_config(tmp_path):
