@@ -23,6 +23,10 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         report_targets(),
-    default_target: True
+
+
+onerror:
+    partial_report(log)

@@ -3,22 +3,6 @@
 # and report code ARE inputs here, so editing them reruns only aggregate + report.
 
 
-def code_files(*relpaths):
-    """Existing package source files under src/latentstrat (files or folders of *.py)."""
-    out = []
-    for rel in relpaths:
-        p = SRC / rel
-        out += sorted(str(f) for f in p.glob("*.py")) if p.is_dir() else [str(p)] * p.exists()
-    return out
-
-
-def reference_tables():
-    return [arm["table"] for arm in external_arms(CFG)]
-
-
-COLLECTION_SETTINGS = {k: v for k, v in CFG.items() if k != "resources"}
-
-
 rule aggregate:
     input:
         metrics=metrics_files(),
@@ -27,18 +11,18 @@ rule aggregate:
         code=code_files("aggregate.py", "metrics.py"),
     output:
         directory(str(P.aggregate_dir)),
-    params:
-        settings=COLLECTION_SETTINGS,
     log:
         str(LOGS / "aggregate.log"),
     benchmark:
         str(BENCH / "aggregate.tsv")
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=15,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=4000,
+        runtime=15,
+    params:
+        settings=COLLECTION_SETTINGS,
     script:
         "../scripts/aggregate.py"

@@ -7,7 +7,9 @@ import json
 import re
 from pathlib import Path
 
+import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from latentstrat.config import (
@@ -19,6 +21,33 @@ from latentstrat.config import (
     load_config,
 )
 
+
+def _typed(value, nested=False):
+    """`--config` parses nested values with YAML's BaseLoader (all strings): re-type them."""
+    if isinstance(value, dict):
+        return {k: _typed(v, True) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v, True) for v in value]
+    if nested and isinstance(value, str):
+        try:
+            typed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        return (
+            typed if isinstance(typed, (bool, int, float)) or typed is None else value
+        )
+    return value
+
+
+def _deep_update(dst, src):
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+_deep_update(config, _typed(dict(workflow.config_settings.config)))
 
 try:
     CFG = load_config(cfg=config)
@@ -60,7 +89,9 @@ def _flatten(d, prefix=""):
 def base_config_diff(stored, current):
     """Dotted keys whose values differ between two base-settings dicts."""
     a, b = _flatten(stored), _flatten(json.loads(json.dumps(current, default=str)))
-    return sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
+    return sorted(
+        k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>")
+    )
 
 
 BASE_CONFIG = P.data_dir / "base_config.json"
@@ -68,7 +99,9 @@ if BASE_CONFIG.exists():
     try:
         _stored = json.loads(BASE_CONFIG.read_text())
     except json.JSONDecodeError as e:
-        raise WorkflowError(f"{BASE_CONFIG} is not valid JSON ({e}); delete it or the base") from None
+        raise WorkflowError(
+            f"{BASE_CONFIG} is not valid JSON ({e}); delete it or the base"
+        ) from None
     _diff = base_config_diff(_stored, base_settings(CFG))
     if _diff:
         raise WorkflowError(
@@ -160,7 +193,9 @@ def train_files(cid):
 
 
 def probe_files(cid):
-    return [str(P.probe_path(cid, t)) for t in TASKS] + [str(P.probe_path(cid, "global"))]
+    return [str(P.probe_path(cid, t)) for t in TASKS] + [
+        str(P.probe_path(cid, "global"))
+    ]
 
 
 def metrics_files():
@@ -177,3 +212,58 @@ def aggregate_marker():
 
 def report_targets():
     return [str(P.report_dir / "results.md"), str(P.report_dir / "analysis.md")]
+
+
+# ----------------------------------------------------------------------------- collection
+
+
+def code_files(*relpaths):
+    """Existing package source files under src/latentstrat (files or folders of *.py)."""
+    out = []
+    for rel in relpaths:
+        p = SRC / rel
+        out += (
+            sorted(str(f) for f in p.glob("*.py"))
+            if p.is_dir()
+            else [str(p)] * p.exists()
+        )
+    return out
+
+
+def reference_tables():
+    return [arm["table"] for arm in external_arms(CFG)]
+
+
+COLLECTION_SETTINGS = {k: v for k, v in CFG.items() if k != "resources"}
+
+
+def partial_report(log):
+    """After a failed run (e.g. --keep-going with a failed cell): aggregate and report over
+    the cells that finished, listing the others as incomplete. Runs in the main Snakemake
+    process; the next complete run replaces these outputs (the missing metrics are newer).
+    """
+    done = [c for c in CELLS if Path(P.metrics_path(c)).exists()]
+    if not done:
+        logger.warning("partial report: no cell has metrics yet; nothing to report")
+        return
+    from latentstrat import aggregate as ls_aggregate
+    from latentstrat import report as ls_report
+
+    missing = [c for c in CELLS if c not in done]
+    logger.warning(
+        f"partial report: {len(done)}/{len(CELLS)} cells complete; "
+        f"incomplete: {', '.join(missing) or 'none'} -> {P.report_dir}"
+    )
+    try:
+        ls_aggregate.aggregate_collection(
+            CFG, metrics_files(), history_files(), str(P.aggregate_dir)
+        )
+        meta = {
+            "collection": CFG["collection"],
+            "config": CFG,
+            "cells": list(CELLS),
+            "partial": True,
+        }
+        ls_report.build_report(str(P.aggregate_dir), str(P.report_dir), meta)
+    except Exception as e:  # never mask the original failure
+        logger.error(f"partial report failed: {type(e).__name__}: {e}")

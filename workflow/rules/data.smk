@@ -6,18 +6,18 @@ rule data:
         **data_files(),
         card=str(P.data_dir / "data_card.parquet"),
         base_config=str(BASE_CONFIG),
-    params:
-        settings=sections(*BASE_SECTIONS),
     log:
         str(BASE_LOGS / "data.log"),
     benchmark:
         str(BASE_BENCH / "data.tsv")
-    threads: 1
-    resources:
-        mem_mb=RES["mem_mb"],
-        runtime=30,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=RES["mem_mb"],
+        runtime=30,
+    params:
+        settings=sections(*BASE_SECTIONS),
     script:
         "../scripts/data.py"

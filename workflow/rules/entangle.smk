@@ -6,19 +6,19 @@ rule entangle:
         **data_files(),
     output:
         **entangle_files(),
-    params:
-        settings=sections(*BASE_SECTIONS),
     log:
         str(BASE_LOGS / "entangle.log"),
     benchmark:
         str(BASE_BENCH / "entangle.tsv")
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
+        **SLURM,
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_entangle"],
         gpu=GPU,
-        **SLURM,
-    conda:
-        "../../envs/latentstrat.yaml"
+    params:
+        settings=sections(*BASE_SECTIONS),
     script:
         "../scripts/entangle.py"

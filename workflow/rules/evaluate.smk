@@ -10,20 +10,20 @@ rule evaluate:
         **train_files("{cell}"),
     output:
         records=str(P.records_path("{cell}")),
-    params:
-        cell=cell_json,
-        settings=sections(*EVALUATE_SECTIONS),
     log:
         str(LOGS / "evaluate" / "{cell}.log"),
     benchmark:
         str(BENCH / "evaluate" / "{cell}.tsv")
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
+        **SLURM,
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_evaluate"],
         gpu=GPU,
-        **SLURM,
-    conda:
-        "../../envs/latentstrat.yaml"
+    params:
+        cell=cell_json,
+        settings=sections(*EVALUATE_SECTIONS),
     script:
         "../scripts/evaluate.py"

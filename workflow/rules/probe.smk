@@ -8,21 +8,21 @@ rule probe_task:
         records=str(P.records_path("{cell}")),
     output:
         str(P.probe_path("{cell}", "{task}")),
-    params:
-        settings=sections("probes"),
     log:
         str(LOGS / "probe" / "{cell}" / "{task}.log"),
     benchmark:
         str(BENCH / "probe" / "{cell}" / "{task}.tsv")
     group:
         "probe"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=15,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=2000,
+        runtime=15,
+    params:
+        settings=sections("probes"),
     script:
         "../scripts/probe_task.py"
 
@@ -32,21 +32,21 @@ rule probe_global:
         records=str(P.records_path("{cell}")),
     output:
         str(P.probe_path("{cell}", "global")),
-    params:
-        settings=sections("probes"),
     log:
         str(LOGS / "probe" / "{cell}" / "global.log"),
     benchmark:
         str(BENCH / "probe" / "{cell}" / "global.tsv")
     group:
         "probe"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=15,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=2000,
+        runtime=15,
+    params:
+        settings=sections("probes"),
     script:
         "../scripts/probe_global.py"
 
@@ -57,21 +57,21 @@ rule metrics:
         probes=lambda w: probe_files(w.cell),
     output:
         str(P.metrics_path("{cell}")),
-    params:
-        cell=cell_json,
-        settings=sections("probes"),
     log:
         str(LOGS / "metrics" / "{cell}.log"),
     benchmark:
         str(BENCH / "metrics" / "{cell}.tsv")
     group:
         "probe"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=2000,
+        runtime=10,
+    params:
+        cell=cell_json,
+        settings=sections("probes"),
     script:
         "../scripts/metrics.py"

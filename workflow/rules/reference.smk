@@ -7,19 +7,19 @@ rule reference:
         **entangle_files(),
     output:
         **reference_files(),
-    params:
-        settings=sections(*BASE_SECTIONS),
     log:
         str(BASE_LOGS / "reference.log"),
     benchmark:
         str(BASE_BENCH / "reference.tsv")
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
+        **SLURM,
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_evaluate"],
         gpu=GPU,
-        **SLURM,
-    conda:
-        "../../envs/latentstrat.yaml"
+    params:
+        settings=sections(*BASE_SECTIONS),
     script:
         "../scripts/reference.py"

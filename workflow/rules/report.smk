@@ -18,19 +18,19 @@ rule report:
             category="Figures",
             labels={"figure": "{figure}"},
         ),
-    params:
-        settings=COLLECTION_SETTINGS,
-        cells=list(CELLS),
     log:
         str(LOGS / "report.log"),
     benchmark:
         str(BENCH / "report.tsv")
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=15,
-        **SLURM,
     conda:
         "../../envs/latentstrat.yaml"
+    threads: 1
+    resources:
+        **SLURM,
+        mem_mb=4000,
+        runtime=15,
+    params:
+        settings=COLLECTION_SETTINGS,
+        cells=list(CELLS),
     script:
         "../scripts/report.py"

@@ -9,20 +9,20 @@ rule train:
         **reference_files(),
     output:
         **train_files("{cell}"),
-    params:
-        cell=cell_json,
-        settings=sections(*TRAIN_SECTIONS),
     log:
         str(LOGS / "train" / "{cell}.log"),
     benchmark:
         str(BENCH / "train" / "{cell}.tsv")
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
+        **SLURM,
         mem_mb=RES["mem_mb"],
         runtime=RES["runtime_train"],
         gpu=GPU,
-        **SLURM,
-    conda:
-        "../../envs/latentstrat.yaml"
+    params:
+        cell=cell_json,
+        settings=sections(*TRAIN_SECTIONS),
     script:
         "../scripts/train.py"
