@@ -118,12 +118,13 @@ def test_bad_data_config_names_the_key(data, key):
         load_config(cfg={**BASE_CFG, "data": data})
 
 
-def test_generate_rejects_bad_sections_directly():
+def test_generate_rejects_bad_sections_directly(monkeypatch):
     good = {"seed": 1, "tasks": ["grid_pathfinding"], "train_per_task": 2, "validation_per_task": 1, "test_per_task": 1}
     with pytest.raises(ValueError, match="data.tasks"):
         D.generate({**good, "tasks": ["nope"]})
     with pytest.raises(ValueError, match="data.test_per_task"):
         D.generate({**good, "test_per_task": 0})
+    monkeypatch.setattr(D, "MAX_DRAWS_PER_EXAMPLE", 5)  # give up sooner
     with pytest.raises(ValueError, match="distinct inputs"):  # the grid has 4032 inputs
         D.generate({**good, "train_per_task": 5000})
 
