@@ -1,0 +1,56 @@
+"""envs/*.yaml (conda envs of the rules) pin exactly what pyproject.toml pins."""
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins(reqs):
+    out = {}
+    for r in reqs:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)\s*", r)
+        if m:
+            out[m[1].lower().replace("_", "-")] = m[2]
+    return out
+
+
+def pyproject_pins():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return _pins(tomllib.load(f)["project"]["dependencies"])
+
+
+def env_pins(path):
+    env = yaml.safe_load(Path(path).read_text())
+    pip = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
+    return _pins([r for group in pip for r in group])
+
+
+def test_pins_parser_controls():
+    assert _pins(["torch==2.13.0", "PyYAML == 6.0.4", "-e ../", "numpy>=2"]) == {"torch": "2.13.0", "pyyaml": "6.0.4"}
+
+
+def test_every_env_pins_match_pyproject():
+    want = pyproject_pins()
+    assert len(want) >= 10
+    envs = sorted((ROOT / "envs").glob("*.yaml"))
+    assert envs, "no conda env files under envs/"
+    for path in envs:
+        got = env_pins(path)
+        assert got == want, f"{path.name}: differs from pyproject.toml: " + ", ".join(
+            f"{k}: env {got.get(k)} vs pyproject {want.get(k)}" for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+
+
+def test_rules_reference_existing_envs():
+    rules = (ROOT / "workflow" / "rules").glob("*.smk")
+    refs = {m for r in rules for m in re.findall(r'"\.\./\.\./(envs/[^"]+)"', r.read_text())}
+    assert refs == {"envs/latentstrat.yaml"}
+    assert all((ROOT / r).exists() for r in refs)
+
+
+def test_mismatch_is_detected(tmp_path):
+    env = tmp_path / "e.yaml"
+    env.write_text("dependencies:\n  - pip:\n      - torch==2.12.0\n")
+    assert env_pins(env) == {"torch": "2.12.0"} != {"torch": pyproject_pins()["torch"]}
