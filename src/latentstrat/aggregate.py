@@ -272,10 +272,14 @@ def scale_table(primary: pd.DataFrame, references: dict, commons: dict) -> pd.Da
         if not r_stats:
             continue
         r_agg = _agg_name(ref)
-        rows.append({"aggregation_mode": f"{r_agg}_reference_common_cells", "source": arm, **r_stats})
+        rows.append({"aggregation_mode": f"{r_agg}_reference_common_cells" + (f" ({arm})" if sum(_agg_name(r) == r_agg for r in references.values()) > 1 else ""),
+                     "source": arm, **r_stats})
         if p_stats:
             ratio = p_stats["mean"] / r_stats["mean"] if r_stats["mean"] else math.nan
-            rows.append({"aggregation_mode": f"{p_agg}_over_{r_agg}_reference_ratio", "source": f"derived: primary / {arm}",
+            name = f"{p_agg}_over_{r_agg}_reference_ratio"
+            if sum(_agg_name(r) == r_agg for r in references.values()) > 1:
+                name += f" ({arm})"
+            rows.append({"aggregation_mode": name, "source": f"derived: primary / {arm}",
                          "n": 1, "min": ratio, "mean": ratio, "max": ratio, "std": 0.0})
     return pd.DataFrame(rows, columns=["aggregation_mode", "source", "n", "min", "mean", "max", "std"])
 

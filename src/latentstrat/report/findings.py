@@ -74,7 +74,7 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     q = "Does the z-free reference scale fully cancel the aggregation-scale change for normalized objectives, or only make final scalar magnitudes comparable?"
     c = t["mean_vs_sum_common_cells"]
     s = t["reference_scale"]
-    ratio = s.loc[s.aggregation_mode.str.endswith("_ratio"), "mean"] if not s.empty else pd.Series(dtype=float)
+    ratio = s.loc[s.aggregation_mode.str.contains("_ratio"), "mean"] if not s.empty else pd.Series(dtype=float)
     if c.empty or "delta_active_reconstruction_objective" not in c.columns:
         return _f(q, CANNOT_TELL, "no common cells with active reconstruction objectives", "")
     arm = c.reference_arm.iloc[0]

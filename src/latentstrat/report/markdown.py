@@ -106,7 +106,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> 
             out.append(f"Against `{arm}`, the {len(g)} common-cell matched-router deltas are {sign} (mean {fmt(d.mean())}, "
                        f"range {fmt(d.min())} to {fmt(d.max())}).\n")
     s = t["reference_scale"]
-    for _, r in (s[s.aggregation_mode.str.endswith("_ratio")].iterrows() if not s.empty else []):
+    for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
     out += ["## What The Local Data Can Answer\n", md_table(t["data_availability"])]
     out += ["## Fairness Assessment\n", md_table(t["fairness"])]

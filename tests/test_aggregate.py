@@ -1,0 +1,164 @@
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aggregate_helpers import TASKS, make_cfg, write_collection
+from latentstrat import aggregate as A
+from latentstrat.config import expand_cells, schema_cell_defaults
+
+
+def test_metric_distributions_hand_computed():
+    rows = pd.DataFrame({"matched_router_score": [0.1, 0.2, 0.6], "kl_prior_loss": [1.0, 3.0, math.nan]})
+    d = A.metric_distributions(rows).set_index("metric")
+    assert d.loc["matched_router_score", "mean"] == pytest.approx(0.3)
+    assert d.loc["matched_router_score", "median"] == pytest.approx(0.2)
+    assert d.loc["matched_router_score", "std"] == pytest.approx(math.sqrt(((0.2) ** 2 + 0.1 ** 2 + 0.3 ** 2) / 3))
+    assert d.loc["kl_prior_loss", "n"] == 2 and d.loc["kl_prior_loss", "std"] == pytest.approx(1.0)
+    assert "posterior_probe" not in d.index  # absent metrics are left out, not zero
+
+
+def _rows(agg, sched="constant", fams=("raw", "dist_norm"), betas=(0.1, 1.0), router=0.5, record_all=True):
+    other = schema_cell_defaults() if record_all else {}
+    df = pd.DataFrame([{**other, "reconstruction_family": f, "beta": b, "token_aggregation": agg, "beta_schedule": sched,
+                        "matched_router_score": router, "final_answer_accuracy": 0.99, "active_reconstruction_objective": 1.0}
+                       for f in fams for b in betas])
+    return A.seed_means(A.validate_summary_table(df, f"{agg}-{sched}"))
+
+
+def test_common_cells_deltas_and_unmatched():
+    p, r = _rows("sum", router=0.5), _rows("mean", "lin100", betas=(0.1,), router=0.6)
+    common, un = A.common_cells(p, r, ["reconstruction_family", "beta"], "ref")
+    assert len(common) == 2 and list(common.beta_label) == ["beta=.1", "beta=.1"]
+    assert common.delta_matched_router_score.to_numpy() == pytest.approx([-0.1, -0.1])
+    assert {"mean_matched_router_score", "sum_matched_router_score"} <= set(common.columns)
+    assert list(un.beta_label) == ["beta=1", "beta=1"] and "beta=1" in un.reason.iloc[0]
+
+
+def test_attribution_names_schedule_or_supports():
+    p = _rows("sum")
+    for ref, want in [(_rows("mean", "lin100"), "not supported"), (_rows("mean"), "supported")]:
+        common, _ = A.common_cells(p, ref, ["reconstruction_family", "beta"], "ref")
+        res = A.attribution(p, ref, common, ["reconstruction_family", "beta"], "ref")
+        assert res["status"] == want, res
+        if want == "not supported":
+            assert "beta_schedule" in res["evidence"] and "lin100" in res["evidence"]
+    res = A.attribution(p, _rows("mean"), pd.DataFrame(), ["reconstruction_family", "beta"], "ref")
+    assert res["status"] == "not supported"
+    ref = _rows("mean", record_all=False)  # external table without latent_dim etc.: partial, naming them
+    common, _ = A.common_cells(p, ref, ["reconstruction_family", "beta"], "ref")
+    res = A.attribution(p, ref, common, ["reconstruction_family", "beta"], "ref")
+    assert res["status"] == "partial" and "latent_dim" in res["evidence"]
+
+
+def test_scale_ratio():
+    p = _rows("sum").assign(inferred_zfree_reference_scale=[40.0, 40.0, 42.0, 38.0])
+    r = _rows("mean").assign(inferred_zfree_reference_scale=[1.0, 1.0, 1.0, 1.0])
+    common, _ = A.common_cells(p, r, ["reconstruction_family", "beta"], "ref")
+    s = A.scale_table(p, {"ref": r}, {"ref": common}).set_index("aggregation_mode")
+    assert s.loc["sum_over_mean_reference_ratio", "mean"] == pytest.approx(40.0)
+    assert s.loc["sum", "std"] == pytest.approx(np.std([40, 40, 42, 38]))
+
+
+def test_task_shares_mean_equal_loss_equals_example_share():
+    task = np.array(["a"] * 3 + ["b"] * 1)
+    n = np.array([10, 10, 10, 50])
+    c = 0.7  # equal per-token loss
+    mean_loss = c * n / n  # A_i under mean
+    sum_loss = c * n  # A_i under sum
+    ex = pd.Series(np.ones(4)).groupby(task).sum() / 4
+    s_mean, s_sum = A.task_shares(task, mean_loss), A.task_shares(task, sum_loss)
+    assert s_mean.sum() == pytest.approx(1) and s_sum.sum() == pytest.approx(1)
+    assert s_mean.to_numpy() == pytest.approx(ex.to_numpy())
+    assert s_sum["b"] == pytest.approx(50 / 80)  # sum: token share, not example share
+    assert s_sum["b"] != pytest.approx(ex["b"])
+
+
+def test_collection_with_missing_cell(monkeypatch, tmp_path):
+    cfg = make_cfg(monkeypatch)
+    cells = expand_cells(cfg, validated=True)
+    missing = cells[0].cell_id
+    mp, hp = write_collection(cfg, tmp_path / "cells", skip={missing})
+    mp[cells[1].cell_id].write_bytes(b"not parquet")  # unreadable: also incomplete, named
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    st = t["collection_state"].set_index("cell_id")
+    assert st.loc[missing, "status"] == "incomplete" and "missing" in st.loc[missing, "reason"]
+    assert "unreadable" in st.loc[cells[1].cell_id, "reason"]
+    assert missing not in set(t["summary"].cell_id)
+    assert t["metric_distributions"].set_index("metric").loc["matched_router_score", "n"] == 2
+    f = t["fairness"].set_index("claim")
+    assert f.loc["planned grid completeness", "status"] == "partial" and missing in f.loc["planned grid completeness", "evidence"]
+    assert (tmp_path / "agg" / "fairness.csv").exists() and (tmp_path / "agg" / "summary.parquet").exists()
+
+
+def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
+    cfg = make_cfg(monkeypatch)
+    mp, hp = write_collection(cfg, tmp_path / "cells")
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    f = t["fairness"].set_index("claim")
+    assert f.loc["aggregation-only causal attribution (mean_matched)", "status"] == "supported"
+    lin = f.loc["aggregation-only causal attribution (mean_lin100)"]
+    assert lin.status == "not supported" and "beta_schedule" in lin.evidence
+    assert f.loc["common-cell comparison (mean_lin100)", "status"] == "partial"
+    assert f.loc["training-dynamics diagnosis", "status"] == "supported"
+    c = t["mean_vs_sum_common_cells"]
+    assert c[c.reference_arm == "mean_matched"].delta_matched_router_score.to_numpy() == pytest.approx([-0.1] * 4)
+    assert c[c.reference_arm == "sum_scaled"].delta_matched_router_score.to_numpy() == pytest.approx([-0.05] * 4)
+    s = t["reference_scale"].set_index("aggregation_mode")
+    assert s.loc["sum_over_mean_reference_ratio (mean_matched)", "mean"] == pytest.approx(40.0)
+    d = t["dynamics_summary"]
+    assert set(d.first_checkpoint) == {"initialization"}
+    assert d.first_base_relative_reconstruction.iloc[0] == 20.0 and d.final_base_relative_reconstruction.iloc[0] == 1.0
+    assert d.max_matched_router_score.iloc[0] == pytest.approx(0.7) and d.final_matched_router_score.iloc[0] == pytest.approx(0.5)
+    dom = t["token_dominance"]
+    assert set(dom.checkpoint) == {"initialization", "final"}
+    sums = t["token_dominance_sums"]
+    for m in A.SHARE_METRICS:
+        assert sums[m].to_numpy() == pytest.approx(1.0)
+    mean = dom[dom.token_aggregation == "mean"]
+    assert mean.loss_share.to_numpy() == pytest.approx(mean.example_share.to_numpy())
+    a = t["data_availability"].set_index("diagnostic")
+    assert a.loc["Initialization / first-eval scale", "local_data"] == "yes"
+    assert a.loc["Token-count dominance", "local_data"] == "yes"
+    assert a.loc["Seed replication", "local_data"] == "no"
+    pt = t["per_task_checkpoints"]
+    assert set(pt.task_name) == set(TASKS)
+
+
+def test_availability_without_init(monkeypatch, tmp_path):
+    cfg = make_cfg(monkeypatch, lin100=False)
+    mp, hp = write_collection(cfg, tmp_path / "cells")
+    for p in hp.values():  # drop step 0: first checkpoint is step 10
+        h = pd.read_parquet(p)
+        h[h.step > 0].to_parquet(p)
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    a = t["data_availability"].set_index("diagnostic")
+    assert a.loc["Initialization / first-eval scale", "local_data"] == "partial"
+    assert "step 10" in a.loc["Initialization / first-eval scale", "missing_data_note"]
+    assert t["fairness"].set_index("claim").loc["training-dynamics diagnosis", "status"] == "partial"
+    assert set(t["dynamics_summary"].first_checkpoint) == {"step 10"}
+
+
+def test_three_seeds_give_std(monkeypatch, tmp_path):
+    cfg = make_cfg(monkeypatch, seeds=[0, 1, 2], lin100=False)
+    mp, hp = write_collection(cfg, tmp_path / "cells", with_history=False)
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    by = t["summary_by_setting"]
+    sum_rows = by[by.arm == "sum"]
+    assert (sum_rows.n_seeds == 3).all()
+    # within_task probe 0.5 + 0.01 * (seed % 3): std of [0.5, 0.51, 0.52] (ddof=1) = 0.01
+    assert sum_rows.matched_router_score_std.to_numpy() == pytest.approx([0.01] * 4)
+    assert "matched_router_score_std" in t["derived_diagnostics"].columns
+    assert t["fairness"].set_index("claim").loc["seed replication", "status"] == "supported"
+
+
+def test_bad_reference_table_names_column(tmp_path):
+    p = tmp_path / "ref.csv"
+    pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="beta_schedule.*ref.csv|ref.csv.*beta_schedule"):
+        A.read_summary_table(p)
+    pd.DataFrame({"reconstruction_family": ["bogus"], "beta": [0.1], "token_aggregation": ["mean"], "beta_schedule": ["constant"],
+                  "matched_router_score": [0.5]}).to_csv(p, index=False)
+    with pytest.raises(ValueError, match="reconstruction_family"):
+        A.read_summary_table(p)
