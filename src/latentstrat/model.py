@@ -207,10 +207,9 @@ class LatentStrategyModel(nn.Module):
         if self.adaptation == "lora" and name != self._active:
             self.peft.base_model.set_adapter(name)
             # peft freezes the inactive adapter; both must stay trainable (one backward per step)
-            if self.training:
-                params = dict(self.named_parameters())
-                for n in self._trainable:
-                    params[n].requires_grad_(True)
+            params = dict(self.named_parameters())
+            for n in self._trainable:
+                params[n].requires_grad_(True)
         self._active = name
 
     @contextlib.contextmanager

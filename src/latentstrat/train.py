@@ -1,0 +1,425 @@
+"""Disentangle trainer: one cell per call (DESIGN sections 4-5, stage 4).
+
+Per step: one posterior pass (z ~ q, reparameterized) and one router+generator pass; b comes
+from the reference stage's tokens.parquet (never recomputed); batches are grouped by length.
+The batch order is a pure function of (seed, epoch) and the z noise of (seed, step), so a
+resumed run replays exactly what an uninterrupted one does.
+
+Validation (step 0 before any update, every eval_every steps, at the end) on a fixed subset of
+the validation split (the first `val_probe_per_task` examples of each task):
+- every reconstruction family, KL, active objective, KL/active, diagnostics, beta_t (z ~ q with
+  a fixed noise draw, so successive evaluations differ only by the weights);
+- posterior probe: mu_q(x, y_true) -> true strategy (unambiguous examples), per task and mean;
+- router probes: router-sampled z -> the strategy the generator follows under that z. Decoding
+  every example at every evaluation is too slow, so "follows" is scored, not decoded: the
+  strategy whose canonical trace has the highest likelihood under p(y|x,z) (examples whose best
+  trace is shared by several strategies are left out). The evaluate stage decodes.
+- answer accuracy / strategy match on `val_decode_per_task` decoded examples per task;
+- per task: mean token count, example / token share, share of the summed loss, share of the
+  gradient norm of the active objective (one validation batch per task, equal sizes).
+"""
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from latentstrat import data
+from latentstrat import objective as obj
+from latentstrat.config import dump_json, parse_family
+from latentstrat.io import atomic_path, read_parquet, write_parquet
+from latentstrat.metrics import derive
+from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+
+HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
+REFERENCE_COLUMNS = ["task", "example_id", "split", "b"]
+CHECKPOINT = "last.pt"
+# loss-dict key -> history metric name
+LOSS_NAMES = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
+              "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
+              "active": "active_reconstruction_objective", "posterior_variance": "posterior_variance",
+              "router_marginal_kl_to_prior": "router_marginal_kl_to_prior", "total": "total_loss"}
+
+
+class NonFiniteLoss(RuntimeError):
+    """A NaN/inf loss term; names the cell, the step and the term."""
+
+
+class Preempted(SystemExit):
+    """SIGTERM received: a checkpoint was written; exit non-zero so the scheduler reruns."""
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def load_reference_b(reference_dir, df: pd.DataFrame, split: str) -> list[list[float]]:
+    """Per-row b lists of a split, aligned with df rows; checks ids and lengths."""
+    path = Path(reference_dir) / "tokens.parquet"
+    ref = read_parquet(path, what="reference tokens", columns=REFERENCE_COLUMNS)
+    ref = ref[ref.split == split]
+    by_id = dict(zip(ref.example_id, ref.b))
+    out = []
+    for eid, n in zip(df.example_id, df.n_supervised):
+        if eid not in by_id:
+            raise ValueError(f"reference tokens {path} has no b for {split} example {eid!r} (rerun the reference stage)")
+        b = [float(v) for v in by_id[eid]]
+        if len(b) != n:
+            raise ValueError(f"reference tokens {path}: example {eid!r} has {len(b)} b values, n_supervised is {n}")
+        if not all(math.isfinite(v) for v in b):
+            raise ValueError(f"reference tokens {path}: example {eid!r} has non-finite b")
+        out.append(b)
+    return out
+
+
+def cell_scales(b_val, train_df: pd.DataFrame, aggregation: str, family: str) -> dict:
+    n_bar = float(train_df.n_supervised.mean())
+    s_ref, t_ref = obj.reference_scales(b_val, aggregation, parse_family(family).alpha, n_bar)
+    return {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
+
+
+def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir) -> LatentStrategyModel:
+    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config),
+    wrapped with the cell's latent settings. Seeded: the same cell builds the same model."""
+    torch.manual_seed(int(cell["seed"]))
+    if cell["init"] == "entangled":
+        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"])
+    else:
+        backbone = build_backbone(cfg["backbone"], tokenizer)
+    return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
+
+
+def device_for(cfg: dict) -> torch.device:
+    return torch.device("cuda") if cfg["resources"]["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
+    """One posterior pass + one router/generator pass. Per-example [B] tensors for every
+    family, KL, and scalars for the diagnostics, beta_t and the total loss J."""
+    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
+    z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
+    logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos,
+                                             batch.z_slot_pos, sup_pos=batch.gen_sup_pos)
+    l = obj.token_nll(logits, batch.sup_ids)
+    rec = obj.reconstruction_per_example(l, batch.b, batch.sup_mask, cell["reconstruction_family"],
+                                         cell["token_aggregation"], scales)
+    kl = obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
+    out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
+           "posterior_variance": obj.posterior_variance(logvar_q),
+           "router_marginal_kl_to_prior": obj.router_marginal_kl_to_prior(mu_r, logvar_r)}
+    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    out["beta_t"] = beta_t
+    out["total"] = (rec["active"].mean() + beta_t * kl.mean()
+                    + float(cell["posterior_variance_weight"]) * out["posterior_variance"]
+                    + float(cell["router_marginal_kl_weight"]) * out["router_marginal_kl_to_prior"])
+    return out
+
+
+def check_finite(losses: dict, cell_id: str, step: int) -> None:
+    for key in ("raw", "dist_norm", "tokcc", "active", "kl", "posterior_variance", "router_marginal_kl_to_prior", "total"):
+        v = losses[key]
+        bad = ~torch.isfinite(v.detach()) if v.ndim else ~torch.isfinite(v.detach().reshape(1))
+        if bool(bad.any()):
+            raise NonFiniteLoss(f"cell {cell_id}: step {step}: loss term {LOSS_NAMES[key]} is non-finite "
+                                f"({v.detach().float().mean().item()}); last good checkpoint kept")
+
+
+def step_noise(seed: int, step: int, shape) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step)))
+
+
+def epoch_batches(lengths, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    return list(data.length_grouped_batches(lengths, batch_size, np.random.default_rng([int(seed), int(epoch)])))
+
+
+def batch_at(lengths, batch_size: int, seed: int, step: int) -> list[int]:
+    per_epoch = math.ceil(len(lengths) / batch_size)
+    return epoch_batches(lengths, batch_size, seed, step // per_epoch)[step % per_epoch]
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
+    """Row indices: the first `per_task` examples (by example_id) of each task."""
+    rows = []
+    for _, g in df.groupby("task", sort=True):
+        rows += g.sort_values("example_id").index[:per_task].tolist()
+    return rows
+
+
+def _probe(X, y, cfg):
+    try:
+        from latentstrat.probes import linear_probe
+    except ImportError:  # probes.py not there yet
+        return math.nan
+    if len(y) == 0:
+        return math.nan
+    return float(linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"]).accuracy)
+
+
+@torch.no_grad()
+def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: torch.Tensor, batch_size: int) -> list[str | None]:
+    """Per row: the strategy whose canonical trace is most likely under p(y|x,z), or None when
+    the best trace is shared by several strategies."""
+    from latentstrat.tasks import TASKS
+
+    cand, owner = [], []
+    for k, r in enumerate(rows):
+        task, x = df.task[r], df.x[r]
+        traces: dict[str, list[str]] = {}
+        for s in TASKS[task].strategies:
+            traces.setdefault(TASKS[task].render(x, s), []).append(s)
+        for y, strategies in traces.items():
+            cand.append({"task": task, "x": x, "y": y})
+            owner.append((k, strategies))
+    cdf = pd.DataFrame(cand)
+    enc = data.encode(cdf, tokenizer, model.z_slots)
+    dev = next(model.parameters()).device
+    scores = np.zeros(len(cdf))
+    for s in range(0, len(cdf), batch_size):
+        idx = list(range(s, min(len(cdf), s + batch_size)))
+        b = data.collate(enc, idx).to(dev)
+        zz = z[[owner[i][0] for i in idx]].to(dev)
+        logits, _, _ = model.generator(b.gen_ids, b.gen_mask, zz, b.z_open_pos, b.z_slot_pos, sup_pos=b.gen_sup_pos)
+        nll = (obj.token_nll(logits, b.sup_ids) * b.sup_mask).sum(1)
+        scores[idx] = -nll.cpu().numpy()
+    best: dict[int, tuple[float, list[str]]] = {}
+    for i, (k, strategies) in enumerate(owner):
+        if k not in best or scores[i] > best[k][0]:
+            best[k] = (scores[i], strategies)
+    return [best[k][1][0] if len(best[k][1]) == 1 else None for k in range(len(rows))]
+
+
+@torch.no_grad()
+def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
+    """History rows for one evaluation. `val`: dict from `prepare_validation`."""
+    from latentstrat.tasks import TASKS
+
+    was_training = model.training
+    model.eval()
+    df, enc, b_val, rows = val["df"], val["enc"], val["b"], val["rows"]
+    bs = cfg["train"]["batch_size"]
+    dev = next(model.parameters()).device
+    keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
+    acc: dict[str, list] = {k: [] for k in keys}
+    order = sorted(rows, key=lambda r: enc.lengths[r])  # length-grouped, deterministic
+    for s in range(0, len(order), bs):
+        idx = order[s:s + bs]
+        batch = data.collate(enc, idx, b_val).to(dev)
+        out = forward_losses(model, batch, cell, scales, step, val["eps"][[val["pos"][r] for r in idx]])
+        for k in keys:
+            acc[k].append(out[k].float().cpu())
+    pos_in_order = {r: i for i, r in enumerate(order)}
+    back = torch.as_tensor([pos_in_order[r] for r in rows])
+    cat = {k: torch.cat(v)[back] for k, v in acc.items()}  # in `rows` order
+    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    r = {"raw": cat["raw"].mean().item(), "dist_norm": cat["dist_norm"].mean().item(),
+         "tokcc": cat["tokcc"].mean().item(), "active": cat["active"].mean().item(), "kl": cat["kl"].mean().item()}
+    post_var = obj.posterior_variance(cat["logvar_q"]).item()
+    rmk = obj.router_marginal_kl_to_prior(cat["mu_r"], cat["logvar_r"]).item()
+    total = (r["active"] + beta_t * r["kl"] + float(cell["posterior_variance_weight"]) * post_var
+             + float(cell["router_marginal_kl_weight"]) * rmk)
+    base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
+                   "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
+                   "active_reconstruction_objective": r["active"]})
+    metrics = {k: base[k] for k in ("reconstruction_loss", "distribution_normalized_reconstruction_loss",
+                                     "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
+                                     "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
+    metrics.update(posterior_variance=post_var, router_marginal_kl_to_prior=rmk, beta_t=beta_t, total_loss=total)
+
+    # probes
+    sub = df.loc[rows]
+    tasks = sorted(sub.task.unique())
+    z_router = cat["mu_r"] + torch.exp(0.5 * cat["logvar_r"]) * val["router_eps"]
+    followed = scored_strategies(model, tokenizer, df, rows, z_router, bs)
+    per_task: dict[str, dict] = {t: {} for t in tasks}
+    mu_q = cat["mu_q"].numpy()
+    zr = z_router.numpy()
+    amb = sub.ambiguous.to_numpy()
+    task_arr = sub.task.to_numpy()
+    strat = sub.strategy.to_numpy()
+    fol = np.array([f if f is not None else "" for f in followed], dtype=object)
+    for t in tasks:
+        m = (task_arr == t) & ~amb
+        per_task[t]["posterior_probe"] = _probe(mu_q[m], strat[m], cfg)
+        m2 = (task_arr == t) & (fol != "")
+        per_task[t]["within_task_router_probe"] = _probe(zr[m2], fol[m2], cfg)
+    metrics["posterior_probe"] = float(np.nanmean([per_task[t]["posterior_probe"] for t in tasks])) \
+        if any(np.isfinite(per_task[t]["posterior_probe"]) for t in tasks) else math.nan
+    metrics["within_task_router_probe"] = float(np.nanmean([per_task[t]["within_task_router_probe"] for t in tasks])) \
+        if any(np.isfinite(per_task[t]["within_task_router_probe"]) for t in tasks) else math.nan
+    g = fol != ""
+    metrics["global_router_probe"] = _probe(zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
+
+    # decoded subset
+    metrics.update(_decoded_metrics(model, tokenizer, df, val["decode_rows"], cfg, cell))
+    metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
+
+    # per-task shares
+    n_sup = sub.n_supervised.to_numpy().astype(float)
+    active = cat["active"].numpy().astype(np.float64)
+    grad = _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev)
+    gsum = sum(grad.values())
+    for t in tasks:
+        m = task_arr == t
+        per_task[t].update(token_count_mean=float(n_sup[m].mean()), example_share=float(m.mean()),
+                           token_share=float(n_sup[m].sum() / n_sup.sum()),
+                           loss_share=float(active[m].sum() / active.sum()) if active.sum() else math.nan,
+                           grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan)
+    if was_training:
+        model.train()
+    cid = cell["cell_id"]
+    out = [dict(cell_id=cid, step=step, task="all", metric=k, value=float(v)) for k, v in metrics.items()]
+    for t in tasks:
+        out += [dict(cell_id=cid, step=step, task=t, metric=k, value=float(v)) for k, v in per_task[t].items()]
+    return out
+
+
+def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> dict:
+    from latentstrat.tasks import TASKS
+
+    try:
+        from latentstrat.decode import generate
+    except ImportError:
+        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}
+    if not rows:
+        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}
+    sub = df.loc[rows]
+    gen = generate(model, tokenizer, sub.x.tolist(), max_new_tokens=cfg["evaluate"]["max_new_tokens"],
+                   batch_size=cfg["train"]["batch_size"], seed=int(cell["seed"]), progress=False)
+    correct = [TASKS[t].final_answer_correct(x, y) for t, x, y in zip(sub.task, sub.x, gen.texts)]
+    matched = [len(TASKS[t].matching_strategies(x, y)) > 0 for t, x, y in zip(sub.task, sub.x, gen.texts)]
+    return {"final_answer_accuracy": float(np.mean(correct)), "strategy_match_rate": float(np.mean(matched))}
+
+
+def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev) -> dict[str, float]:
+    """Per task: gradient norm of the mean active objective on one validation batch of that
+    task (equal batch sizes across tasks)."""
+    params = model.trainable_parameters()
+    by_task: dict[str, list[int]] = {}
+    for r in rows:
+        by_task.setdefault(df.task[r], []).append(r)
+    size = min(bs, min(len(v) for v in by_task.values()))
+    out = {}
+    for t, rs in sorted(by_task.items()):
+        batch = data.collate(enc, rs[:size], b_val).to(dev)
+        with torch.enable_grad():
+            o = forward_losses(model, batch, cell, scales, step, val["eps"][[val["pos"][r] for r in rs[:size]]])
+            grads = torch.autograd.grad(o["active"].mean(), params, allow_unused=True)
+        out[t] = math.sqrt(sum(float(g.float().pow(2).sum()) for g in grads if g is not None))
+    return out
+
+
+def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
+    rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
+    gen = torch.Generator().manual_seed(int(cell["seed"]) + 17)
+    eps = torch.randn((len(rows), latent_dim), generator=gen)
+    router_eps = torch.randn((len(rows), latent_dim), generator=gen)
+    return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
+            "pos": {r: i for i, r in enumerate(rows)}, "eps": eps, "router_eps": router_eps,
+            "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path, model, opt, step: int, history: list[dict], extra: dict) -> None:
+    """weights_only-loadable dict, written atomically (the previous one survives a crash)."""
+    state = {"trainable": {k: v.cpu().clone() for k, v in model.trainable_state_dict().items()},
+             "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(), "step": int(step),
+             "history": {c: [h[c] for h in history] for c in HISTORY_COLUMNS}, **extra}
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None) -> dict:
+    """Train one cell; write model.safetensors, history.parquet, summary.json. Resumes from
+    out_dir/checkpoints/last.pt. Returns the summary."""
+    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    out_dir = Path(out_dir)
+    cid = cell["cell_id"]
+    tcfg = cfg["train"]
+    seed = int(cell["seed"])
+    # inputs first: clear errors before any model work
+    tokenizer = data.load_tokenizer(data_dir)
+    train_df = data.load_split(data_dir, "train")
+    val_df = data.load_split(data_dir, "validation")
+    b_train = load_reference_b(reference_dir, train_df, "train")
+    b_val = load_reference_b(reference_dir, val_df, "validation")
+    scales = cell_scales(b_val, train_df, cell["token_aggregation"], cell["reconstruction_family"])
+
+    dev = device_for(cfg)
+    model = build_model(cfg, cell, tokenizer, entangle_dir).to(dev)
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
+    enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
+    val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
+
+    ckpt_path = out_dir / "checkpoints" / CHECKPOINT
+    step, history, wall, tokens = 0, [], 0.0, 0
+    if ckpt_path.exists():
+        ck = load_checkpoint(ckpt_path)
+        if ck.get("cell_id") != cid:
+            raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
+        model.load_trainable(ck["trainable"])
+        opt.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["torch_rng"])
+        step, wall, tokens = ck["step"], ck["wall_time_s"], ck["train_tokens"]
+        history = [dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))]
+        print(f"[{cid}] resumed from step {step}")
+    stop = {"flag": False}
+    prev_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
+
+    def checkpoint():
+        save_checkpoint(ckpt_path, model, opt, step, history,
+                        {"cell_id": cid, "wall_time_s": wall, "train_tokens": tokens})
+
+    try:
+        model.train()
+        if step == 0 and not history:
+            history += validate(model, tokenizer, cfg, cell, scales, val, 0)
+        while step < tcfg["steps"]:
+            t0 = time.perf_counter()
+            idx = batch_at(enc.lengths, tcfg["batch_size"], seed, step)
+            batch = data.collate(enc, idx, b_train).to(dev)
+            losses = forward_losses(model, batch, cell, scales, step, step_noise(seed, step, (len(idx), model.latent_dim)))
+            check_finite(losses, cid, step + 1)
+            opt.zero_grad(set_to_none=True)
+            losses["total"].backward()
+            if tcfg["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), tcfg["grad_clip"])
+            opt.step()
+            step += 1
+            wall += time.perf_counter() - t0
+            tokens += int(batch.gen_mask.sum() + batch.post_mask.sum())
+            if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
+                history += validate(model, tokenizer, cfg, cell, scales, val, step)
+            if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
+                checkpoint()
+            if stop["flag"]:
+                raise Preempted(143)
+    finally:
+        signal.signal(signal.SIGTERM, prev_handler)
+
+    model.save_trainable(out_dir / "model.safetensors")
+    write_parquet(pd.DataFrame(history, columns=HISTORY_COLUMNS), out_dir / "history.parquet")
+    summary = {"cell_id": cid, "steps": step, "wall_time_s": wall, "train_tokens": tokens,
+               "tokens_per_s": tokens / wall if wall > 0 else math.nan, "device": str(dev),
+               "threads": torch.get_num_threads(), **scales}
+    dump_json(summary, out_dir / "summary.json")
+    checkpoint()  # the final state, so a rerun after a lost output resumes at the end
+    return summary
