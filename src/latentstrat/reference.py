@@ -1,0 +1,189 @@
+"""Reference stage: the frozen z-free model's per-token NLL b_it = -log p_ref(y_t | x, y_<t)
+for every supervised token of every example of every split, computed once (DESIGN section 4).
+
+    python -m latentstrat.reference --config config/config.yaml [--threads N]
+
+Writes to `out_dir`:
+- `tokens.parquet`        task, example_id, split, n_supervised, b (list<float32>, aligned
+                          with the supervised tokens: y tokens, `</y>`, `<eos>`)
+- `scales.json`           n_bar (mean n_supervised over train); per aggregation S_ref and, per
+                          tokcc exponent a (0.25 and every a in the config's families), T_ref;
+                          all from the validation split (objective.reference_scales)
+- `token_counts.parquet`  per task and split: examples, supervised tokens mean/sum, b mean
+                          (per token) and b per example (mean of sum_t b)
+
+The reference model is `<entangle_dir>/model/`; with `entangle.mode: skip` it is the backbone
+as is (`model.build_backbone`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from latentstrat import data
+from latentstrat.config import dump_json, format_value, parse_family
+from latentstrat.entangle import device_of, pick_device, zfree_token_nll
+from latentstrat.io import read_parquet, write_parquet
+from latentstrat.objective import AGGREGATIONS, reference_scales
+
+TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
+DEFAULT_ALPHA = 0.25
+
+
+def config_alphas(cfg: dict) -> list[float]:
+    """tokcc exponents used anywhere in the config's families, plus the default 0.25."""
+    names = [cfg["cell"]["reconstruction_family"], *cfg["grid"].get("reconstruction_family", [])]
+    for arm in cfg["reference_arms"]:
+        names.append(arm.get("settings", {}).get("reconstruction_family", "raw"))
+        names += arm.get("grid", {}).get("reconstruction_family", [])
+    alphas = {DEFAULT_ALPHA} | {parse_family(n).alpha for n in names if parse_family(n).kind in ("tokcc", "dist_tokcc")}
+    return sorted(alphas)
+
+
+def alpha_key(alpha: float) -> str:
+    return format_value(float(alpha))
+
+
+@torch.no_grad()
+def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndarray]:
+    """b per example (float32 arrays of length n_supervised), in row order of `encoded`."""
+    model.eval()
+    dev = device_of(model)
+    out: list[np.ndarray | None] = [None] * len(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded.zfree_ids[i]))
+    for s in range(0, len(order), batch_size):
+        batch = data.collate(encoded, order[s:s + batch_size]).to(dev)
+        b = zfree_token_nll(model, batch).float().cpu().numpy()
+        n = batch.sup_mask.sum(1).cpu().numpy()
+        for r, i in enumerate(batch.row_idx.tolist()):
+            out[i] = b[r, :n[r]].astype(np.float32)
+    return out
+
+
+def compute_scales(tokens: pd.DataFrame, alphas) -> dict:
+    """n_bar from train; S_ref[agg] and T_ref[alpha][agg] from validation."""
+    train, val = tokens[tokens.split == "train"], tokens[tokens.split == "validation"]
+    if train.empty or val.empty:
+        raise ValueError("reference scales need non-empty train and validation splits")
+    n_bar = float(train.n_supervised.mean())
+    b_val = list(val.b)
+    S, T = {}, {alpha_key(a): {} for a in alphas}
+    for agg in AGGREGATIONS:
+        for a in alphas:
+            s, t = reference_scales(b_val, agg, alpha=a, n_bar=n_bar)
+            S[agg] = s  # S_ref does not depend on alpha
+            T[alpha_key(a)][agg] = t
+    return dict(n_bar=n_bar, S_ref=S, T_ref=T, alphas=[float(a) for a in alphas],
+                n_validation=int(len(val)), n_train=int(len(train)))
+
+
+def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAULT_ALPHA) -> dict:
+    """The `scales` dict objective.reconstruction takes: {"S_ref", "T_ref", "n_bar"} for one
+    aggregation and tokcc exponent. `scales`: the scales.json dict or its path (a reference
+    dir also works)."""
+    if not isinstance(scales, dict):
+        path = Path(scales)
+        if path.is_dir():
+            path = path / "scales.json"
+        if not path.exists():
+            raise FileNotFoundError(f"reference scales {path} does not exist (run the reference stage)")
+        scales = json.loads(path.read_text())
+    if aggregation not in scales["S_ref"]:
+        raise ValueError(f"reference scales have no aggregation {aggregation!r} (have {sorted(scales['S_ref'])})")
+    key = alpha_key(alpha)
+    if key not in scales["T_ref"]:
+        raise ValueError(f"reference scales have no T_ref for tokcc a={key} (have a={sorted(scales['T_ref'])}); "
+                         "rerun the reference stage with this family in the config")
+    return {"S_ref": scales["S_ref"][aggregation], "T_ref": scales["T_ref"][key][aggregation], "n_bar": scales["n_bar"]}
+
+
+def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (task, split), g in tokens.groupby(["task", "split"], sort=True):
+        n = g.n_supervised
+        b_sum = g.b.map(lambda v: float(np.sum(v)))
+        rows.append(dict(task=task, split=split, examples=int(len(g)), supervised_tokens_mean=float(n.mean()),
+                         supervised_tokens_sum=int(n.sum()), b_mean=float(b_sum.sum() / n.sum()),
+                         b_per_example_mean=float(b_sum.mean())))
+    return pd.DataFrame(rows)
+
+
+def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
+    """b for each row of a split DataFrame (by task, example_id), checked against n_supervised.
+    This is what the trainer passes to `data.collate(..., b=...)`."""
+    path = Path(reference_dir) / "tokens.parquet"
+    tokens = read_parquet(path, what="reference tokens", columns=TOKENS_COLUMNS)
+    lookup = {(t, e): (n, b) for t, e, n, b in zip(tokens.task, tokens.example_id, tokens.n_supervised, tokens.b)}
+    out = []
+    for t, e, n in zip(df.task, df.example_id, df.n_supervised):
+        if (t, e) not in lookup:
+            raise ValueError(f"reference tokens {path} have no row for example {e!r} (task {t}): stale reference stage?")
+        n_ref, b = lookup[(t, e)]
+        if n_ref != n or len(b) != n:
+            raise ValueError(f"reference tokens {path}: example {e!r} has {len(b)} b values, the data says n_supervised={n}")
+        out.append(np.asarray(b, dtype=np.float32))
+    return out
+
+
+def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
+    from latentstrat.model import build_backbone, load_entangled
+
+    if cfg["entangle"]["mode"] == "skip":
+        torch.manual_seed(cfg["entangle"]["seed"])
+        return build_backbone(cfg["backbone"], tokenizer)
+    model_dir = entangle_dir / "model"
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"reference: entangled model {model_dir} (config.json) does not exist (run the entangle stage)")
+    return load_entangled(entangle_dir)
+
+
+def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
+    """The reference stage (see module doc). Returns the scales dict."""
+    data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
+    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
+        if not (data_dir / name).exists():
+            raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
+    torch.set_num_threads(int(threads))
+    alphas = config_alphas(cfg)
+    tokenizer = data.load_tokenizer(data_dir)
+    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
+    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(pick_device())
+    bs = 2 * cfg["entangle"]["batch_size"]
+    parts = []
+    for split, df in splits.items():
+        b = reference_nll(model, data.encode(df, tokenizer), bs)
+        bad = [e for e, v in zip(df.example_id, b) if not np.isfinite(v).all()]
+        if bad:
+            raise FloatingPointError(f"reference: non-finite b for {len(bad)} {split} examples (first {bad[0]!r})")
+        parts.append(pd.DataFrame(dict(task=df.task, example_id=df.example_id, split=split,
+                                       n_supervised=df.n_supervised.astype("int64"), b=b)))
+        log(f"reference {split}: {len(df)} examples, mean b {np.concatenate(b).mean():.4f}")
+    tokens = pd.concat(parts, ignore_index=True)
+    scales = compute_scales(tokens, alphas)
+    scales["reference_model"] = "backbone (entangle.mode skip)" if cfg["entangle"]["mode"] == "skip" else str(entangle_dir / "model")
+    write_parquet(tokens, out_dir / "tokens.parquet")
+    write_parquet(token_counts(tokens), out_dir / "token_counts.parquet")
+    dump_json(scales, out_dir / "scales.json")
+    return scales
+
+
+def main(argv=None) -> None:
+    from latentstrat.config import Paths, load_config
+
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.reference", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    p = Paths.from_config(cfg)
+    scales = run_reference(cfg, p.data_dir, p.entangle_dir, p.reference_dir, args.threads or cfg["resources"]["threads"])
+    print(json.dumps({k: scales[k] for k in ("n_bar", "S_ref", "T_ref")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Entangle stage: lr schedule, quality checks on hand-made samplers, KV-cache sampling, and a
+tiny end-to-end run (loadable model dir, quality report, skip mode, input errors)."""
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from latentstrat import data
+from latentstrat.config import load_config
+from latentstrat.entangle import (CHECKS, QualityError, lr_at, quality_report, quality_table, run_entangle,
+                                  sample_y, strategy_distribution, total_variation)
+from latentstrat.tasks import TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+THRESHOLDS = {"quality_min_answer_accuracy": 0.9, "quality_min_strategy_match": 0.85, "quality_max_strategy_tv": 0.15}
+
+
+def smoke_cfg(**entangle):
+    over = {"data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
+            "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2, **entangle}}
+    return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    data.build_dataset(smoke_cfg()["data"], d)
+    return d
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_lr_warmup_then_cosine_to_tenth():
+    lr, warmup, steps = 1.0, 4, 14
+    assert [lr_at(s, lr, warmup, steps) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, lr, warmup, steps) == pytest.approx(1.0)
+    # halfway through the decay (step 9 of 4..14): 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55
+    assert lr_at(9, lr, warmup, steps) == pytest.approx(0.55)
+    assert lr_at(14, lr, warmup, steps) == pytest.approx(0.1)
+    assert lr_at(0, 2.0, 0, 10) == pytest.approx(2.0)
+
+
+# ----------------------------------------------------------------------------- quality checks
+
+
+def test_strategy_distribution_and_tv_by_hand():
+    d = strategy_distribution([{"a"}, {"a"}, {"a", "b"}, set()], ("a", "b", "c"))
+    assert d == pytest.approx({"a": 2.5 / 3, "b": 0.5 / 3, "c": 0.0})  # empty set left out; ambiguous split
+    assert total_variation({"a": 0.5, "b": 0.5}, {"a": 1.0}) == pytest.approx(0.5)
+    assert total_variation({"a": 0.2, "b": 0.8}, {"a": 0.2, "b": 0.8}) == 0.0
+    assert strategy_distribution([set()], ("a",)) == {"a": None}
+
+
+def _sorting_inputs(n):
+    import random
+    rng, task, xs = random.Random(0), TASKS["sorting_algorithms"], []
+    while len(xs) < n:
+        x = task.sample_input(rng)
+        ys = [task.render(x, s) for s in task.strategies]
+        if len(set(ys)) == len(ys) and x not in xs:  # unambiguous inputs only
+            xs.append(x)
+    return xs
+
+
+def _samples(xs, ys):
+    return pd.DataFrame({"task": "sorting_algorithms", "x": xs, "y_generated": ys})
+
+
+UNIFORM3 = {"sorting_algorithms": {"bubble": 1 / 3, "insertion": 1 / 3, "selection": 1 / 3}}
+
+
+def test_perfect_sampler_passes():
+    task, xs = TASKS["sorting_algorithms"], _sorting_inputs(30)
+    ys = [task.render(x, task.strategies[i % 3]) for i, x in enumerate(xs)]
+    r = quality_report(_samples(xs, ys), UNIFORM3, THRESHOLDS)
+    t = r["tasks"]["sorting_algorithms"]
+    assert r["passed"] and t["passed"] and t["n"] == 30 and t["n_matched"] == 30
+    assert t["checks"]["answer_accuracy"]["value"] == 1.0
+    assert t["checks"]["strategy_match_rate"]["value"] == 1.0
+    assert t["checks"]["strategy_tv"]["value"] == pytest.approx(0.0)
+    assert set(t["checks"]) == set(CHECKS)
+    assert r["thresholds"] == THRESHOLDS
+
+
+def test_one_strategy_sampler_fails_only_tv():
+    task, xs = TASKS["sorting_algorithms"], _sorting_inputs(30)
+    r = quality_report(_samples(xs, [task.render(x, "bubble") for x in xs]), UNIFORM3, THRESHOLDS)
+    c = r["tasks"]["sorting_algorithms"]["checks"]
+    assert c["answer_accuracy"]["passed"] and c["strategy_match_rate"]["passed"]
+    assert c["strategy_tv"]["value"] == pytest.approx(2 / 3) and not c["strategy_tv"]["passed"]
+    assert not r["passed"]
+
+
+def test_malformed_and_answer_only_samplers_fail():
+    task, xs = TASKS["sorting_algorithms"], _sorting_inputs(10)
+    r = quality_report(_samples(xs, ["answer ; ; 9 9"] * 10), UNIFORM3, THRESHOLDS)
+    c = r["tasks"]["sorting_algorithms"]["checks"]
+    assert c["answer_accuracy"]["value"] == 0.0 and not c["answer_accuracy"]["passed"]
+    assert c["strategy_match_rate"]["value"] == 0.0 and c["strategy_tv"]["value"] == 1.0
+    # right answer, no trace: accurate but matches no strategy
+    r = quality_report(_samples(xs, [f"answer {task.answer(x)}" for x in xs]), UNIFORM3, THRESHOLDS)
+    c = r["tasks"]["sorting_algorithms"]["checks"]
+    assert c["answer_accuracy"]["passed"] and not c["strategy_match_rate"]["passed"]
+    table = quality_table(r)
+    assert list(table.check) == list(CHECKS) and table.passed.tolist() == [True, False, False]
+
+
+def test_threshold_boundary_and_missing_task():
+    task, xs = TASKS["sorting_algorithms"], _sorting_inputs(10)
+    ys = [task.render(x, task.strategies[i % 3]) if i < 9 else "junk" for i, x in enumerate(xs)]
+    r = quality_report(_samples(xs, ys), UNIFORM3, {**THRESHOLDS, "quality_min_answer_accuracy": 0.9})
+    assert r["tasks"]["sorting_algorithms"]["checks"]["answer_accuracy"]["value"] == pytest.approx(0.9)
+    assert r["tasks"]["sorting_algorithms"]["checks"]["answer_accuracy"]["passed"]  # >= threshold passes
+    with pytest.raises(ValueError, match="sorting_algorithms"):
+        quality_report(_samples(xs, ys), {}, THRESHOLDS)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _tiny_model(tokenizer):
+    from latentstrat.model import build_backbone
+    torch.manual_seed(0)
+    return build_backbone(smoke_cfg()["backbone"], tokenizer).eval()
+
+
+def _naive_greedy(model, prompt, eos, n):
+    ids = list(prompt)
+    for _ in range(n):
+        with torch.no_grad():
+            t = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(t)
+        if t == eos:
+            break
+    return ids[len(prompt):]
+
+
+def test_sample_y_kv_cache_left_padding_matches_naive_loop(data_dir):
+    torch.set_num_threads(1)
+    tok = data.load_tokenizer(data_dir)
+    model = _tiny_model(tok)
+    df = data.load_split(data_dir, "test")
+    enc = data.encode(df, tok)
+    prompts = [ids[:p + 1] for ids, p in zip(enc.zfree_ids, enc.zfree_y_pos)][:5]
+    assert len({len(p) for p in prompts}) > 1  # left padding is exercised
+    # temperature -> 0 makes sampling greedy: the cached, padded batch must equal per-prompt recompute
+    got = sample_y(model, tok, prompts, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
+    itos = {i: w for w, i in tok.get_vocab().items()}
+    eos = tok.get_vocab()["<eos>"]
+    for p, text in zip(prompts, got):
+        words = []
+        for t in _naive_greedy(model, p, eos, 6):
+            if itos[t] in ("</y>", "<eos>"):
+                break
+            words.append(itos[t])
+        assert text == " ".join(words)
+    # seeded: same seed, same samples; different seed, (almost surely) different samples
+    a = sample_y(model, tok, prompts, 6, 2, seed=1)
+    assert a == sample_y(model, tok, prompts, 6, 2, seed=1)
+    assert a != sample_y(model, tok, prompts, 6, 2, seed=2)
+
+
+# ----------------------------------------------------------------------------- stage
+
+
+def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
+    from latentstrat.model import load_entangled
+    cfg = smoke_cfg()
+    out = tmp_path / "entangle"
+    report = run_entangle(cfg, data_dir, out, threads=1, log=lambda m: None)
+    assert (out / "model" / "config.json").exists() and not (out / "model.tmp").exists()
+    saved = json.loads((out / "quality.json").read_text())
+    assert set(saved["tasks"]) == set(cfg["data"]["tasks"])
+    for t in saved["tasks"].values():
+        assert set(t["checks"]) == set(CHECKS) and t["n"] == 2
+        for c in t["checks"].values():
+            assert {"value", "threshold", "passed"} <= set(c)
+    assert saved["thresholds"]["quality_min_strategy_match"] == 0.85
+    assert saved["passed"] is False and report["passed"] is False  # 3 steps of training: no strategies yet
+    assert saved["training"]["steps"] == 3 and saved["training"]["tokens_per_s"] > 0
+    hist = pd.read_parquet(out / "history.parquet")
+    assert list(hist.columns) == ["step", "task", "metric", "value"]
+    val = hist[(hist.metric == "validation_loss") & (hist.task == "all")]
+    assert val.step.min() == 0 and val.step.max() == 3
+    assert (hist[hist.metric == "train_loss"].step == 3).any()
+    # from_pretrained on the saved dir gives the trained model's logits exactly
+    tok = data.load_tokenizer(data_dir)
+    enc = data.encode(data.load_split(data_dir, "validation"), tok)
+    batch = data.collate(enc, range(4))
+    a = load_entangled(out)
+    b = load_entangled(out / "model")
+    with torch.no_grad():
+        la = a(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+        lb = b(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+    assert torch.equal(la, lb)
+    # same seed, same run: identical history values (apart from timings)
+    out2 = tmp_path / "again"
+    run_entangle(cfg, data_dir, out2, threads=1, log=lambda m: None)
+    h2 = pd.read_parquet(out2 / "history.parquet")
+    keep = ~hist.metric.isin(["tokens_per_s", "elapsed_s"])
+    pd.testing.assert_frame_equal(hist[keep].reset_index(drop=True), h2[~h2.metric.isin(["tokens_per_s", "elapsed_s"])].reset_index(drop=True))
+    with torch.no_grad():
+        l2 = load_entangled(out2)(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+    assert torch.equal(la, l2)
+
+
+def test_quality_enforce_raises_after_saving_report(data_dir, tmp_path):
+    cfg = smoke_cfg(steps=1, quality_enforce=True)
+    with pytest.raises(QualityError, match="strategy_match_rate"):
+        run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
+    assert json.loads((tmp_path / "quality.json").read_text())["passed"] is False
+    assert (tmp_path / "model" / "config.json").exists()
+
+
+def test_skip_mode_records_backbone_and_writes_no_model(data_dir, tmp_path):
+    cfg = load_config(ROOT / "config" / "smoke.yaml",
+                      overrides={"entangle": {"mode": "skip"}, "cell": {"init": "direct"}})
+    report = run_entangle(cfg, data_dir, tmp_path, threads=1)
+    assert report["mode"] == "skip" and not (tmp_path / "model").exists()
+    assert json.loads((tmp_path / "quality.json").read_text())["backbone"]["source"] == "embedded"
+    assert pd.read_parquet(tmp_path / "history.parquet").empty
+
+
+def test_missing_inputs_name_the_file(data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="train.parquet"):
+        run_entangle(smoke_cfg(), tmp_path / "nowhere", tmp_path / "out", threads=1)
+    (tmp_path / "partial").mkdir()
+    for s in data.SPLITS:
+        (tmp_path / "partial" / f"{s}.parquet").write_bytes((data_dir / f"{s}.parquet").read_bytes())
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        run_entangle(smoke_cfg(), tmp_path / "partial", tmp_path / "out", threads=1)
