@@ -11,6 +11,7 @@ that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are th
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import re
@@ -48,9 +49,19 @@ class ConfigError(ValueError):
 # ----------------------------------------------------------------------------- schema
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_text() -> str:
+    return SCHEMA_PATH.read_text()
+
+
 def load_schema() -> dict:
-    with open(SCHEMA_PATH) as f:
-        return yaml.safe_load(f)
+    """The config schema (a fresh copy; the file is read once per process)."""
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    return yaml.safe_load(_schema_text())
 
 
 def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
@@ -104,7 +115,7 @@ def validate(cfg: dict) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError("config must be a mapping")
     cfg = copy.deepcopy(cfg)
-    schema = load_schema()
+    schema = _parsed_schema()
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
     if errors:
@@ -290,8 +301,8 @@ def beta_label(beta: float) -> str:
 
 
 def schema_cell_defaults() -> dict:
-    schema = load_schema()
-    return {k: v["default"] for k, v in schema["properties"]["cell"]["properties"].items()}
+    props = _parsed_schema()["properties"]["cell"]["properties"]
+    return {k: v["default"] for k, v in props.items()}
 
 
 def cell_id(settings: dict) -> str:
