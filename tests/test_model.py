@@ -1,0 +1,162 @@
+"""Structural tests of the latent strategy model on a tiny Qwen2."""
+import pandas as pd
+import pytest
+import torch
+
+from latentstrat import data
+from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+
+EMB = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+       "num_key_value_heads": 1, "max_position_embeddings": 128}
+BB = {"source": "embedded", "dtype": "float32", "embedded": EMB}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    texts = [data.render_record("3 1 2", "a b c 1 2 3"), data.render_record("5 4", "d e 4 5")]
+    tk = data.build_tokenizer(texts)
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def batch(tok, ys, xs=None, P=1):
+    xs = xs or ["3 1 2"] * len(ys)
+    df = pd.DataFrame({"task": "t", "x": xs, "y": ys})
+    enc = data.encode(df, tok, P)
+    return data.collate(enc, range(len(ys)))
+
+
+def model(tok, adaptation="lora", P=1, seed=0):
+    torch.manual_seed(seed)
+    return LatentStrategyModel(build_backbone(BB, tok), 4, P, adaptation, {"r": 4})
+
+
+def test_backbone_is_tied_qwen2_with_tokenizer_ids(tok):
+    bb = build_backbone(BB, tok)
+    assert bb.config.model_type == "qwen2" and bb.config.tie_word_embeddings
+    assert bb.config.vocab_size == len(tok)
+    assert bb.lm_head.weight.data_ptr() == bb.get_input_embeddings().weight.data_ptr()
+    assert bb.config.pad_token_id == tok.convert_tokens_to_ids("<pad>")
+    assert bb.config.eos_token_id == tok.convert_tokens_to_ids("<eos>")
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        build_backbone({**BB, "embedded": {**EMB, "num_attention_heads": 3}}, tok)
+
+
+def test_router_ignores_y_posterior_does_not(tok):
+    m = model(tok).eval()
+    b1, b2 = batch(tok, ["a b c 1 2 3"]), batch(tok, ["c b a 1 2 3"])
+    z = torch.randn(1, 4)
+    with torch.no_grad():
+        _, mu1, lv1 = m.generator(b1.gen_ids, b1.gen_mask, z, b1.z_open_pos, b1.z_slot_pos)
+        _, mu2, lv2 = m.generator(b2.gen_ids, b2.gen_mask, z, b2.z_open_pos, b2.z_slot_pos)
+        assert torch.equal(mu1, mu2) and torch.equal(lv1, lv2)
+        # router_prefix gives the same router as the full pass
+        mu3, _ = m.router_prefix(b1.gen_ids, b1.gen_mask, b1.z_open_pos)
+        assert torch.allclose(mu1, mu3, atol=1e-6)
+        q1, q2 = m.posterior(b1.post_ids, b1.post_mask), m.posterior(b2.post_ids, b2.post_mask)
+        assert not torch.allclose(q1[0], q2[0])
+        # the router does depend on x (positive control)
+        b3 = batch(tok, ["a b c 1 2 3"], xs=["5 4"])
+        assert not torch.allclose(m.router_prefix(b3.gen_ids, b3.gen_mask, b3.z_open_pos)[0], mu1)
+
+
+def test_padding_does_not_change_outputs(tok):
+    m = model(tok).eval()
+    single = batch(tok, ["d e 4 5"], xs=["5 4"])
+    padded = batch(tok, ["d e 4 5", "a b c 1 2 3 a b c"], xs=["5 4", "3 1 2"])
+    z = torch.randn(2, 4)
+    with torch.no_grad():
+        l1, mu1, _ = m.generator(single.gen_ids, single.gen_mask, z[:1], single.z_open_pos, single.z_slot_pos,
+                                 sup_pos=single.gen_sup_pos)
+        l2, mu2, _ = m.generator(padded.gen_ids, padded.gen_mask, z, padded.z_open_pos, padded.z_slot_pos,
+                                 sup_pos=padded.gen_sup_pos)
+        n = single.sup_mask.sum()
+        assert torch.allclose(l1[0, :n], l2[0, :n], atol=1e-5) and torch.allclose(mu1[0], mu2[0], atol=1e-5)
+        q1 = m.posterior(single.post_ids, single.post_mask)[0]
+        q2 = m.posterior(padded.post_ids, padded.post_mask)[0]
+        assert torch.allclose(q1[0], q2[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("P", [1, 2])
+def test_z_changes_generator_logits(tok, P):
+    m = model(tok, P=P).eval()
+    b = batch(tok, ["a b c 1 2 3"], P=P)
+    with torch.no_grad():
+        l1, mu1, _ = m.generator(b.gen_ids, b.gen_mask, torch.zeros(1, 4), b.z_open_pos, b.z_slot_pos)
+        l2, mu2, _ = m.generator(b.gen_ids, b.gen_mask, torch.ones(1, 4), b.z_open_pos, b.z_slot_pos)
+    slot = int(b.z_slot_pos[0, 0])
+    assert torch.equal(l1[:, :slot], l2[:, :slot])  # causal: nothing before the slot moves
+    assert not torch.allclose(l1[:, slot:], l2[:, slot:])
+    assert torch.equal(mu1, mu2)
+
+
+def _grads(m, tok):
+    b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
+    mu_q, lv_q = m.posterior(b.post_ids, b.post_mask)
+    z = mu_q + lv_q.mul(0.5).exp() * torch.randn_like(mu_q)
+    logits, mu_r, lv_r = m.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos, sup_pos=b.gen_sup_pos)
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), b.sup_ids) + mu_r.pow(2).sum() + lv_r.sum()
+    loss.backward()
+    return {n for n, p in m.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+
+
+def test_lora_only_adapters_and_heads_get_gradients(tok):
+    m = model(tok)
+    with torch.no_grad():  # LoRA B starts at 0; move it so A gets gradients too
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    got = _grads(m, tok)
+    assert got, "no gradients at all"
+    assert all(".lora_" in n or n.startswith(("router_head", "posterior_head", "z_proj")) for n in got), got
+    # both adapters, both heads and the z projection learn from one backward
+    assert any("lora_A.generator" in n for n in got) and any("lora_A.posterior" in n for n in got)
+    assert {"router_head.proj.weight", "posterior_head.proj.weight", "z_proj.weight"} <= got
+    base = [p for n, p in m.named_parameters() if ".lora_" not in n and not n.startswith(("router_head", "posterior_head", "z_proj"))]
+    assert base and all(not p.requires_grad for p in base)
+    # the saved trainable state is adapters + heads only
+    assert set(m.trainable_state_dict()) == {n for n, p in m.named_parameters() if p.requires_grad}
+
+
+def test_frozen_and_full(tok):
+    got = _grads(model(tok, "frozen"), tok)
+    assert got and all(n.startswith(("router_head", "posterior_head", "z_proj")) for n in got)
+    m = model(tok, "full")
+    got = _grads(m, tok)
+    assert any(n.startswith("lm.model.layers") for n in got) and any(n.startswith("lm_post.model.layers") for n in got)
+
+
+def test_trainable_roundtrip_safetensors(tok, tmp_path):
+    m1, m2 = model(tok, seed=0), model(tok, seed=0)
+    with torch.no_grad():
+        for p in m1.trainable_parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    m1.save_trainable(tmp_path / "w.safetensors")
+    b = batch(tok, ["a b c 1 2 3"])
+    z = torch.randn(1, 4)
+    m1.eval(), m2.eval()
+    out1 = m1.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0]
+    assert not torch.allclose(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
+    m2.load_trainable(tmp_path / "w.safetensors")
+    assert torch.equal(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
+    with pytest.raises(ValueError, match="does not match"):
+        model(tok, "frozen").load_trainable(tmp_path / "w.safetensors")
+
+
+def test_save_pretrained_loads_through_from_pretrained(tok, tmp_path):
+    torch.manual_seed(1)
+    bb = build_backbone(BB, tok).eval()
+    bb.save_pretrained(tmp_path / "ckpt")
+    b = batch(tok, ["a b c 1 2 3"])
+    loaded_p = build_backbone({"source": "pretrained", "name_or_path": str(tmp_path / "ckpt"), "dtype": "float32"}, tok).eval()
+    loaded_e = load_entangled(tmp_path / "ckpt").eval()
+    with torch.no_grad():
+        ref = bb(input_ids=b.zfree_ids).logits
+        assert torch.equal(ref, loaded_p(input_ids=b.zfree_ids).logits)
+        assert torch.equal(ref, loaded_e(input_ids=b.zfree_ids).logits)
+    # config_json: same architecture, random weights
+    cj = build_backbone({"source": "config_json", "name_or_path": str(tmp_path / "ckpt" / "config.json"), "dtype": "float32"}, tok)
+    assert cj.config.hidden_size == 32 and sum(p.numel() for p in cj.parameters()) == sum(p.numel() for p in bb.parameters())
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_entangled(tmp_path / "nothing")
