@@ -1,0 +1,79 @@
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aggregate_helpers import make_cfg, write_collection
+from latentstrat import aggregate as A
+from latentstrat.config import expand_cells
+from latentstrat.report import build_report
+from latentstrat.report.__main__ import main as cli_main
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def partial_report(tmp_path_factory):
+    mp_ = pytest.MonkeyPatch()
+    tmp = tmp_path_factory.mktemp("rep")
+    cfg = make_cfg(mp_)
+    cells = expand_cells(cfg, validated=True)
+    missing = cells[2].cell_id
+    mp, hp = write_collection(cfg, tmp / "cells", skip={missing})
+    A.aggregate_collection(cfg, mp, hp, tmp / "agg")
+    t0 = time.perf_counter()
+    res = build_report(tmp / "agg", tmp / "report", {})
+    res["wall"] = time.perf_counter() - t0
+    yield tmp / "report", res, missing
+    mp_.undo()
+
+
+def test_partial_report_lists_and_excludes_missing(partial_report):
+    out, res, missing = partial_report
+    results = (out / "results.md").read_text()
+    assert missing in results and "excluded" in results
+    assert "14 expected cells: 13 have final metrics and 1 remain" in results
+    # excluded from quantitative summaries: distributions over the 3 remaining primary cells
+    assert "| matched router score | 3 |" in results
+    brief = yaml.safe_load((out / "brief.yaml").read_text())
+    assert brief["cells"]["incomplete"] == [missing]
+
+
+def test_report_outputs_and_findings(partial_report):
+    out, res, _ = partial_report
+    assert res["wall"] < 30
+    names = {n for n, _ in res["figures"]}
+    assert {"objective_scale_heatmap", "token_count_dominance", "dynamics_kl", "per_task_router_dynamics",
+            "reconstruction_router_trajectory"} <= names
+    for n in names:
+        assert (out / "figures" / f"{n}.png").stat().st_size > 1000
+    f = {x["question"][:30]: x for x in json.loads((out / "findings.json").read_text())["findings"]}
+    assert len(f) == 7
+    scale = next(x for k, x in f.items() if k.startswith("Is sum failing"))
+    # toy data: sum - sum_scaled = -0.05, sum_scaled - mean = -0.05: both move the score
+    assert scale["status"] == "cannot tell" and "-0.05" in scale["evidence"]
+    early = next(x for k, x in f.items() if k.startswith("Do sum runs lose"))
+    assert early["status"] == "supported" and "learn then collapse" in early["evidence"]
+    dom = next(x for k, x in f.items() if k.startswith("Under token-sum"))
+    assert dom["status"] == "supported"
+    analysis = (out / "analysis.md").read_text()
+    assert "near_zero_delta = 0.01" in analysis and "## Fairness Assessment" in analysis
+
+
+def test_absent_figures_are_listed_not_crashing(tmp_path):
+    rc = cli_main(["--summary", str(FIX / "seed001_sum_summary.csv"), "--reference", str(FIX / "seed001_mean_reference.csv"),
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    results = (tmp_path / "results.md").read_text()
+    assert "Figures skipped because their data is absent" in results and "KL dynamics (`dynamics_kl.png`)" in results
+    assert (tmp_path / "figures" / "objective_scale_heatmap.png").exists()
+    assert "40.02" in (tmp_path / "analysis.md").read_text()
+
+
+def test_cli_bad_table_names_column(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("reconstruction_family,beta\nraw,0.1\n")
+    assert cli_main(["--summary", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "token_aggregation" in capsys.readouterr().err and not (tmp_path / "o" / "results.md").exists()
