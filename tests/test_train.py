@@ -16,6 +16,7 @@ from latentstrat import data
 from latentstrat.config import expand_cells, load_config
 from latentstrat.io import write_parquet
 from latentstrat.model import build_backbone
+from latentstrat.reference import run_reference
 
 TINY = {
     "collection": "t", "base": "t",
@@ -40,22 +41,8 @@ def make_base(root: Path, cfg: dict) -> dict:
     data.build_dataset(cfg["data"], dd)
     tok = data.load_tokenizer(dd)
     torch.manual_seed(0)
-    lm = build_backbone(cfg["backbone"], tok)
-    lm.save_pretrained(ed / "model")
-    rows = []
-    with torch.no_grad():
-        for split in ("train", "validation"):
-            df = data.load_split(dd, split)
-            enc = data.encode(df, tok)
-            for s in range(0, len(df), 16):
-                b = data.collate(enc, range(s, min(len(df), s + 16)))
-                logits = lm(input_ids=b.zfree_ids, attention_mask=b.zfree_mask).logits
-                lg = logits[torch.arange(len(b))[:, None], b.zfree_sup_pos]
-                nll = torch.nn.functional.cross_entropy(lg.transpose(1, 2), b.sup_ids, reduction="none")
-                for i, r in enumerate(b.row_idx.tolist()):
-                    n = int(b.sup_mask[i].sum())
-                    rows.append(dict(task=df.task[r], example_id=df.example_id[r], split=split, b=nll[i, :n].tolist()))
-    write_parquet(pd.DataFrame(rows), rd / "tokens.parquet")
+    build_backbone(cfg["backbone"], tok).save_pretrained(ed / "model")
+    run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
     return {"data_dir": dd, "entangle_dir": ed, "reference_dir": rd}
 
 

@@ -32,12 +32,12 @@ import torch
 from latentstrat import data
 from latentstrat import objective as obj
 from latentstrat.config import dump_json, parse_family
-from latentstrat.io import atomic_path, read_parquet, write_parquet
+from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import derive
 from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+from latentstrat.reference import load_b
 
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
-REFERENCE_COLUMNS = ["task", "example_id", "split", "b"]
 CHECKPOINT = "last.pt"
 # loss-dict key -> history metric name
 LOSS_NAMES = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
@@ -55,25 +55,6 @@ class Preempted(SystemExit):
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def load_reference_b(reference_dir, df: pd.DataFrame, split: str) -> list[list[float]]:
-    """Per-row b lists of a split, aligned with df rows; checks ids and lengths."""
-    path = Path(reference_dir) / "tokens.parquet"
-    ref = read_parquet(path, what="reference tokens", columns=REFERENCE_COLUMNS)
-    ref = ref[ref.split == split]
-    by_id = dict(zip(ref.example_id, ref.b))
-    out = []
-    for eid, n in zip(df.example_id, df.n_supervised):
-        if eid not in by_id:
-            raise ValueError(f"reference tokens {path} has no b for {split} example {eid!r} (rerun the reference stage)")
-        b = [float(v) for v in by_id[eid]]
-        if len(b) != n:
-            raise ValueError(f"reference tokens {path}: example {eid!r} has {len(b)} b values, n_supervised is {n}")
-        if not all(math.isfinite(v) for v in b):
-            raise ValueError(f"reference tokens {path}: example {eid!r} has non-finite b")
-        out.append(b)
-    return out
 
 
 def cell_scales(b_val, train_df: pd.DataFrame, aggregation: str, family: str) -> dict:
@@ -359,8 +340,8 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     tokenizer = data.load_tokenizer(data_dir)
     train_df = data.load_split(data_dir, "train")
     val_df = data.load_split(data_dir, "validation")
-    b_train = load_reference_b(reference_dir, train_df, "train")
-    b_val = load_reference_b(reference_dir, val_df, "validation")
+    b_train = load_b(reference_dir, train_df)
+    b_val = load_b(reference_dir, val_df)
     scales = cell_scales(b_val, train_df, cell["token_aggregation"], cell["reconstruction_family"])
 
     dev = device_for(cfg)
