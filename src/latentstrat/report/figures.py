@@ -127,16 +127,21 @@ def inferred_scale(t):
     s = t.get("reference_scale", pd.DataFrame())
     if s.empty:
         return None
-    bars = s[~s.aggregation_mode.str.contains("_ratio")]
-    ratios = s[s.aggregation_mode.str.contains("_ratio")]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sns.barplot(data=bars, x="aggregation_mode", y="mean", hue="source", ax=ax, errorbar=None)
+    is_ratio = s.aggregation_mode.str.contains("_ratio")
+    bars, ratios = s[~is_ratio].copy(), s[is_ratio]
+    bars["bar"] = bars.source.str.replace("primary arm", "primary") + "\n(" + bars.aggregation_mode.str.split("_reference").str[0].str.split(" ").str[0] + ")"
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.8 * len(bars) + 1), 4.2))
+    sns.barplot(data=bars, x="bar", y="mean", ax=ax, errorbar=None, color="tab:blue")
+    ax.errorbar(range(len(bars)), bars["mean"], yerr=bars["std"], fmt="none", ecolor="0.2", capsize=3)
+    for i, v in enumerate(bars["mean"]):
+        ax.annotate(f"{v:.4g}", (i, v), ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_yscale("log")
-    title = "Inferred z-free reference scale"
-    if len(ratios):
-        title += "\n" + "; ".join(f"{r.aggregation_mode}: {r['mean']:.4g}" for _, r in ratios.iterrows())
-    ax.set(xlabel="", ylabel="S_ref = raw / base-relative (log)", title=title)
-    ax.legend(fontsize=7, title="")
+    ratio_text = "\n".join(f"{r.source.replace('derived: ', '')}: {r['mean']:.4g}x" for _, r in ratios.iterrows())
+    ax.set(xlabel="", ylabel="S_ref = raw / base-relative (log)", title="Inferred z-free reference scale")
+    if ratio_text:
+        ax.text(0.98, 0.95, ratio_text, transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"})
+    plt.setp(ax.get_xticklabels(), fontsize=8)
     fig.tight_layout()
     return fig
 
