@@ -88,7 +88,7 @@ def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAU
     dir also works)."""
     if not isinstance(scales, dict):
         path = Path(scales)
-        if path.is_dir():
+        if path.suffix != ".json":  # a reference dir
             path = path / "scales.json"
         if not path.exists():
             raise FileNotFoundError(f"reference scales {path} does not exist (run the reference stage)")
