@@ -1,0 +1,1 @@
+"""Benchmarks against naive baselines: `python -m latentstrat.bench train|decode`."""

@@ -1,0 +1,201 @@
+"""Train-step benchmark: the trainer's step against a naive step, in one process.
+
+    python -m latentstrat.bench train [--steps 10] [--batch-size 32] [--threads 2] ...
+    python -m latentstrat.bench train --config-json qwen2.5-0.5b/config.json --dtype bfloat16 --device cuda
+
+Trainer step (latentstrat.train.forward_losses): one posterior pass + one router/generator
+pass, b read from a table computed once, length-grouped batches, logits only at supervised
+positions. Naive step: three separate passes (posterior, generator with full logits, and a
+z-free reference pass recomputing b every step), every batch padded to the longest sequence of
+the dataset, random batches. Both optimize the same objective on the same examples.
+
+Tokens/s counts the real (non-pad) tokens of the two trained passes (generator record +
+posterior input) per second, the same numerator for both, so the ratio is the speedup in
+examples/s. Achieved FLOP/s uses model FLOPs = 6 x backbone parameters x those tokens (the
+usual 6ND count: forward 2ND + backward 4ND, even though LoRA skips the frozen weights'
+gradients); peak = a measured matmul (fp32 on CPU, the model dtype on GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from latentstrat import data
+from latentstrat import objective as obj
+from latentstrat.model import LatentStrategyModel, build_backbone
+from latentstrat.train import batch_at, forward_losses, step_noise
+
+CELL = {"reconstruction_family": "dist_tokcc_0.05_0.95", "token_aggregation": "sum", "beta": 0.1,
+        "beta_schedule": "constant", "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+
+
+def matmul_peak(device, dtype, n: int, reps: int = 10) -> float:
+    """Best FLOP/s of an n x n matmul."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(reps + 2):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
+    """Right-pad a batch's sequences to fixed widths (the dataset's longest)."""
+    out = dict(batch.__dict__)
+    for ids, mask in (("gen_ids", "gen_mask"), ("post_ids", "post_mask"), ("zfree_ids", "zfree_mask")):
+        extra = widths[ids] - out[ids].shape[1]
+        out[ids] = torch.nn.functional.pad(out[ids], (0, extra), value=pad_id)
+        out[mask] = torch.nn.functional.pad(out[mask], (0, extra), value=0)
+    return data.Batch(**out)
+
+
+def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
+    """Three passes: z-free reference (b recomputed), posterior, generator (full logits)."""
+    with torch.no_grad():
+        ref_logits = ref_lm(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+        rows = torch.arange(len(batch))[:, None]
+        b = obj.token_nll(ref_logits[rows, batch.zfree_sup_pos], batch.sup_ids)
+    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
+    z = mu_q + torch.exp(0.5 * logvar_q) * eps
+    logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos)
+    l = obj.token_nll(logits[rows, batch.gen_sup_pos], batch.sup_ids)
+    rec = obj.reconstruction(l, b, batch.sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales)
+    return rec["active"] + cell["beta"] * obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r).mean()
+
+
+def build(args):
+    tasks = args.tasks.split(",")
+    df = data.generate({"seed": 0, "tasks": tasks, "train_per_task": args.examples_per_task,
+                        "validation_per_task": 1, "test_per_task": 1})
+    df = df[df.split == "train"].reset_index(drop=True)
+    from transformers import PreTrainedTokenizerFast
+    tk = data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    if args.config_json:
+        bcfg = {"source": "config_json", "name_or_path": args.config_json, "dtype": args.dtype}
+    else:
+        bcfg = {"source": "embedded", "dtype": args.dtype,
+                "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
+                             "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+                             "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
+    torch.manual_seed(0)
+    ref_lm = build_backbone(bcfg, tok)
+    return df, tok, bcfg, ref_lm
+
+
+def time_steps(step_fn, n_steps: int, warmup: int, device) -> tuple[float, int]:
+    for i in range(warmup):
+        step_fn(i)
+    _sync(device)
+    t, tokens = time.perf_counter(), 0
+    for i in range(warmup, warmup + n_steps):
+        tokens += step_fn(i)
+    _sync(device)
+    return time.perf_counter() - t, tokens
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    df, tok, bcfg, ref_lm = build(args)
+    ref_lm = ref_lm.to(device).eval()
+    for p in ref_lm.parameters():
+        p.requires_grad_(False)
+    n_params = sum(p.numel() for p in ref_lm.parameters())
+    import copy
+    model = LatentStrategyModel(copy.deepcopy(ref_lm), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
+    enc = data.encode(df, tok)
+    # b once, up front (what the reference stage stores)
+    from latentstrat.reference import reference_nll
+    b = reference_nll(ref_lm, enc, args.batch_size)
+    n_bar = float(df.n_supervised.mean())
+    s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
+    scales = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
+    model.train()
+    widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids)), "zfree_ids": max(map(len, enc.zfree_ids))}
+    rng = np.random.default_rng(0)
+
+    def update(loss):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def trainer_step(i):
+        idx = batch_at(enc.lengths, args.batch_size, 0, i)
+        batch = data.collate(enc, idx, b).to(device)
+        update(forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))["total"])
+        return int(batch.gen_mask.sum() + batch.post_mask.sum())
+
+    def naive_step(i):
+        idx = rng.choice(len(enc), size=args.batch_size, replace=False).tolist()
+        batch = pad_to(data.collate(enc, idx), widths, enc.pad_id).to(device)
+        update(naive_losses(model, ref_lm, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)).to(device)))
+        return int(batch.gen_mask.sum() + batch.post_mask.sum())
+
+    t_fast, tok_fast = time_steps(trainer_step, args.steps, args.warmup, device)
+    t_naive, tok_naive = time_steps(naive_step, args.steps, args.warmup, device)
+    peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
+    peak = matmul_peak(device, peak_dtype, args.matmul_n)
+    fast, naive = tok_fast / t_fast, tok_naive / t_naive
+    res = {"backbone": bcfg, "params": n_params, "device": str(device), "threads": args.threads,
+           "batch_size": args.batch_size, "steps": args.steps,
+           "trainer_tokens_per_s": fast, "naive_tokens_per_s": naive, "speedup": fast / naive,
+           "trainer_flops_per_s": 6 * n_params * fast, "matmul_peak_flops_per_s": peak,
+           "peak_dtype": str(peak_dtype).replace("torch.", ""),
+           "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
+           "flops_note": "model FLOPs = 6 x backbone params x real tokens of the two trained passes"}
+    if args.peak_flops:
+        res["mfu_vs_nominal_peak"] = 6 * n_params * fast / args.peak_flops
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench train", description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,base_conversion,gcd_computation")
+    ap.add_argument("--examples-per-task", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--config-json", help="random init from this config JSON (e.g. a Qwen2.5-0.5B config.json)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--adaptation", default="lora", choices=["lora", "full", "frozen"])
+    ap.add_argument("--latent-dim", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--matmul-n", type=int, default=1024)
+    ap.add_argument("--peak-flops", type=float, default=None, help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    res = run(args)
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+        return 0
+    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, batch {res['batch_size']}")
+    print(f"trainer step: {res['trainer_tokens_per_s']:9.0f} tokens/s")
+    print(f"naive step:   {res['naive_tokens_per_s']:9.0f} tokens/s")
+    print(f"speedup:      {res['speedup']:.2f}x")
+    print(f"achieved:     {res['trainer_flops_per_s'] / 1e9:.2f} GFLOP/s (6 x params x tokens) = "
+          f"{100 * res['mfu_vs_matmul_peak']:.1f}% of measured {res['peak_dtype']} matmul peak "
+          f"{res['matmul_peak_flops_per_s'] / 1e9:.2f} GFLOP/s")
+    if "mfu_vs_nominal_peak" in res:
+        print(f"MFU vs nominal peak: {100 * res['mfu_vs_nominal_peak']:.1f}%")
+    return 0
