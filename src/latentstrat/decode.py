@@ -1,0 +1,194 @@
+"""Batched decoding conditioned on a latent strategy z, with a KV cache (DESIGN section 5.5).
+
+For each input x:
+  1. router: the prefix `<bos> <x> x-tokens </x> <z>` -> (mu_r, logvar_r) (model.router_prefix);
+     z = mu_r + sigma_r * eps with eps drawn once for the whole list from a seeded generator
+     (so z does not depend on batching), or z given by the caller;
+  2. prompt `<bos> <x> .. </x> <z> [Z]*P </z> <y>` with z written into the slots
+     (model.embed_with_z), left-padded, with an attention mask and position ids that count
+     only real tokens, one forward that fills the KV cache;
+  3. one token per step (greedy, or sampled at a temperature) until every row has produced
+     `<eos>` or max_new_tokens tokens.
+The generated y text is the decoded tokens before the first `</y>` / `<eos>`.
+
+The model interface used here (latentstrat.model.LatentStrategyModel): `router_prefix`,
+`embed_with_z`, `adapter("generator")`, `z_slots`, and `lm`: the adapted causal LM (an HF
+forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from latentstrat import data
+from latentstrat.tasks.base import END_TOKENS
+
+
+@dataclass
+class Generation:
+    texts: list[str]  # generated y (before </y> / <eos>)
+    z: torch.Tensor  # [N, D] the z each generation was conditioned on
+    mu_r: torch.Tensor | None  # [N, D] router means (None when z was given)
+    logvar_r: torch.Tensor | None
+    n_generated: list[int]  # tokens generated, up to and including <eos> (or the cap)
+    token_ids: list[list[int]]  # the generated ids, up to and including <eos>
+
+
+def special_id(tokenizer, token: str) -> int:
+    vocab = tokenizer.get_vocab()
+    if token not in vocab:
+        raise ValueError(f"tokenizer has no special token {token!r}")
+    return int(vocab[token])
+
+
+@dataclass
+class Prompts:
+    """Per x: the router prefix `<bos> <x> .. </x> <z>` and the decoding prompt
+    `<bos> <x> .. </x> <z> [Z]*P </z> <y>` (the training record cut after `<y>`)."""
+    router: list[list[int]]
+    prompt: list[list[int]]
+    slot_pos: list[list[int]]
+
+
+def encode_prompts(tokenizer, x_texts: list[str], z_slots: int) -> Prompts:
+    """Cut from data.encode's generator record, so decoding sees exactly the training layout."""
+    enc = data.encode(pd.DataFrame({"task": "", "x": list(x_texts), "y": ""}), tokenizer, z_slots)
+    router, prompt, slots = [], [], []
+    for ids, zo in zip(enc.gen_ids, enc.z_open_pos):
+        router.append(ids[:zo + 1])
+        prompt.append(ids[:zo + z_slots + 3])  # ... <z> [Z]*P </z> <y>
+        slots.append(list(range(zo + 1, zo + 1 + z_slots)))
+    return Prompts(router, prompt, slots)
+
+
+def _pad(seqs: list[list[int]], pad: int, left: bool):
+    T = max(map(len, seqs))
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        cols = slice(T - len(s), T) if left else slice(0, len(s))
+        ids[i, cols] = torch.tensor(s)
+        mask[i, cols] = 1
+    return ids, mask
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int = 0, sample: bool = True):
+    """(z, mu_r, logvar_r) [N, D] per prompt; z = mu_r + sigma_r * eps, eps drawn once for all
+    N rows from `seed` (z does not depend on batching); sample=False: z = mu_r."""
+    pad, dev = special_id(tokenizer, data.PAD), _device(model)
+    mus, logvars = [], []
+    for s in range(0, len(prompts.router), batch_size):
+        ids, mask = _pad(prompts.router[s:s + batch_size], pad, left=False)
+        mu, logvar = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
+        mus.append(mu.float().cpu())
+        logvars.append(logvar.float().cpu())
+    mu, logvar = torch.cat(mus), torch.cat(logvars)
+    if not sample:
+        return mu.clone(), mu, logvar
+    eps = torch.randn(mu.shape, generator=torch.Generator().manual_seed(seed))
+    return mu + torch.exp(0.5 * logvar) * eps, mu, logvar
+
+
+def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(1).to(logits.device)
+
+
+@torch.no_grad()
+def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list[int]], z: torch.Tensor,
+                 max_new_tokens: int, temperature: float = 0.0, gen: torch.Generator | None = None) -> list[list[int]]:
+    """Generated ids per prompt (up to and including <eos>, or max_new_tokens tokens).
+
+    Left padding; position ids count real tokens only, so each row sees the positions it
+    would see alone. One forward over the prompts fills the KV cache, then one token per step.
+    """
+    pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), _device(model)
+    ids, mask = _pad(prompts, pad, left=True)
+    shift = (ids.shape[1] - mask.sum(1))[:, None]
+    slots = torch.tensor(slot_pos) + shift
+    ids, mask, slots, z = ids.to(dev), mask.to(dev), slots.to(dev), z.to(dev)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    B = len(prompts)
+    out_ids = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    n = 0
+    with model.adapter("generator"):
+        out = model.lm(inputs_embeds=model.embed_with_z(ids, z, slots), attention_mask=mask,
+                       position_ids=pos, use_cache=True, logits_to_keep=1)
+        while True:
+            tok = _next_token(out.logits[:, -1], temperature, gen)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            out_ids[:, n] = tok
+            n += 1
+            done |= tok == eos
+            if bool(done.all()) or n == max_new_tokens:
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], 1)
+            pos = pos[:, -1:] + 1
+            out = model.lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
+                           cache=out.cache, use_cache=True)
+    rows = out_ids[:, :n].tolist()
+    return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
+
+
+def ids_to_y_text(tokenizer, ids: list[int]) -> str:
+    """The generated y: tokens before the first </y> / <eos>, words joined by single spaces."""
+    words = tokenizer.convert_ids_to_tokens(list(ids))
+    for i, w in enumerate(words):
+        if w in END_TOKENS:
+            words = words[:i]
+            break
+    return " ".join(words)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None, sample_z_from: str = "router",
+             max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
+             progress: bool = True, desc: str = "decode") -> Generation:
+    """Decode y for every x, conditioned on z: given [N, D], or from the router.
+
+    sample_z_from: 'router' (z ~ N(mu_r, sigma_r), seeded) or 'router_mean' (z = mu_r); ignored
+    when z is given. Prompts are batched by length (similar lengths together); outputs come
+    back in input order. temperature 0 = greedy; > 0 samples (seeded).
+    """
+    if sample_z_from not in ("router", "router_mean"):
+        raise ValueError(f"sample_z_from must be 'router' or 'router_mean', got {sample_z_from!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    N = len(x_texts)
+    prompts = encode_prompts(tokenizer, x_texts, model.z_slots)
+    mu = logvar = None
+    was_training = model.training
+    model.eval()
+    try:
+        with model.adapter("generator"):
+            if z is None:
+                z, mu, logvar = router_z(model, tokenizer, prompts, batch_size, seed, sample=sample_z_from == "router")
+            elif tuple(z.shape) != (N, model.latent_dim):
+                raise ValueError(f"z has shape {tuple(z.shape)}, expected ({N}, {model.latent_dim})")
+            order = sorted(range(N), key=lambda i: len(prompts.prompt[i]))
+            gen = torch.Generator().manual_seed(seed + 1) if temperature > 0 else None
+            token_ids: list[list[int]] = [[] for _ in range(N)]
+            bar = tqdm(total=N, desc=desc, unit="ex", disable=not progress, mininterval=5)
+            for s in range(0, N, batch_size):
+                idx = order[s:s + batch_size]
+                out = decode_batch(model, tokenizer, [prompts.prompt[i] for i in idx],
+                                   [prompts.slot_pos[i] for i in idx], z[idx], max_new_tokens, temperature, gen)
+                for i, ids in zip(idx, out):
+                    token_ids[i] = ids
+                bar.update(len(idx))
+            bar.close()
+    finally:
+        model.train(was_training)
+    texts = [ids_to_y_text(tokenizer, ids) for ids in token_ids]
+    return Generation(texts, z, mu, logvar, [len(t) for t in token_ids], token_ids)

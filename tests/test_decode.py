@@ -1,0 +1,102 @@
+import random
+
+import pytest
+import torch
+
+from latentstrat import data, decode
+from latentstrat.bench.decode import naive_decode
+from latentstrat.model import LatentStrategyModel, build_backbone
+from latentstrat.tasks import TASKS
+
+EMBEDDED = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.set_num_threads(1)
+    task = TASKS["sorting_algorithms"]
+    rng = random.Random(0)
+    xs = [task.sample_input(rng) for _ in range(12)]
+    texts = xs + [task.render(x, s) for x in xs for s in task.strategies]
+    d = tmp_path_factory.mktemp("tok")
+    data.build_tokenizer(texts).save(str(d / "tokenizer.json"))
+    tok = data.load_tokenizer(d)
+    torch.manual_seed(0)
+    backbone = build_backbone({"source": "embedded", "embedded": EMBEDDED}, tok)
+    model = LatentStrategyModel(backbone, latent_dim=4, z_slots=2, adaptation="lora")
+    # make the LoRA adapter non-trivial (peft inits B = 0) so the generator adapter matters
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    model.eval()
+    return model, tok, xs
+
+
+def test_prompts_are_the_training_record_cut_after_y_open(tiny):
+    model, tok, xs = tiny
+    p = decode.encode_prompts(tok, xs[:1], z_slots=2)
+    words = tok.convert_ids_to_tokens(p.prompt[0])
+    assert words == ["<bos>", "<x>", *xs[0].split(), "</x>", "<z>", "[Z]", "[Z]", "</z>", "<y>"]
+    assert tok.convert_ids_to_tokens(p.router[0])[-1] == "<z>"
+    assert [words[i] for i in p.slot_pos[0]] == ["[Z]", "[Z]"]
+
+
+def test_greedy_batched_equals_naive_loop(tiny):
+    model, tok, xs = tiny
+    z = torch.randn(len(xs), 4, generator=torch.Generator().manual_seed(1))
+    fast = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=5, progress=False)
+    slow = naive_decode(model, tok, xs, z, max_new_tokens=12)
+    assert fast.token_ids == slow
+    assert fast.n_generated == [len(t) for t in slow]
+    # prompts of different lengths share a batch (left padding is exercised)
+    lengths = {len(p) for p in decode.encode_prompts(tok, xs, 2).prompt}
+    assert len(lengths) > 1
+    # batch size does not change greedy outputs
+    again = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=12, progress=False)
+    assert again.token_ids == fast.token_ids
+
+
+def test_z_changes_generation_and_router_sampling_is_seeded(tiny):
+    model, tok, xs = tiny
+    a = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, progress=False)
+    b = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, batch_size=4, progress=False)
+    c = decode.generate(model, tok, xs, seed=4, max_new_tokens=6, progress=False)
+    assert torch.equal(a.z, b.z) and a.texts == b.texts
+    assert not torch.equal(a.z, c.z)
+    assert torch.allclose(a.mu_r, c.mu_r)
+    # router mean and sampled z differ by sigma * eps
+    m = decode.generate(model, tok, xs, sample_z_from="router_mean", max_new_tokens=2, progress=False)
+    assert torch.equal(m.z, m.mu_r)
+    # the router reads x only: mu_r equals router_prefix on the unpadded prefix
+    p = decode.encode_prompts(tok, xs[:1], 2)
+    ids = torch.tensor(p.router)
+    mu, _ = model.router_prefix(ids, torch.ones_like(ids), torch.tensor([ids.shape[1] - 1]))
+    assert torch.allclose(mu[0], a.mu_r[0], atol=1e-5)
+
+
+def test_temperature_sampling_seeded(tiny):
+    model, tok, xs = tiny
+    z = torch.zeros(len(xs), 4)
+    a = decode.generate(model, tok, xs, z=z, temperature=1.0, seed=0, max_new_tokens=5, progress=False)
+    b = decode.generate(model, tok, xs, z=z, temperature=1.0, seed=0, max_new_tokens=5, progress=False)
+    g = decode.generate(model, tok, xs, z=z, max_new_tokens=5, progress=False)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != g.token_ids
+
+
+def test_y_text_cut_at_end_tokens(tiny):
+    _, tok, _ = tiny
+    ids = [tok.convert_tokens_to_ids(w) for w in ["answer", "1", "2", "</y>", "<eos>"]]
+    assert decode.ids_to_y_text(tok, ids) == "answer 1 2"
+    assert decode.ids_to_y_text(tok, ids[:3]) == "answer 1 2"
+    assert decode.ids_to_y_text(tok, []) == ""
+
+
+def test_bad_arguments(tiny):
+    model, tok, xs = tiny
+    with pytest.raises(ValueError, match="shape"):
+        decode.generate(model, tok, xs, z=torch.zeros(3, 4), progress=False)
+    with pytest.raises(ValueError, match="sample_z_from"):
+        decode.generate(model, tok, xs, sample_z_from="posterior", progress=False)
