@@ -184,3 +184,16 @@ def test_missing_reference_example_is_named(base, tmp_path):
     cfg, cell = tiny_cfg()
     with pytest.raises(ValueError, match=ref.example_id.iloc[0]):
         train_cell(cfg, cell, base["data_dir"], base["entangle_dir"], bad, tmp_path / "o", threads=1)
+
+
+def test_bench_train_runs_and_dispatches(capsys):
+    from latentstrat.bench.__main__ import main
+
+    assert main(["nope"]) == 2
+    assert main(["train", "--tasks", "sorting_algorithms", "--examples-per-task", "8", "--hidden", "32",
+                 "--intermediate", "64", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--latent-dim", "4",
+                 "--batch-size", "4", "--steps", "1", "--warmup", "0", "--threads", "1", "--matmul-n", "64", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["trainer_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
+    assert res["speedup"] == pytest.approx(res["trainer_tokens_per_s"] / res["naive_tokens_per_s"])
+    assert res["trainer_flops_per_s"] == pytest.approx(6 * res["params"] * res["trainer_tokens_per_s"])
