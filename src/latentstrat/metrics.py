@@ -104,3 +104,75 @@ def derive(row: dict) -> dict:
     out["kl_over_active_reconstruction"] = safe_ratio(row.get("kl_prior_loss"), row.get("active_reconstruction_objective"))
     out["inferred_zfree_reference_scale"] = safe_ratio(row.get("reconstruction_loss"), row.get("distribution_normalized_reconstruction_loss"))
     return out
+
+
+# ----------------------------------------------------------------------------- the per-cell row
+
+# probe table name -> metric name
+PROBE_METRIC = {"within_task_router": "within_task_router_probe", "posterior": "posterior_probe",
+                "global_router": "global_router_probe"}
+
+
+def _probe_summary(probes, name: str) -> dict:
+    """Mean accuracy / chance / shuffled over the probe's 'ok' rows (one per task, or the global
+    row); NaN when none is ok. `<metric>_tasks` counts the ok rows."""
+    m = PROBE_METRIC[name]
+    ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
+    if ok.empty:
+        return {m: math.nan, f"{m}_chance": math.nan, f"{m}_shuffled": math.nan, f"{m}_tasks": 0}
+    return {m: float(ok["accuracy"].mean()), f"{m}_chance": float(ok["chance"].mean()),
+            f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()), f"{m}_tasks": int(len(ok))}
+
+
+def cell_metrics_row(cell: dict, records, probes) -> dict:
+    """One cell's metrics row from its evaluate records and probe tables (DESIGN section 6).
+
+    final_answer_accuracy = mean correct; strategy_match_rate = share of generations matching
+    >= 1 strategy; probes = means over tasks of the 'ok' per-task probes (global: its row);
+    losses = means of the per-example losses; derived metrics by `derive`.
+    """
+    from latentstrat.config import CELL_KEYS, beta_label, family_label
+
+    row = {"cell_id": cell["cell_id"], "arm": cell["arm"], "role": cell["role"],
+           **{k: cell[k] for k in CELL_KEYS},
+           "family_label": family_label(cell["reconstruction_family"]), "beta_label": beta_label(cell["beta"])}
+    row["final_answer_accuracy"] = float(records["correct"].astype(bool).mean())
+    row["strategy_match_rate"] = float(records["matched_strategies"].map(len).gt(0).mean())
+    for name in LOSS_METRICS:
+        row[name] = float(records[name].astype(float).mean())
+    for name in PROBE_METRIC:
+        row.update(_probe_summary(probes, name))
+    row = derive(row)
+    row["n_test"] = int(len(records))
+    first = ["cell_id", "arm", "role", *CELL_KEYS, "family_label", "beta_label", *METRICS]
+    return {k: row[k] for k in first + [k for k in row if k not in first]}
+
+
+def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path):
+    """Check that records and probe tables belong to `cell` and cover its tasks, then write
+    the one-row metrics.parquet. Returns the row as a DataFrame."""
+    import pandas as pd
+
+    from latentstrat.evaluate import RECORD_COLUMNS
+    from latentstrat.io import read_parquet, write_parquet
+    from latentstrat.probes import read_probes
+
+    records = read_parquet(records_path, "evaluate records", columns=RECORD_COLUMNS)
+    if records.empty:
+        raise ValueError(f"evaluate records {records_path} have no rows")
+    cid = cell["cell_id"]
+    other = sorted(set(records["cell_id"]) - {cid})
+    if other:
+        raise ValueError(f"evaluate records {records_path} belong to cell {other[0]!r}, not {cid!r}")
+    probes = read_probes(probe_paths)
+    other = sorted(set(probes["cell_id"]) - {cid})
+    if other:
+        raise ValueError(f"probe tables {[str(p) for p in probe_paths]} include cell {other[0]!r}, not {cid!r}")
+    for name, task_set in (("within_task_router", set(records["task"])), ("posterior", set(records["task"])),
+                           ("global_router", {"global"})):
+        missing = sorted(task_set - set(probes.loc[probes["probe"] == name, "task"]))
+        if missing:
+            raise ValueError(f"probe tables {[str(p) for p in probe_paths]} lack the {name} probe of {missing}")
+    df = pd.DataFrame([cell_metrics_row(cell, records, probes)])
+    write_parquet(df, out_path)
+    return df

@@ -1,0 +1,170 @@
+"""Evaluate stage: one record per test example of a trained cell (DESIGN section 5.5).
+
+    evaluate_cell(cfg, cell, data_dir, entangle_dir, reference_dir, train_dir, out_path, threads)
+
+For every test example (or the first `evaluate.test_per_task` per task, by example_id):
+z is sampled from the router (seeded by `evaluate.seed`, the same noise for every cell),
+y is greedy-decoded conditioned on z (decode.generate: batched, KV cache), the task's verifier
+and matcher score the generation, the posterior adapter gives mu_q(x, y_true), and the
+test-split losses of every reconstruction family and the KL are computed per example exactly
+as training computes them (train.forward_losses, z ~ q with seeded noise). The per-cell
+metrics are means of these columns (metrics.write_cell_metrics); the probes read router_z and
+posterior_mu (probes.probe_task / probe_global).
+
+Record columns (RECORD_COLUMNS, one parquet row per example):
+
+| column | meaning |
+|---|---|
+| cell_id, task, example_id, strategy | the example and its true strategy |
+| x, y_true, y_generated | input, true trace, generated trace (text before `</y>`/`<eos>`) |
+| matched_strategies | list[str]: strategies whose canonical trace equals y_generated |
+| followed_strategy | the one matched strategy, or null (none or several matched) |
+| generation_ambiguous | y_generated matches more than one strategy |
+| ambiguous | the true trace matches more than one strategy (from the data) |
+| correct | the task verifier accepts y_generated's final answer |
+| router_z, router_mu | list[float]: the sampled z the generation used, the router mean |
+| posterior_mu | list[float]: mu_q(x, y_true) |
+| n_supervised | supervised tokens of the true record (y tokens, `</y>`, `<eos>`) |
+| n_generated | generated tokens up to and including `<eos>` (max_new_tokens if none) |
+| reconstruction_loss ... active_reconstruction_objective | per-example A_i of each family (cell's aggregation) and KL(q || router) |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from latentstrat import data, decode
+from latentstrat.config import parse_family
+from latentstrat.io import write_parquet
+from latentstrat.metrics import LOSS_METRICS
+from latentstrat.reference import load_b, scales_for
+from latentstrat.tasks import TASKS
+
+WEIGHTS = "model.safetensors"
+# forward_losses key -> record / metric column (the per-example losses)
+LOSS_KEYS = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
+             "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
+             "active": "active_reconstruction_objective"}
+assert sorted(LOSS_KEYS.values()) == sorted(LOSS_METRICS)
+RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "x", "y_true", "y_generated",
+                  "matched_strategies", "followed_strategy", "generation_ambiguous", "ambiguous", "correct",
+                  "router_z", "router_mu", "posterior_mu", "n_supervised", "n_generated", *LOSS_METRICS]
+
+
+def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
+    """The whole split, or the first `per_task` examples of each task by example_id."""
+    if per_task is None:
+        return df.reset_index(drop=True)
+    parts = [g.sort_values("example_id").head(per_task) for _, g in df.groupby("task", sort=True)]
+    return pd.concat(parts).reset_index(drop=True)
+
+
+def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir):
+    """The cell's model (train.build_model) with its trained weights; a missing or unreadable
+    weights file gives an error naming it."""
+    from latentstrat.train import build_model
+
+    path = Path(train_dir) / WEIGHTS
+    if not path.exists():
+        raise FileNotFoundError(f"evaluate: trained weights {path} do not exist (run the train stage for cell {cell['cell_id']})")
+    model = build_model(cfg, cell, tokenizer, entangle_dir)
+    try:
+        from safetensors.torch import load_file
+        state = load_file(str(path))
+    except Exception as e:  # truncated / not safetensors
+        raise ValueError(f"evaluate: trained weights {path} are corrupt or not a safetensors file: {e}") from None
+    try:
+        model.load_trainable(state)
+    except ValueError as e:
+        raise ValueError(f"evaluate: trained weights {path} do not fit cell {cell['cell_id']}: {e}") from None
+    return model.eval()
+
+
+@torch.no_grad()
+def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, batch_size: int, seed: int,
+                   step: int) -> dict[str, np.ndarray]:
+    """Per-example losses of every family + KL, mu_q, with z ~ q (noise seeded per example)."""
+    from latentstrat.train import forward_losses
+
+    n = len(encoded)
+    eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
+    out = {k: np.zeros(n) for k in LOSS_KEYS}
+    out["mu_q"] = np.zeros((n, model.latent_dim), dtype=np.float32)
+    dev = next(model.parameters()).device
+    order = sorted(range(n), key=lambda i: encoded.lengths[i])
+    for s in range(0, n, batch_size):
+        idx = order[s:s + batch_size]
+        batch = data.collate(encoded, idx, b).to(dev)
+        o = forward_losses(model, batch, cell, scales, step, eps[idx])
+        for k in LOSS_KEYS:
+            out[k][idx] = o[k].double().cpu().numpy()
+        out["mu_q"][idx] = o["mu_q"].float().cpu().numpy()
+    return out
+
+
+def score_generations(df: pd.DataFrame, texts: list[str]) -> pd.DataFrame:
+    """Verifier and matcher per generation: correct, matched_strategies, followed_strategy,
+    generation_ambiguous."""
+    correct, matched = [], []
+    for task, x, y in zip(df.task, df.x, texts):
+        t = TASKS[task]
+        correct.append(bool(t.final_answer_correct(x, y)))
+        matched.append(sorted(t.matching_strategies(x, y)))
+    return pd.DataFrame({"matched_strategies": matched,
+                         "followed_strategy": [m[0] if len(m) == 1 else None for m in matched],
+                         "generation_ambiguous": [len(m) > 1 for m in matched],
+                         "correct": correct})
+
+
+def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
+    for p, stage in ((data_dir / "tokenizer.json", "data"), (data_dir / "test.parquet", "data"),
+                     (reference_dir / "tokens.parquet", "reference"), (reference_dir / "scales.json", "reference"),
+                     (train_dir / WEIGHTS, "train")):
+        if not p.exists():
+            raise FileNotFoundError(f"evaluate: input {p} does not exist (run the {stage} stage)")
+
+
+def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, train_dir, out_path,
+                  threads: int | None = None, log=print) -> pd.DataFrame:
+    """Write the cell's records.parquet (RECORD_COLUMNS) and return it."""
+    from latentstrat.train import device_for
+
+    data_dir, reference_dir, train_dir = Path(data_dir), Path(reference_dir), Path(train_dir)
+    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    _check_inputs(data_dir, reference_dir, train_dir)
+    ecfg = cfg["evaluate"]
+    tokenizer = data.load_tokenizer(data_dir)
+    test = select_test_rows(data.load_split(data_dir, "test"), ecfg["test_per_task"])
+    unknown = sorted(set(test.task) - set(TASKS))
+    if unknown:
+        raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
+    b = load_b(reference_dir, test)
+    scales = scales_for(reference_dir, cell["token_aggregation"], parse_family(cell["reconstruction_family"]).alpha)
+    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir).to(device_for(cfg))
+
+    gen = decode.generate(model, tokenizer, test.x.tolist(), sample_z_from="router",
+                          max_new_tokens=ecfg["max_new_tokens"], batch_size=ecfg["batch_size"], seed=ecfg["seed"],
+                          desc=f"decode {cell['cell_id']}")
+    scored = score_generations(test, gen.texts)
+    losses = example_losses(model, data.encode(test, tokenizer, model.z_slots), b, cell, scales,
+                            ecfg["batch_size"], ecfg["seed"] + 1, cfg["train"]["steps"])
+    rec = pd.DataFrame({
+        "cell_id": cell["cell_id"], "task": test.task, "example_id": test.example_id, "strategy": test.strategy,
+        "x": test.x, "y_true": test.y, "y_generated": gen.texts, **{c: scored[c] for c in scored.columns},
+        "ambiguous": test.ambiguous.astype(bool),
+        "router_z": [list(map(float, r)) for r in gen.z.numpy()],
+        "router_mu": [list(map(float, r)) for r in gen.mu_r.numpy()],
+        "posterior_mu": [list(map(float, r)) for r in losses["mu_q"]],
+        "n_supervised": test.n_supervised.astype("int64"), "n_generated": np.asarray(gen.n_generated, dtype="int64"),
+        **{col: losses[k] for k, col in LOSS_KEYS.items()},
+    })[RECORD_COLUMNS]
+    bad = [c for c in LOSS_METRICS if not np.isfinite(rec[c]).all()]
+    if bad:
+        raise FloatingPointError(f"evaluate: cell {cell['cell_id']}: non-finite per-example {bad[0]}")
+    write_parquet(rec, out_path)
+    log(f"evaluate {cell['cell_id']}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
+        f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}")
+    return rec

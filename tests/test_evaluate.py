@@ -1,0 +1,213 @@
+"""Evaluate stage, probes on its records and the per-cell metrics row, on a smoke-collection cell
+(config/smoke.yaml shrunk further: two tasks, a random tiny entangled model, a few train steps)."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from latentstrat import data, metrics, probes
+from latentstrat.config import expand_cells, load_config
+from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, score_generations, select_test_rows
+from latentstrat.io import read_parquet, write_parquet
+from latentstrat.model import build_backbone
+from latentstrat.reference import run_reference
+from latentstrat.tasks import TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = {
+    "data": {"tasks": ["sorting_algorithms", "multidigit_addition"], "train_per_task": 16,
+             "validation_per_task": 6, "test_per_task": 10},
+    "train": {"steps": 3, "batch_size": 8, "eval_every": 3, "checkpoint_every": 3, "val_probe_per_task": 6,
+              "val_decode_per_task": 1},
+    "evaluate": {"max_new_tokens": 24, "batch_size": 8},
+    "resources": {"threads": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smoke")
+    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={**OVERRIDES, "results_dir": str(root)})
+    cell = next(c for c in expand_cells(cfg) if c.settings["reconstruction_family"] == "dist_tokcc_0.05_0.95").to_json()
+    dd, ed, rd, td = root / "data", root / "entangle", root / "reference", root / "train"
+    data.build_dataset(cfg["data"], dd)
+    torch.manual_seed(0)
+    build_backbone(cfg["backbone"], data.load_tokenizer(dd)).save_pretrained(ed / "model")
+    run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
+    from latentstrat.train import train_cell
+    train_cell(cfg, cell, dd, ed, rd, td, threads=1)
+    rec_path = root / "evaluate" / "records.parquet"
+    evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1, log=lambda *_: None)
+    probe_paths = [root / "probes" / f"{t}.parquet" for t in cfg["data"]["tasks"]] + [root / "probes" / "global.parquet"]
+    for t, p in zip(cfg["data"]["tasks"], probe_paths):
+        probes.probe_task(cfg, rec_path, t, p)
+    probes.probe_global(cfg, rec_path, probe_paths[-1])
+    metrics.write_cell_metrics(cfg, cell, rec_path, probe_paths, root / "metrics.parquet")
+    return dict(cfg=cfg, cell=cell, root=root, dirs=(dd, ed, rd, td), records=rec_path, probe_paths=probe_paths,
+                metrics=root / "metrics.parquet")
+
+
+def test_records_schema(smoke):
+    rec = read_parquet(smoke["records"])
+    assert list(rec.columns) == RECORD_COLUMNS
+    test = data.load_split(smoke["dirs"][0], "test")
+    assert len(rec) == len(test) == 20
+    assert sorted(zip(rec.task, rec.example_id)) == sorted(zip(test.task, test.example_id))
+    D = smoke["cell"]["latent_dim"]
+    assert all(len(v) == D for col in ("router_z", "router_mu", "posterior_mu") for v in rec[col])
+    assert (rec.n_generated <= 24).all() and (rec.n_generated >= 1).all()
+    assert (rec.cell_id == smoke["cell"]["cell_id"]).all()
+    # followed strategy = the single match; ambiguous generation = several matches
+    n = rec.matched_strategies.map(len)
+    assert (rec.followed_strategy.notna() == (n == 1)).all()
+    assert (rec.generation_ambiguous == (n > 1)).all()
+
+
+def test_per_example_losses_follow_the_family_identities(smoke):
+    rec = read_parquet(smoke["records"])
+    scales = json.loads((smoke["dirs"][2] / "scales.json").read_text())
+    s_ref = scales["S_ref"]["sum"]
+    # dist_norm_i = raw_i / S_ref; active = 0.05 dist_norm + 0.95 tokcc (the cell's family)
+    np.testing.assert_allclose(rec.distribution_normalized_reconstruction_loss * s_ref, rec.reconstruction_loss, rtol=1e-5)
+    np.testing.assert_allclose(rec.active_reconstruction_objective,
+                               0.05 * rec.distribution_normalized_reconstruction_loss + 0.95 * rec.tokcc_reconstruction_loss,
+                               rtol=1e-5)
+    assert (rec.kl_prior_loss >= -1e-6).all()
+    # sum aggregation: raw_i is a sum of n_supervised token NLLs, each > 0
+    assert (rec.reconstruction_loss > 0).all()
+
+
+def test_metrics_row_recomputed_from_records_with_task_verifiers(smoke):
+    rec = read_parquet(smoke["records"])
+    row = read_parquet(smoke["metrics"]).iloc[0]
+    correct = [TASKS[t].final_answer_correct(x, y) for t, x, y in zip(rec.task, rec.x, rec.y_generated)]
+    matched = [len(TASKS[t].matching_strategies(x, y)) >= 1 for t, x, y in zip(rec.task, rec.x, rec.y_generated)]
+    assert row.final_answer_accuracy == pytest.approx(np.mean(correct))
+    assert row.strategy_match_rate == pytest.approx(np.mean(matched))
+    assert list(rec.correct) == correct
+    assert row.n_test == 20
+    for m in metrics.LOSS_METRICS:
+        assert row[m] == pytest.approx(rec[m].mean())
+    assert row.cell_id == smoke["cell"]["cell_id"] and row.arm == "sum"
+    assert row.family_label == "dist+tokcc 0.05/0.95"
+    assert row.beta_label == {0.01: "beta=.01", 0.1: "beta=.1", 1.0: "beta=1"}[smoke["cell"]["beta"]]
+    assert row.token_aggregation == "sum" and row.latent_dim == 8
+
+
+def test_metric_identities_on_the_row(smoke):
+    row = read_parquet(smoke["metrics"]).iloc[0].to_dict()
+    for m in metrics.METRICS:
+        assert m in row
+    for p in metrics.PROBE_METRICS:
+        assert f"{p}_chance" in row and f"{p}_shuffled" in row
+    _check_identities(row)
+    scales = json.loads((smoke["dirs"][2] / "scales.json").read_text())
+    assert row["inferred_zfree_reference_scale"] == pytest.approx(scales["S_ref"]["sum"], rel=1e-5)
+
+
+def _check_identities(row):
+    def same(a, b):
+        return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
+    assert same(row["matched_router_score"], row["within_task_router_probe"] * row["strategy_match_rate"])
+    assert same(row["posterior_router_probe_gap"], row["posterior_probe"] - row["within_task_router_probe"])
+    assert same(row["inferred_zfree_reference_scale"],
+                row["reconstruction_loss"] / row["distribution_normalized_reconstruction_loss"])
+    assert same(row["kl_over_active_reconstruction"], row["kl_prior_loss"] / row["active_reconstruction_objective"])
+
+
+def test_score_generations_positive_and_negative_controls():
+    rows = []
+    for task in ("sorting_algorithms", "multidigit_addition"):
+        import random
+        rng = random.Random(1)
+        for s in TASKS[task].strategies:
+            x = TASKS[task].sample_input(rng)
+            rows.append({"task": task, "x": x, "strategy": s, "y": TASKS[task].render(x, s)})
+    df = pd.DataFrame(rows)
+    good = score_generations(df, df.y.tolist())
+    assert good.correct.all()
+    assert all(s in m for s, m in zip(df.strategy, good.matched_strategies))
+    bad = score_generations(df, ["answer"] * len(df))
+    assert not bad.correct.any()
+    assert (bad.matched_strategies.map(len) == 0).all() and bad.followed_strategy.isna().all()
+
+
+def test_select_test_rows():
+    df = pd.DataFrame({"task": ["b", "a", "a", "b", "a"], "example_id": ["b2", "a3", "a1", "b1", "a2"]})
+    sub = select_test_rows(df, 2)
+    assert list(zip(sub.task, sub.example_id)) == [("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")]
+    assert len(select_test_rows(df, None)) == 5
+
+
+def test_missing_and_corrupt_checkpoint_named(smoke, tmp_path):
+    dd, ed, rd, td = smoke["dirs"]
+    cfg, cell = smoke["cfg"], smoke["cell"]
+    empty = tmp_path / "empty_train"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=str(empty / "model.safetensors")):
+        evaluate_cell(cfg, cell, dd, ed, rd, empty, tmp_path / "r.parquet", threads=1)
+    bad = tmp_path / "bad_train"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes((td / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"{bad / 'model.safetensors'}.*corrupt"):
+        evaluate_cell(cfg, cell, dd, ed, rd, bad, tmp_path / "r.parquet", threads=1)
+    # weights of a different latent size: named, with the cell
+    other = dict(cell, latent_dim=3)
+    with pytest.raises(ValueError, match=f"{td / 'model.safetensors'}.*do not fit"):
+        evaluate_cell(cfg, other, dd, ed, rd, td, tmp_path / "r.parquet", threads=1)
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_write_cell_metrics_hand_computed(tmp_path):
+    cfg = load_config(ROOT / "config" / "smoke.yaml")
+    cell = expand_cells(cfg)[0].to_json()
+    cid = cell["cell_id"]
+    rec = pd.DataFrame({
+        "cell_id": cid, "task": ["t1", "t1", "t2", "t2"], "example_id": ["a", "b", "c", "d"],
+        "strategy": "s", "x": "x", "y_true": "y", "y_generated": "y",
+        "matched_strategies": [["s"], [], ["s", "u"], ["u"]], "followed_strategy": ["s", None, None, "u"],
+        "generation_ambiguous": [False, False, True, False], "ambiguous": False,
+        "correct": [True, False, True, True], "router_z": [[0.0]] * 4, "router_mu": [[0.0]] * 4,
+        "posterior_mu": [[0.0]] * 4, "n_supervised": 5, "n_generated": 5,
+        "reconstruction_loss": [2.0, 4.0, 6.0, 8.0], "distribution_normalized_reconstruction_loss": [1.0, 2.0, 3.0, 4.0],
+        "tokcc_reconstruction_loss": [1.0, 1.0, 1.0, 1.0], "kl_prior_loss": [0.5, 0.5, 1.5, 1.5],
+        "active_reconstruction_objective": [2.0, 4.0, 6.0, 8.0]})[RECORD_COLUMNS]
+    write_parquet(rec, tmp_path / "records.parquet")
+
+    def prow(task, probe, acc, chance, shuf, status="ok"):
+        return dict(cell_id=cid, task=task, probe=probe, accuracy=acc, chance=chance, shuffled_accuracy=shuf,
+                    n=10, n_classes=2, folds=2, status=status, reason="" if status == "ok" else "few")
+    p1 = pd.DataFrame([prow("t1", "within_task_router", 0.8, 0.5, 0.4), prow("t1", "posterior", 1.0, 0.5, 0.5)])
+    p2 = pd.DataFrame([prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")])
+    g = pd.DataFrame([prow("global", "global_router", 0.9, 0.25, 0.3)])
+    paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
+    for df, p in zip((p1, p2, g), paths):
+        write_parquet(df, p)
+    row = metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[0]
+    assert row.final_answer_accuracy == pytest.approx(0.75)
+    assert row.strategy_match_rate == pytest.approx(0.75)
+    assert row.within_task_router_probe == pytest.approx(0.7)
+    assert row.within_task_router_probe_chance == pytest.approx(0.6)
+    assert row.within_task_router_probe_shuffled == pytest.approx(0.5)
+    assert row.posterior_probe == pytest.approx(1.0) and row.posterior_probe_tasks == 1  # the na task is left out
+    assert row.global_router_probe == pytest.approx(0.9)
+    assert row.matched_router_score == pytest.approx(0.7 * 0.75)
+    assert row.posterior_router_probe_gap == pytest.approx(0.3)
+    assert row.reconstruction_loss == pytest.approx(5.0)
+    assert row.inferred_zfree_reference_scale == pytest.approx(2.0)
+    assert row.kl_over_active_reconstruction == pytest.approx(1.0 / 5.0)
+    _check_identities(row.to_dict())
+    assert read_parquet(tmp_path / "m.parquet").shape[0] == 1
+
+    # wrong cell, missing probe task
+    other = dict(cell, cell_id="agg-mean_fam-raw_beta-1_seed-1")
+    with pytest.raises(ValueError, match="belong to cell"):
+        metrics.write_cell_metrics(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
+    with pytest.raises(ValueError, match=r"lack the within_task_router probe of \['t2'\]"):
+        metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet")
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        metrics.write_cell_metrics(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")
