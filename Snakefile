@@ -25,7 +25,7 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        report_targets(),
+        all_targets(),
 
 
 onerror:

@@ -214,6 +214,22 @@ def report_targets():
     return [str(P.report_dir / "results.md"), str(P.report_dir / "analysis.md")]
 
 
+def all_targets():
+    """Every declared output of the collection, not only the report.
+
+    Snakemake checks missing outputs only for target jobs: were `all` to ask for the report
+    alone, a deleted cell would go unnoticed while the report is up to date. Listing every
+    base and cell output makes a deleted (or deliberately removed, corrupt) file rerun its job
+    and everything downstream of it, and nothing else.
+    """
+    files = list(data_files().values()) + list(entangle_files().values())
+    files += list(reference_files().values())
+    for cid in CELLS:
+        files += list(train_files(cid).values()) + [str(P.records_path(cid))]
+        files += probe_files(cid) + [str(P.metrics_path(cid))]
+    return files + report_targets()
+
+
 # ----------------------------------------------------------------------------- collection
 
 

@@ -1,0 +1,251 @@
+"""The Snakemake workflow, through dry runs in a copy of the workflow (its own .snakemake/).
+
+Rerun cases run against a fake complete collection: every output file created, then stamped
+in DAG order with Snakemake's touch executor (which also records params/code metadata), so the
+dry runs see exactly what a finished collection would.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from latentstrat.config import base_settings, dump_json, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+CELL_RULES = {"train", "evaluate", "probe_task", "probe_global", "metrics"}
+N_TASKS = 6  # smoke.yaml's tasks (the schema default list)
+
+
+def copy_workflow(dst: Path) -> Path:
+    shutil.copy(ROOT / "Snakefile", dst / "Snakefile")
+    shutil.copytree(ROOT / "workflow", dst / "workflow", symlinks=False)
+    shutil.copytree(ROOT / "config", dst / "config")
+    shutil.copytree(ROOT / "envs", dst / "envs")
+    src = dst / "src" / "latentstrat"
+    (src / "report").mkdir(parents=True)
+    for name in ("aggregate.py", "metrics.py"):
+        if (ROOT / "src" / "latentstrat" / name).exists():
+            shutil.copy(ROOT / "src" / "latentstrat" / name, src / name)
+    for f in (ROOT / "src" / "latentstrat" / "report").glob("*.py"):
+        shutil.copy(f, src / "report" / f.name)
+    (src / "report" / "__init__.py").touch()
+    return dst
+
+
+def snakemake(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
+    cmd = [SNAKEMAKE, "--configfile", configfile, "--config", f"results_dir={wd / 'results'}", *config, *args]
+    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=300)
+
+
+def dry_run(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
+    """(returncode, [(rule, cell, task)], output) of `snakemake -n`."""
+    r = snakemake(wd, "-n", *args, config=config, configfile=configfile)
+    out = r.stdout + r.stderr
+    jobs, rule = [], None
+    for line in out.splitlines():
+        m = re.match(r"^\s*(?:local)?rule (\w+):$", line)
+        if m:
+            rule = m[1]
+            jobs.append((rule, None, None))
+            continue
+        m = re.match(r"^\s+wildcards: (.*)$", line)
+        if m and rule:
+            wc = dict(kv.split("=", 1) for kv in m[1].split(", "))
+            jobs[-1] = (rule, wc.get("cell"), wc.get("task"))
+    return r.returncode, jobs, out
+
+
+def outputs_of(out: str) -> list[str]:
+    files = []
+    for line in out.splitlines():
+        m = re.match(r"^\s+output: (.*)$", line)
+        if m:
+            files += m[1].split(", ")
+    return files
+
+
+def rules(jobs):
+    return Counter(j[0] for j in jobs)
+
+
+# ----------------------------------------------------------------------------- grid
+
+
+@pytest.fixture(scope="module")
+def wd(tmp_path_factory):
+    return copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+def test_default_config_lists_sum_grid_and_reference_arm(wd):
+    rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
+    assert rc == 0, out[-3000:]
+    train = [c for r, c, _ in jobs if r == "train"]
+    assert len(train) == len(set(train)) == 20
+    assert sum(c.startswith("agg-sum_") for c in train) == 12
+    assert sum(c.startswith("agg-mean_") and "sched-lin100" in c for c in train) == 8
+    assert "agg-sum_fam-raw_beta-1_seed-314159" in train  # 1 == 1.0, canonical id
+    n = rules(jobs)
+    assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
+    assert n["probe_task"] == 20 * N_TASKS and n["probe_global"] == n["metrics"] == n["evaluate"] == 20
+    # each cell's probes + metrics form one group job (one Slurm submission per cell)
+    assert out.count("Group job probe") == 20
+
+
+def test_config_overrides_expand_any_axes(wd):
+    rc, jobs, out = dry_run(wd, config=[
+        "grid={reconstruction_family: [raw, dist_norm], beta: [0.01, 0.1], token_aggregation: [mean, sum]}",
+        "seeds=[1, 2]", "reference_arms=[]"])
+    assert rc == 0, out[-3000:]
+    train = sorted(c for r, c, _ in jobs if r == "train")
+    assert len(train) == 16
+    assert {re.search(r"seed-(\d+)", c)[1] for c in train} == {"1", "2"}
+    assert sum(c.startswith("agg-mean_fam-dist_norm_beta-0.1_") for c in train) == 2
+
+
+def test_one_and_one_point_zero_are_one_beta(wd):
+    rc, jobs, out = dry_run(wd, config=["grid={beta: [1, 1.0]}", "reference_arms=[]"])
+    assert rc == 0, out[-3000:]
+    assert rules(jobs)["train"] == 4  # 4 families x one beta
+
+
+@pytest.mark.parametrize("config, key", [
+    (["grid={reconstruction_family: [raw, tokcc_b0.5]}"], "grid.reconstruction_family[1]"),
+    (["grid={beta: [0.1, -0.5]}"], "grid.beta[1]"),
+    (["grid={beta: []}"], "grid.beta"),
+    (["trian={steps: 3}"], "trian"),
+    (["train={stpes: 3}"], "train.stpes"),
+])
+def test_bad_config_fails_before_any_job_naming_the_key(wd, config, key):
+    rc, jobs, out = dry_run(wd, config=config)
+    assert rc != 0
+    assert "invalid collection config" in out and key in out, out[-2000:]
+    assert jobs == [] and "Job stats" not in out
+    assert not (wd / "results").exists()
+
+
+def write_base_config(wd: Path) -> None:
+    """What the data rule writes: the smoke config's base settings."""
+    cfg = load_config(wd / "config" / "smoke.yaml", overrides={"results_dir": str(wd / "results")})
+    dump_json(base_settings(cfg), wd / "results" / "base" / "smoke-v1" / "data" / "base_config.json")
+
+
+def test_base_config_guard_names_changed_keys(tmp_path):
+    wd = copy_workflow(tmp_path)
+    write_base_config(wd)
+    rc, _, out = dry_run(wd)
+    assert rc == 0, out[-2000:]  # positive control: same settings pass
+    rc, jobs, out = dry_run(wd, config=["entangle={steps: 21}", "data={test_per_task: 13}"])
+    assert rc != 0 and jobs == []
+    assert "data.test_per_task, entangle.steps differ" in out, out[-2000:]
+
+
+# ----------------------------------------------------------------------------- rerun policy
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A workflow copy whose smoke collection looks finished (fake outputs + metadata)."""
+    wd = copy_workflow(tmp_path_factory.mktemp("done"))
+    rc, jobs, out = dry_run(wd)
+    assert rc == 0, out[-3000:]
+    for f in map(Path, outputs_of(out)):
+        if f.name in ("aggregate", "figures"):
+            f.mkdir(parents=True, exist_ok=True)
+            (f / "x.png").touch()
+        else:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+    write_base_config(wd)
+    r = snakemake(wd, "--executor", "touch", "--forceall", "-c1", "-q")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rc, jobs, out = dry_run(wd)
+    assert rc == 0 and jobs == [], out[-3000:]  # nothing to do: the control for every case
+    return wd
+
+
+CELL = "agg-sum_fam-tokcc_a0.25_beta-0.1_zdim-8_seed-314159"
+
+
+def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
+    cell_dir = done / "results" / "smoke" / "cells" / CELL
+    aside = done / "aside"
+    shutil.move(cell_dir, aside)
+    try:
+        rc, jobs, out = dry_run(done)
+    finally:
+        shutil.rmtree(cell_dir, ignore_errors=True)
+        shutil.move(aside, cell_dir)
+    assert rc == 0, out[-3000:]
+    assert {c for r, c, _ in jobs if r in CELL_RULES} == {CELL}
+    assert rules(jobs) == Counter(train=1, evaluate=1, probe_task=N_TASKS, probe_global=1, metrics=1,
+                                  aggregate=1, report=1, all=1)
+
+
+def test_corrupting_one_cells_metrics_reruns_from_there(done):
+    metrics = done / "results" / "smoke" / "cells" / CELL / "metrics.parquet"
+    st = metrics.stat()
+    metrics.unlink()
+    try:
+        rc, jobs, out = dry_run(done)
+    finally:
+        metrics.touch()
+        os.utime(metrics, (st.st_atime, st.st_mtime))
+    assert rc == 0, out[-3000:]
+    assert sorted((r, c) for r, c, _ in jobs) == sorted([("metrics", CELL), ("aggregate", None), ("report", None), ("all", None)])
+
+
+def edit_and_dry_run(done, code: Path):
+    """Dry run after a real edit of `code` (Snakemake ignores a bare touch: same checksum)."""
+    existed = code.exists()
+    text = code.read_text() if existed else ""
+    st = code.stat() if existed else None
+    code.write_text(text + "# edited\n")
+    os.utime(code, (time.time() + 3600, time.time() + 3600))
+    try:
+        return dry_run(done)
+    finally:
+        if existed:
+            code.write_text(text)
+            os.utime(code, (st.st_atime, st.st_mtime))
+        else:
+            code.unlink()
+
+
+def test_report_code_edit_reruns_only_report(done):
+    rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "report" / "__init__.py")
+    assert rc == 0, out[-3000:]
+    assert rules(jobs) == Counter(report=1, all=1)
+
+
+def test_aggregate_code_edit_reruns_only_aggregate_and_report(done):
+    rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "aggregate.py")
+    assert rc == 0, out[-3000:]
+    assert rules(jobs) == Counter(aggregate=1, report=1, all=1)
+
+
+def test_report_config_edit_reruns_only_aggregate_and_report(done):
+    rc, jobs, out = dry_run(done, config=["report={top_k: 7}"])
+    assert rc == 0, out[-3000:]
+    assert rules(jobs) == Counter(aggregate=1, report=1, all=1)
+
+
+def test_train_setting_edit_reruns_every_cell(done):  # control: params do reach the cell rules
+    rc, jobs, out = dry_run(done, config=["train={steps: 7}"])
+    assert rc == 0, out[-3000:]
+    assert rules(jobs)["train"] == 20 and rules(jobs)["data"] == 0
+
+
+def test_adding_a_beta_adds_only_the_new_cells(done):
+    rc, jobs, out = dry_run(done, config=["grid={beta: [0.01, 0.1, 1, 10]}"])
+    assert rc == 0, out[-3000:]
+    cells = {c for r, c, _ in jobs if r in CELL_RULES}
+    assert len(cells) == 4 and all("_beta-10_" in c and c.startswith("agg-sum_") for c in cells)
+    assert rules(jobs) == Counter(train=4, evaluate=4, probe_task=4 * N_TASKS, probe_global=4, metrics=4,
+                                  aggregate=1, report=1, all=1)
