@@ -24,5 +24,6 @@ rule aggregate:
         runtime=15,
     params:
         settings=COLLECTION_SETTINGS,
+        cells=list(CELLS),
     script:
         "../scripts/aggregate.py"

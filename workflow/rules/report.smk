@@ -31,6 +31,5 @@ rule report:
         runtime=15,
     params:
         settings=COLLECTION_SETTINGS,
-        cells=list(CELLS),
     script:
         "../scripts/report.py"

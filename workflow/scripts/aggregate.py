@@ -4,6 +4,10 @@ from latentstrat import aggregate
 
 with logged(snakemake):
     cfg = stage_config(snakemake)
+    cells = snakemake.params.cells
     aggregate.aggregate_collection(
-        cfg, list(snakemake.input.metrics), list(snakemake.input.history), snakemake.output[0]
+        cfg,
+        dict(zip(cells, snakemake.input.metrics)),
+        dict(zip(cells, snakemake.input.history)),
+        snakemake.output[0],
     )

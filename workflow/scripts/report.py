@@ -1,10 +1,10 @@
 from pathlib import Path
 
-from _stage import logged, stage_config
+from _stage import logged
 
 from latentstrat import report
 
 with logged(snakemake):
-    cfg = stage_config(snakemake)
-    meta = {"collection": cfg["collection"], "config": cfg, "cells": list(snakemake.params.cells)}
-    report.build_report(snakemake.input.aggregate, Path(snakemake.output.results).parent, meta)
+    # the aggregate's meta (aggregate_meta.json) carries the collection and report settings
+    out_dir = Path(snakemake.output.results).parent
+    report.build_report(snakemake.input.aggregate, out_dir, {"partial_run": False})
