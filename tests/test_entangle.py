@@ -233,3 +233,13 @@ def test_missing_inputs_name_the_file(data_dir, tmp_path):
         (tmp_path / "partial" / f"{s}.parquet").write_bytes((data_dir / f"{s}.parquet").read_bytes())
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         run_entangle(smoke_cfg(), tmp_path / "partial", tmp_path / "out", threads=1)
+
+
+def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_path):
+    from latentstrat.model import load_entangled
+    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={
+        "backbone": {"dtype": "bfloat16"},
+        "entangle": {"steps": 2, "batch_size": 8, "warmup_steps": 0, "quality_samples_per_task": 1}})
+    report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
+    assert math.isfinite(report["training"]["final_validation_loss"]["all"])
+    assert next(load_entangled(tmp_path).parameters()).dtype == torch.bfloat16

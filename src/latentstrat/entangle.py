@@ -7,6 +7,8 @@ Records are the z-free ones, `<bos> <x> .. </x> <y> .. </y> <eos>`; the loss is 
 over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
 scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
 AdamW, linear warmup then cosine decay to lr/10, grad clip 1.0, length-grouped batches, seeded.
+With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
+in bf16.
 
 Writes to `out_dir`:
 - `model/`            save_pretrained dir (loads with `model.load_entangled`)
@@ -18,6 +20,7 @@ Writes to `out_dir`:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -112,8 +115,17 @@ def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, 
 # ----------------------------------------------------------------------------- training
 
 
-def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, log=print):
-    """Train `model` in place on the z-free records. Returns (history rows, training summary)."""
+def autocast_for(model, dtype: torch.dtype):
+    """Mixed precision for a low-precision backbone dtype (weights stay float32 for AdamW)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_of(model).type, dtype=dtype)
+
+
+def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, log=print,
+                    amp_dtype: torch.dtype = torch.float32):
+    """Train `model` (float32 weights) in place on the z-free records, under autocast to
+    `amp_dtype`. Returns (history rows, training summary)."""
     dev = device_of(model)
     steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
     decay, no_decay = [], []
@@ -145,7 +157,8 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         cur_lr = lr_at(step, lr, warmup, steps)
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        nll = zfree_token_nll(model, batch)
+        with autocast_for(model, amp_dtype):
+            nll = zfree_token_nll(model, batch)
         loss = nll.sum() / batch.sup_mask.sum()
         if not torch.isfinite(loss):
             raise FloatingPointError(f"entangle: non-finite training loss {loss.item()} at step {step}")
@@ -338,7 +351,7 @@ def _check_inputs(data_dir: Path) -> None:
 
 def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> dict:
     """The entangle stage (see module doc). Returns the quality report."""
-    from latentstrat.model import build_backbone, count_params
+    from latentstrat.model import DTYPES, build_backbone, count_params
 
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     ecfg = cfg["entangle"]
@@ -357,14 +370,15 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
 
     torch.manual_seed(ecfg["seed"])
     device = pick_device()
-    model = build_backbone(cfg["backbone"], tokenizer).to(device)
+    dtype = DTYPES[cfg["backbone"]["dtype"]]
+    model = build_backbone(cfg["backbone"], tokenizer).to(device=device, dtype=torch.float32)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
         f"{threads} threads")
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log)
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log, amp_dtype=dtype)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=torch.get_num_threads())
-    model.save_pretrained(out_dir / "model.tmp")
+    model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
 
