@@ -57,7 +57,11 @@ sed -e "s|@HOST@|$HOST|g" -e "s|@USER@|$(id -un)|g" -e "s|@STATE@|$STATE|g" \
     -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@PARTITION@|$PARTITION|g" \
     -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
     "$HERE/slurm.conf.in" > "$SLURM_CONF"
-# cons_tres wants a cgroup.conf next to slurm.conf only with cgroup plugins; none used here.
+# Jobs (srun inside sbatch) and plain `sinfo` look in /etc/slurm/slurm.conf, not at the
+# submitter's SLURM_CONF: link ours there when that place is free (stop.sh removes the link).
+if [[ ! -e /etc/slurm/slurm.conf && -w /etc/slurm ]] || [[ -L /etc/slurm/slurm.conf ]]; then
+    ln -sfn "$SLURM_CONF" /etc/slurm/slurm.conf
+fi
 
 [[ -f $STATE/slurmctld.pid ]] && kill -0 "$(cat "$STATE/slurmctld.pid")" 2>/dev/null \
     || slurmctld -f "$SLURM_CONF"

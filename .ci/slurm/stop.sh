@@ -26,6 +26,9 @@ stop_pid() {  # name pidfile
 stop_pid slurmd "$STATE/slurmd.pid"
 stop_pid slurmctld "$STATE/slurmctld.pid"
 stop_pid munged "$STATE/munge/munged.pid"
+if [[ -L /etc/slurm/slurm.conf && $(readlink /etc/slurm/slurm.conf) == "$SLURM_CONF" ]]; then
+    rm -f /etc/slurm/slurm.conf
+fi
 if [[ ${1:-} == --clean ]]; then
     rm -rf "$STATE"
     log "removed $STATE"

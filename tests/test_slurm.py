@@ -1,0 +1,104 @@
+"""The smoke collection through `snakemake --profile slurm` on a real (one-node) Slurm cluster.
+
+Needs Debian's slurm-wlm + munge. Uses the cluster named by $SLURM_CONF if it answers; else
+starts one with .ci/slurm/start.sh (root only) and stops it afterwards. Skipped, with the
+reason, when neither works. The grid is the smoke collection's, cut to 2 families x 2 betas
+(no reference arm) to fit 2 CPU cores; every rule still runs as Slurm jobs.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_workflow import copy_workflow, dry_run, rules
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+GRID = ["grid={reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}", "reference_arms=[]"]
+CELL = "agg-sum_fam-tokcc_a0.25_beta-0.1_zdim-8_seed-314159"
+
+
+def sinfo_ok(env) -> bool:
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and any(s in r.stdout for s in ("idle", "mixed", "allocated"))
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    env = dict(os.environ)
+    if os.environ.get("SLURM_CONF") and sinfo_ok(env):
+        yield env
+        return
+    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+        pytest.skip("Slurm not reachable (sinfo fails) and slurm-wlm/munge not installed")
+    if os.geteuid() != 0:
+        pytest.skip("Slurm not reachable (sinfo fails) and starting one needs root")
+    r = subprocess.run([str(ROOT / ".ci/slurm/start.sh")], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        pytest.skip(f"could not start the local Slurm cluster: {r.stderr[-500:]}")
+    env["SLURM_CONF"] = r.stdout.strip().split("=", 1)[1]
+    assert sinfo_ok(env), "cluster started but sinfo does not show the node"
+    yield env
+    subprocess.run([str(ROOT / ".ci/slurm/stop.sh")], capture_output=True, timeout=120)
+
+
+def slurm_run(wd, env, *args):
+    cmd = [SNAKEMAKE, "--profile", "slurm", "--configfile", "config/smoke.yaml",
+           "--config", f"results_dir={wd / 'results'}", *GRID, *args]
+    return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def jobs_of(env, rule, cell):
+    r = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"], env=env, capture_output=True, text=True)
+    return [line.split("|")[:2] for line in r.stdout.splitlines() if f"rule_{rule}" in line and cell in line]
+
+
+def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tmp_path):
+    wd = copy_workflow(tmp_path)
+    shutil.copytree(ROOT / "workflow" / "profiles" / "slurm", wd / "slurm")
+    env = {**slurm_env, "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+
+    # 1. the whole (cut) smoke collection, every job a Slurm job
+    p = slurm_run(wd, env)
+    out, _ = p.communicate(timeout=3000)
+    assert p.returncode == 0, out[-4000:]
+    report = wd / "results" / "smoke" / "report"
+    assert (report / "results.md").exists() and (report / "brief.yaml").exists()
+    assert "Submitted" in out or "submitted" in out
+    rc, jobs, dout = dry_run(wd, config=GRID)
+    assert rc == 0 and jobs == [], dout[-2000:]
+
+    # 2. rerun one cell and cancel its train job mid-run: the run fails, the partial report lists it
+    shutil.rmtree(wd / "results" / "smoke" / "cells" / CELL)
+    p = slurm_run(wd, env, "--retries", "0")
+    deadline = time.time() + 600
+    cancelled = None
+    while time.time() < deadline and cancelled is None:
+        for jid, state in jobs_of(env, "train", CELL):
+            if state == "RUNNING":
+                subprocess.run(["scancel", jid], env=env, check=True)
+                cancelled = jid
+        time.sleep(1)
+    out, _ = p.communicate(timeout=1200)
+    assert cancelled, "never saw the cell's train job running\n" + out[-3000:]
+    assert p.returncode != 0, out[-3000:]
+    brief = (report / "brief.yaml").read_text()
+    assert CELL in brief  # listed as incomplete by the onerror partial report
+
+    # 3. the next run does only that cell (+ collection jobs), to completion
+    rc, jobs, dout = dry_run(wd, config=GRID)
+    assert rc == 0, dout[-2000:]
+    assert {c for r, c, _ in jobs if c} == {CELL}
+    assert rules(jobs)["train"] == 1 and rules(jobs)["aggregate"] == 1
+    p = slurm_run(wd, env)
+    out, _ = p.communicate(timeout=1800)
+    assert p.returncode == 0, out[-4000:]
+    assert CELL not in (report / "brief.yaml").read_text().split("incomplete:")[1].split("\n")[0]
