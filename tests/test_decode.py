@@ -100,3 +100,17 @@ def test_bad_arguments(tiny):
         decode.generate(model, tok, xs, z=torch.zeros(3, 4), progress=False)
     with pytest.raises(ValueError, match="sample_z_from"):
         decode.generate(model, tok, xs, sample_z_from="posterior", progress=False)
+
+
+def test_benchmark_run_small():
+    from pathlib import Path
+
+    from latentstrat.bench.decode import run
+    from latentstrat.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "smoke.yaml",
+                      overrides={"data": {"tasks": ["sorting_algorithms", "multidigit_addition"]}})
+    res = run(cfg, n=6, max_new_tokens=5, batch_size=4)
+    assert res["identical"] and res["mismatched_examples"] == []
+    assert res["examples"] == 6 and 6 <= res["generated_tokens"] <= 30
+    assert res["kv_cache_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
