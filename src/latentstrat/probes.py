@@ -65,8 +65,12 @@ def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: 
     return float(np.mean(accs))
 
 
-def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000) -> ProbeResult:
-    """CV accuracy of a multinomial logistic regression from features X [n, d] to labels y [n]."""
+def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True) -> ProbeResult:
+    """CV accuracy of a multinomial logistic regression from features X [n, d] to labels y [n].
+
+    `shuffled_control=False` skips the permuted-label CV (NaN): the trainer's validation
+    tracks probe accuracy over steps and leaves the controls to the evaluate-stage probes.
+    """
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).astype(str)
     if X.ndim != 2 or len(X) != len(y):
@@ -87,8 +91,10 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000) -> P
         c, s = small[0]
         return na(f"class {s!r} has {c} example{'s' if c != 1 else ''}, fewer than folds={folds}")
     acc = _cv_accuracy(X, y, folds, seed, max_iter)
-    y_shuffled = np.random.default_rng(seed).permutation(y)
-    shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)
+    shuffled = float("nan")
+    if shuffled_control:
+        y_shuffled = np.random.default_rng(seed).permutation(y)
+        shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)
     return ProbeResult(acc, chance, shuffled, n, k, folds, "ok", "")
 
 

@@ -143,7 +143,8 @@ def _probe(X, y, cfg):
         return math.nan
     if len(y) == 0:
         return math.nan
-    return float(linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"]).accuracy)
+    return float(linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"],
+                              shuffled_control=False).accuracy)
 
 
 @torch.no_grad()

@@ -272,7 +272,10 @@ def partial_report(log):
     )
     try:
         ls_aggregate.aggregate_collection(
-            CFG, metrics_files(), history_files(), str(P.aggregate_dir)
+            CFG,
+            dict(zip(CELLS, metrics_files())),
+            dict(zip(CELLS, history_files())),
+            str(P.aggregate_dir),
         )
         meta = {
             "collection": CFG["collection"],
