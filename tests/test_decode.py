@@ -114,3 +114,25 @@ def test_benchmark_run_small():
     assert res["identical"] and res["mismatched_examples"] == []
     assert res["examples"] == 6 and 6 <= res["generated_tokens"] <= 30
     assert res["kv_cache_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
+
+
+def test_rows_finishing_at_different_steps_leave_the_batch(tiny):
+    model, tok, xs = tiny
+    eos = tok.convert_tokens_to_ids("<eos>")
+
+    def favour_eos(module, inputs, output):  # <eos> wins once a hidden feature (drifting up, row-dependent) passes 0
+        output = output.clone()
+        output[..., eos] += 50.0 * inputs[0][..., 3]
+        return output
+
+    handle = model.lm.lm_head.register_forward_hook(favour_eos)
+    try:
+        z = torch.randn(len(xs), 4, generator=torch.Generator().manual_seed(2))
+        fast = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=6, progress=False)
+        slow = naive_decode(model, tok, xs, z, max_new_tokens=12)
+    finally:
+        handle.remove()
+    assert fast.token_ids == slow
+    lengths = fast.n_generated
+    assert len(set(lengths)) >= 3 and min(lengths) < 12  # several finishing steps, in the same batches
+    assert all(t[-1] == eos for t, n in zip(fast.token_ids, lengths) if n < 12)

@@ -110,7 +110,8 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
     """Generated ids per prompt (up to and including <eos>, or max_new_tokens tokens).
 
     Left padding; position ids count real tokens only, so each row sees the positions it
-    would see alone. One forward over the prompts fills the KV cache, then one token per step.
+    would see alone. One forward over the prompts fills the KV cache, then one token per step;
+    rows that produced <eos> leave the batch (and the cache).
     """
     pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), _device(model)
     ids, mask = _pad(prompts, pad, left=True)
@@ -118,25 +119,27 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
     slots = torch.tensor(slot_pos) + shift
     ids, mask, slots, z = ids.to(dev), mask.to(dev), slots.to(dev), z.to(dev)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
-    B = len(prompts)
-    out_ids = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    out_ids = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.long, device=dev)
+    active = torch.arange(len(prompts), device=dev)  # rows still decoding
     n = 0
     with model.adapter("generator"):
         out = model.lm(inputs_embeds=model.embed_with_z(ids, z, slots), attention_mask=mask,
                        position_ids=pos, use_cache=True, logits_to_keep=1)
         while True:
             tok = _next_token(out.logits[:, -1], temperature, gen)
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            out_ids[:, n] = tok
+            out_ids[active, n] = tok
             n += 1
-            done |= tok == eos
-            if bool(done.all()) or n == max_new_tokens:
+            finished = tok == eos
+            if n == max_new_tokens or bool(finished.all()):
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], 1)
+            cache = out.cache
+            if bool(finished.any()):  # drop finished rows from the batch and the cache
+                keep = (~finished).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                active, tok, mask, pos = active[keep], tok[keep], mask[keep], pos[keep]
+            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=dev)], 1)
             pos = pos[:, -1:] + 1
-            out = model.lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
-                           cache=out.cache, use_cache=True)
+            out = model.lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
     rows = out_ids[:, :n].tolist()
     return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
 
