@@ -131,3 +131,13 @@ def test_probe_task_na_row_and_errors(tmp_path):
     write_parquet(df.drop(columns=["router_z"]), tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="router_z"):
         probes.probe_global(CFG, tmp_path / "bad.parquet", tmp_path / "d.parquet")
+
+
+def test_shuffled_control_can_be_skipped():
+    rng = np.random.default_rng(7)
+    y = np.repeat(["a", "b"], 20)
+    X = _onehot(y, 0.1, rng)
+    full = linear_probe(X, y, folds=4)
+    quick = linear_probe(X, y, folds=4, shuffled_control=False)
+    assert quick.accuracy == full.accuracy and quick.chance == full.chance
+    assert np.isnan(quick.shuffled_accuracy) and not np.isnan(full.shuffled_accuracy)
