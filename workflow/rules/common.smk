@@ -165,13 +165,17 @@ def data_files():
 
 
 def entangle_files():
+    """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
+    the backbone as is) it writes no model, only the quality record and an empty history."""
     d = P.entangle_dir
-    return {
-        "entangle_config": str(d / "model" / "config.json"),
-        "entangle_weights": str(d / "model" / "model.safetensors"),
+    files = {
         "quality": str(d / "quality.json"),
         "entangle_history": str(d / "history.parquet"),
     }
+    if CFG["entangle"]["mode"] != "skip":
+        files["entangle_config"] = str(d / "model" / "config.json")
+        files["entangle_weights"] = str(d / "model" / "model.safetensors")
+    return files
 
 
 def reference_files():
