@@ -333,7 +333,8 @@ def per_task_checkpoints(history_task: pd.DataFrame, top_k: int) -> pd.DataFrame
         rows.append({"task_name": task, "cell_id": cid, "final_matched_router_score": r.value.iloc[-1],
                      "max_matched_router_score": r.value.max(), "step_of_max": int(r.step.iloc[int(np.argmax(r.value.values))]),
                      "final_final_answer_accuracy": acc.value.iloc[-1] if len(acc) else math.nan})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows, columns=["task_name", "cell_id", "final_matched_router_score", "max_matched_router_score",
+                                     "step_of_max", "final_final_answer_accuracy"])
     if df.empty:
         return df
     df = df.sort_values(["task_name", "max_matched_router_score"], ascending=[True, False])

@@ -241,9 +241,15 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     g = fol != ""
     metrics["global_router_probe"] = _probe(zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
 
-    # decoded subset
-    metrics.update(_decoded_metrics(model, tokenizer, df, val["decode_rows"], cfg, cell))
+    # decoded subset (overall and per task; per-task matched router score for the report's
+    # top per-task checkpoints)
+    overall, decoded_by_task = _decoded_metrics(model, tokenizer, df, val["decode_rows"], cfg, cell)
+    metrics.update(overall)
     metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
+    for t in tasks:
+        per_task[t].update(decoded_by_task.get(t, {}))
+        if t in decoded_by_task:
+            per_task[t]["matched_router_score"] = derive(per_task[t])["matched_router_score"]
 
     # per-task shares
     n_sup = sub.n_supervised.to_numpy().astype(float)
@@ -265,21 +271,23 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     return out
 
 
-def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> dict:
+def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> tuple[dict, dict]:
+    """Answer accuracy and strategy-match rate of router-sampled greedy generations on the
+    decoded subset: (overall, {task: per-task})."""
+    from latentstrat.decode import generate
     from latentstrat.tasks import TASKS
 
-    try:
-        from latentstrat.decode import generate
-    except ImportError:
-        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}
     if not rows:
-        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}
+        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
     sub = df.loc[rows]
     gen = generate(model, tokenizer, sub.x.tolist(), max_new_tokens=cfg["evaluate"]["max_new_tokens"],
                    batch_size=cfg["train"]["batch_size"], seed=int(cell["seed"]), progress=False)
-    correct = [TASKS[t].final_answer_correct(x, y) for t, x, y in zip(sub.task, sub.x, gen.texts)]
-    matched = [len(TASKS[t].matching_strategies(x, y)) > 0 for t, x, y in zip(sub.task, sub.x, gen.texts)]
-    return {"final_answer_accuracy": float(np.mean(correct)), "strategy_match_rate": float(np.mean(matched))}
+    correct = np.array([TASKS[t].final_answer_correct(x, y) for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
+    matched = np.array([len(TASKS[t].matching_strategies(x, y)) > 0 for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
+    task_arr = sub.task.to_numpy()
+    by_task = {t: {"final_answer_accuracy": float(correct[task_arr == t].mean()),
+                   "strategy_match_rate": float(matched[task_arr == t].mean())} for t in np.unique(task_arr)}
+    return {"final_answer_accuracy": float(correct.mean()), "strategy_match_rate": float(matched.mean())}, by_task
 
 
 def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev) -> dict[str, float]:
