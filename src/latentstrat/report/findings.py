@@ -78,8 +78,10 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     if c.empty or "delta_active_reconstruction_objective" not in c.columns:
         return _f(q, CANNOT_TELL, "no common cells with active reconstruction objectives", "")
     arm = c.reference_arm.iloc[0]
-    c = c[c.reference_arm == arm].dropna(axis=1, how="all")  # one reference arm: columns [reference_, primary_]
-    pre = [col[: -len("_active_reconstruction_objective")] for col in c.columns if col.endswith("_active_reconstruction_objective") and not col.startswith("delta")]
+    c = c[c.reference_arm == arm]  # one reference arm: columns [reference_, primary_]
+    # the two aggregations' columns that hold values for this arm (other arms' prefixes are all-NaN)
+    pre = [col[: -len("_active_reconstruction_objective")] for col in c.columns
+           if col.endswith("_active_reconstruction_objective") and not col.startswith("delta") and c[col].notna().any()]
     norm = c[c[FAMILY_COL] != "raw"]
     if norm.empty or len(pre) < 2:
         return _f(q, CANNOT_TELL, "no normalized-family common cells", "")
@@ -91,6 +93,8 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     ev = (f"raw scale ratio {fmt(nums['scale_ratio'])}; over {len(norm)} normalized-family common cells the median "
           f"{pre[1]}/{pre[0]} active objective ratio is {fmt(rel)} and the mean matched-router delta is {fmt(d_router)}")
     thr = f"|ratio - 1| < {thr_one} reads as comparable magnitude; |delta| < {thr_near_zero} as no behavioural difference"
+    if pd.isna(d_router) or pd.isna(rel):
+        return _f(q, CANNOT_TELL, "matched router score or active objective missing (probes NA): " + ev, thr, nums)
     if abs(rel - 1) < thr_one and abs(d_router) < thr_near_zero:
         return _f(q, SUPPORTED, "cancels: " + ev, thr, nums)
     if abs(rel - 1) < thr_one:
