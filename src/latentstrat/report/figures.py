@@ -72,8 +72,14 @@ def objective_scale_heatmap(t):
     scale = delta.abs().max(axis=1).replace(0, 1)
     colors = delta.div(scale, axis=0)
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * delta.shape[1] + 3), 1.1 * len(cols) + 2.2))
-    sns.heatmap(colors, annot=delta.map(lambda v: f"{v:+.4f}"), fmt="", cmap="RdBu_r", center=0, vmin=-1, vmax=1,
+    # NA deltas (e.g. a probe with too few matched generations) are drawn grey and labelled NA
+    ax.set_facecolor("0.85")
+    annot = delta.map(lambda v: "NA" if pd.isna(v) else f"{v:+.4f}")
+    sns.heatmap(colors, annot=annot, fmt="", cmap="RdBu_r", center=0, vmin=-1, vmax=1,
                 cbar_kws={"label": "delta / row max |delta|"}, ax=ax, annot_kws={"fontsize": 8})
+    for (i, j), v in np.ndenumerate(delta.to_numpy(dtype=float)):
+        if np.isnan(v):  # seaborn skips annotations on NaN cells
+            ax.text(j + 0.5, i + 0.5, "NA", ha="center", va="center", fontsize=8, color="0.3")
     ax.set(xlabel="", ylabel="", title="Primary minus reference (annotations: true deltas; colors row-normalized)")
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
     fig.tight_layout()

@@ -37,6 +37,9 @@ def results_md(t: dict, meta: dict, made, skipped) -> str:
                           if m in b.index and pd.notna(b[m]))
         out.append(f"Primary arm: {_primary_arm(t)}. The best row by {label(metric)} is {b[FAMILY_COL]} at {b.beta_label} with "
                    f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + ".\n")
+    else:
+        out.append(f"Primary arm: {_primary_arm(t)}. No complete primary row has a {label(metric)} (NA: its probes had too "
+                   "few eligible examples, see the per-cell `*_tasks` counts), so there is no best row.\n")
     by = t["summary_by_setting"]
     if not by.empty and by.get("n_seeds", pd.Series([1])).max() > 1:
         cols = ["arm", "family_label", "beta_label", "n_seeds"] + [c for m in ("matched_router_score", "final_answer_accuracy",
