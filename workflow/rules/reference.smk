@@ -13,7 +13,7 @@ rule reference:
         str(BASE_BENCH / "reference.tsv")
     conda:
         "../../envs/latentstrat.yaml"
-    threads: RES["threads"]
+    threads: RES["threads_base"] or RES["threads"]
     resources:
         **SLURM,
         mem_mb=RES["mem_mb"],
