@@ -125,8 +125,8 @@ def test_generate_rejects_bad_sections_directly(monkeypatch):
     with pytest.raises(ValueError, match="data.test_per_task"):
         D.generate({**good, "test_per_task": 0})
     monkeypatch.setattr(D, "MAX_DRAWS_PER_EXAMPLE", 5)  # give up sooner
-    with pytest.raises(ValueError, match="distinct inputs"):  # the grid has 4032 inputs
-        D.generate({**good, "train_per_task": 5000})
+    with pytest.raises(ValueError, match="distinct inputs"):  # the 9x9 grid has 6480 inputs
+        D.generate({**good, "train_per_task": 7000})
 
 
 def test_cli_writes_data_and_base_config(tmp_path):

@@ -27,10 +27,15 @@ EXPECTED = [
      "5 x - 2 x + 3 = 1 2 ; 3 x + 3 = 1 2 ; 3 x = 1 2 - 3 ; 3 x = 9 ; x = 9 / 3 ; answer 3"),
     ("linear_equations", "solve 5 x + 3 = 2 x + 1 2", "constants_first",
      "5 x = 2 x + 1 2 - 3 ; 5 x = 2 x + 9 ; 5 x - 2 x = 9 ; 3 x = 9 ; x = 9 / 3 ; answer 3"),
-    ("base_conversion", "convert 1 9 9 to base 3", "repeated_division",
-     "6 6 r 1 ; 2 2 r 0 ; 7 r 1 ; 2 r 1 ; 0 r 2 ; answer 2 1 1 0 1"),
-    ("base_conversion", "convert 1 9 9 to base 3", "subtract_powers",
-     "8 1 x 2 r 3 7 ; 2 7 x 1 r 1 0 ; 9 x 1 r 1 ; 3 x 0 r 1 ; 1 x 1 r 0 ; answer 2 1 1 0 1"),
+    ("base_conversion", "convert 1 0 1 1 0 1 1 to base 8", "group_from_right", "0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3"),
+    ("base_conversion", "convert 1 0 1 1 0 1 1 to base 8", "pad_left",
+     "= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3"),
+    ("base_conversion", "convert 1 1 1 0 0 1 0 to base 4", "group_from_right", "1 0 = 2 ; 0 0 = 0 ; 1 1 = 3 ; 1 = 1 ; answer 1 3 0 2"),
+    ("base_conversion", "convert 1 1 1 0 0 1 0 to base 4", "pad_left",
+     "= 0 1 1 1 0 0 1 0 ; 0 1 = 1 ; 1 1 = 3 ; 0 0 = 0 ; 1 0 = 2 ; answer 1 3 0 2"),
+    ("list_reversal", "reverse 3 8 1 9 4", "swap_ends", "4 8 1 9 3 ; 4 9 1 8 3 ; answer 4 9 1 8 3"),
+    ("list_reversal", "reverse 3 8 1 9 4", "take_last", "4 ; 4 9 ; 4 9 1 ; 4 9 1 8 ; 4 9 1 8 3 ; answer 4 9 1 8 3"),
+    ("list_reversal", "reverse 2 0 0 2", "swap_ends", "2 0 0 2 ; 2 0 0 2 ; answer 2 0 0 2"),
     ("gcd_computation", "gcd 4 8 , 1 8", "euclid_remainder", "4 8 mod 1 8 = 1 2 ; 1 8 mod 1 2 = 6 ; 1 2 mod 6 = 0 ; answer 6"),
     ("gcd_computation", "gcd 4 8 , 1 8", "prime_factors",
      "4 8 = 2 x 2 x 2 x 2 x 3 ; 1 8 = 2 x 3 x 3 ; common 2 x 3 ; answer 6"),
@@ -48,7 +53,7 @@ def test_hand_computed_traces(task, x, strategy, y):
 
 def test_registry_covers_the_default_tasks():
     names = {"sorting_algorithms", "grid_pathfinding", "multidigit_addition", "linear_equations",
-             "base_conversion", "gcd_computation"}
+             "base_conversion", "list_reversal", "gcd_computation"}
     assert names <= set(TASKS)
     for name, t in TASKS.items():
         assert t.name == name and 2 <= len(t.strategies) <= 4

@@ -165,7 +165,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.bench train", description=__doc__.split("\n")[0])
-    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,base_conversion,gcd_computation")
+    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,base_conversion,list_reversal")
     ap.add_argument("--examples-per-task", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=512)

@@ -8,6 +8,7 @@ from latentstrat.tasks.base_conversion import BaseConversion
 from latentstrat.tasks.equations import LinearEquations
 from latentstrat.tasks.gcd import GcdComputation
 from latentstrat.tasks.grid import GridPathfinding
+from latentstrat.tasks.reversal import ListReversal
 from latentstrat.tasks.sorting import SortingAlgorithms
 
 TASKS: dict[str, Task] = {t.name: t for t in (
@@ -16,5 +17,6 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     MultidigitAddition(),
     LinearEquations(),
     BaseConversion(),
+    ListReversal(),
     GcdComputation(),
 )}

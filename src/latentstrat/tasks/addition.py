@@ -1,6 +1,6 @@
-"""multidigit_addition: add two 2-3 digit numbers.
+"""multidigit_addition: add two 2-digit numbers (the renderers take any lengths).
 
-x: `add 4 7 2 + 3 8 9`. y, `right_to_left`: column sums from the units up, with the carry
+x: `add 4 7 2 + 3 8 9` (a 3-digit example; the sampler draws 2-digit operands). y, `right_to_left`: column sums from the units up, with the carry
 written when it is 1: `2 + 9 = 1 1 ; 7 + 8 + 1 = 1 6 ; 4 + 3 + 1 = 8 ; answer 8 6 1`.
 `left_to_right`: add the second number one place value at a time, highest first, writing the
 running total: `+ 3 0 0 = 7 7 2 ; + 8 0 = 8 5 2 ; + 9 = 8 6 1 ; answer 8 6 1`. The first
@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task, digits
 
+# 2-digit operands: with 3-digit ones the left_to_right running totals need carries across
+# three places and the 1 M-parameter default model stayed below 0.1 answer accuracy
+OPERAND_DIGITS = 2
+
 
 class MultidigitAddition(Task):
     name = "multidigit_addition"
     strategies = ("right_to_left", "left_to_right")
 
     def sample_input(self, rng):
-        a, b = (rng.randrange(10, 100) if rng.random() < 0.5 else rng.randrange(100, 1000) for _ in range(2))
+        a, b = (rng.randrange(10 ** (OPERAND_DIGITS - 1), 10 ** OPERAND_DIGITS) for _ in range(2))
         return f"add {digits(a)} + {digits(b)}"
 
     def _parse(self, x: str) -> tuple[int, int]:

@@ -1,54 +1,56 @@
-"""base_conversion: write a decimal number 10..499 in base 3..9.
+"""base_conversion: rewrite a binary number (7-11 bits) in base 4 or base 8.
 
-x: `convert 1 9 9 to base 3`. `repeated_division`: quotient and remainder of each division
-by the base, the digits are the remainders read backwards:
-`6 6 r 1 ; 2 2 r 0 ; 7 r 1 ; 2 r 1 ; 0 r 2 ; answer 2 1 1 0 1`.
-`subtract_powers`: for each power of the base from the highest down, the power, its digit
-and what remains: `8 1 x 2 r 3 7 ; 2 7 x 1 r 1 0 ; 9 x 1 r 1 ; 3 x 0 r 1 ; 1 x 1 r 0 ;
-answer 2 1 1 0 1`. Traces never coincide (`r` at the third position or later vs `x`).
+x: `convert 1 0 1 1 0 1 1 to base 8`. Every base-2^k digit is one group of k bits, so both
+strategies are exact bit-group lookups (8 facts), not long division: a 1 M-parameter model
+learns them from a few thousand examples, which decimal -> base b conversion by repeated
+division was not (docs/tasks.md: 0.04 answer accuracy after 5000 mixture steps).
+`group_from_right`: cut groups of k bits from the right (lowest digit first), each with its
+value: `0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3`.
+`pad_left`: `=` and the bits left-padded with zeros to a multiple of k, then the groups from
+the left: `= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3`.
+The first token (a bit vs `=`) decides the strategy; traces never coincide.
 """
 from __future__ import annotations
 
-from latentstrat.tasks.base import ANSWER, SEP, Task, digits
+from latentstrat.tasks.base import ANSWER, SEP, Task
 
-
-def to_base(n: int, base: int) -> list[int]:
-    out = []
-    while n:
-        n, r = divmod(n, base)
-        out.append(r)
-    return out[::-1] or [0]
+MIN_BITS, MAX_BITS = 7, 11
+BASES = {4: 2, 8: 3}  # base -> bits per digit
 
 
 class BaseConversion(Task):
     name = "base_conversion"
-    strategies = ("repeated_division", "subtract_powers")
+    strategies = ("group_from_right", "pad_left")
 
     def sample_input(self, rng):
-        return f"convert {digits(rng.randint(10, 499))} to base {rng.randint(3, 9)}"
+        n = rng.randrange(2 ** (MIN_BITS - 1), 2 ** MAX_BITS)
+        return f"convert {' '.join(format(n, 'b'))} to base {rng.choice(sorted(BASES))}"
 
-    def _parse(self, x: str) -> tuple[int, int]:
+    def _parse(self, x: str) -> tuple[str, int]:
         w = x.split()
-        if len(w) < 5 or w[0] != "convert" or w[-3:-1] != ["to", "base"]:
+        if (len(w) < 5 or w[0] != "convert" or w[-3:-1] != ["to", "base"] or w[-1] not in map(str, BASES)
+                or not all(b in "01" for b in w[1:-3]) or w[1] != "1"):
             raise ValueError(f"{self.name}: malformed input {x!r}")
-        return int("".join(w[1:-3])), int(w[-1])
+        return "".join(w[1:-3]), int(w[-1])
+
+    def _groups(self, x: str) -> tuple[str, list[str]]:
+        bits, base = self._parse(x)
+        k = BASES[base]
+        padded = bits.zfill(-(-len(bits) // k) * k)
+        return padded, [padded[i:i + k] for i in range(0, len(padded), k)]
 
     def answer(self, x):
-        n, base = self._parse(x)
-        return " ".join(map(str, to_base(n, base)))
+        _, groups = self._groups(x)
+        return " ".join(str(int(g, 2)) for g in groups)
 
     def render(self, x, strategy):
         self.check_strategy(strategy)
-        n, base = self._parse(x)
-        steps = []
-        if strategy == "repeated_division":
-            while n:
-                n, r = divmod(n, base)
-                steps.append(f"{digits(n)} r {r}")
+        bits, base = self._parse(x)
+        padded, groups = self._groups(x)
+        if strategy == "group_from_right":
+            k = BASES[base]
+            cuts = [bits[max(0, i - k):i] for i in range(len(bits), 0, -k)]
+            steps = [f"{' '.join(g)} = {int(g, 2)}" for g in cuts]
         else:
-            ds = to_base(n, base)
-            for i, d in enumerate(ds):
-                p = base ** (len(ds) - 1 - i)
-                n -= d * p
-                steps.append(f"{digits(p)} x {d} r {digits(n)}")
+            steps = ["= " + " ".join(padded)] + [f"{' '.join(g)} = {int(g, 2)}" for g in groups]
         return f" {SEP} ".join(steps + [f"{ANSWER} {self.answer(x)}"])

@@ -1,4 +1,4 @@
-"""linear_equations: solve a x + b = c x + d (a > c >= 1, integer solution 1..12).
+"""linear_equations: solve a x + b = c x + d (a > c >= 1, b in 1..12, integer solution 1..9).
 
 x: `solve 5 x + 3 = 2 x + 1 2`. `x_terms_first` collects the x terms, then the constants:
 `5 x - 2 x + 3 = 1 2 ; 3 x + 3 = 1 2 ; 3 x = 1 2 - 3 ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
@@ -18,7 +18,7 @@ class LinearEquations(Task):
     def sample_input(self, rng):
         a = rng.randint(2, 9)
         c = rng.randint(1, a - 1)
-        b, sol = rng.randint(1, 20), rng.randint(1, 12)
+        b, sol = rng.randint(1, 12), rng.randint(1, 9)
         d = b + (a - c) * sol
         return f"solve {digits(a)} x + {digits(b)} = {digits(c)} x + {digits(d)}"
 

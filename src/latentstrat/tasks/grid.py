@@ -1,4 +1,4 @@
-"""grid_pathfinding: a shortest monotone path between two cells of an 8x8 grid.
+"""grid_pathfinding: a shortest monotone path between two cells of a 9x9 grid.
 
 x: `path 2 5 to 6 1` (start row col, goal row col; rows grow downward). y: the moves, then
 `answer <number of moves>`. `horizontal_first` makes every left/right move before the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, Task, digits
 
-SIZE = 8
+SIZE = 9  # 5184 inputs off a straight line: 3300 examples stay ~3% ambiguous (8x8: 7%)
 STRAIGHT_RATE = 0.02
 
 

@@ -1,4 +1,5 @@
-"""sorting_algorithms: sort 4-5 digits by bubble, insertion or selection sort.
+"""sorting_algorithms: sort 4 digits by bubble, insertion or selection sort (the renderers take
+any length; `min_len`/`max_len` set what is sampled).
 
 x: `sort 5 3 8 1 4`. y: the list after each step, steps separated by `;`, then
 `answer 1 3 4 5 8`. A bubble step is one full pass (stops after the first pass without a
@@ -55,7 +56,7 @@ STEPS = {"bubble": bubble_steps, "insertion": insertion_steps, "selection": sele
 class SortingAlgorithms(Task):
     name = "sorting_algorithms"
     strategies = tuple(STEPS)
-    min_len, max_len = 4, 5
+    min_len, max_len = 4, 4
 
     def sample_input(self, rng):
         while True:
