@@ -162,3 +162,23 @@ def test_bad_reference_table_names_column(tmp_path):
                   "matched_router_score": [0.5]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="reconstruction_family"):
         A.read_summary_table(p)
+
+
+@pytest.mark.parametrize("seeds,expect_bars", [([0, 1, 2], True), ([0], False)])
+def test_three_seeds_draw_error_bars(monkeypatch, tmp_path, seeds, expect_bars):
+    """Figures of a 3-seed collection carry error bars (seed std); one seed draws none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.container import ErrorbarContainer
+
+    from latentstrat.report import figures as F
+
+    cfg = make_cfg(monkeypatch, seeds=seeds, lin100=False)
+    mp, hp = write_collection(cfg, tmp_path / "cells", with_history=False)
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    for make in (F.kl_vs_reconstruction, F.kl_recon_ratio):
+        fig = make(t)
+        assert fig is not None
+        bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        assert bool(bars) == expect_bars, make.__name__
