@@ -1,10 +1,14 @@
 """linear_equations: solve a x + b = c x + d (a > c >= 1, b in 1..12, integer solution 1..9).
 
-x: `solve 5 x + 3 = 2 x + 1 2`. `x_terms_first` collects the x terms, then the constants:
-`5 x - 2 x + 3 = 1 2 ; 3 x + 3 = 1 2 ; 3 x = 1 2 - 3 ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
+x: `solve 5 x + 3 = 2 x + 1 2`. Both strategies compute the same two differences, a - c and
+d - b, each written next to its operands (`1 2 - 3 = 9`), in a different order.
+`x_terms_first` collects the x terms, then the constants:
+`5 x - 2 x = 3 x ; 3 x + 3 = 1 2 ; 1 2 - 3 = 9 ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
 `constants_first` moves the constant first:
-`5 x = 2 x + 1 2 - 3 ; 5 x = 2 x + 9 ; 5 x - 2 x = 9 ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
-The third token (`-` vs `=`) decides the strategy; traces never coincide.
+`1 2 - 3 = 9 ; 5 x = 2 x + 9 ; 5 x - 2 x = 3 x ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
+(Data version 1 wrote `3 x = 1 2 - 3 ; 3 x = 9`, the difference several tokens after its
+operands; the entangled model got it wrong in ~20% of temperature-1 samples, docs/entangle.md.)
+The second token (`x` vs a digit or `-`) decides the strategy; traces never coincide.
 """
 from __future__ import annotations
 
@@ -42,12 +46,14 @@ class LinearEquations(Task):
     def render(self, x, strategy):
         self.check_strategy(strategy)
         a, b, c, d = self._parse(x)
-        A, B, C, D, k = digits(a), digits(b), digits(c), digits(d), digits(a - c)
+        A, B, C, D = digits(a), digits(b), digits(c), digits(d)
+        K, R = digits(a - c), digits(d - b)
+        collect, constants = f"{A} x - {C} x = {K} x", f"{D} - {B} = {R}"
         if strategy == "x_terms_first":
-            steps = [f"{A} x - {C} x + {B} = {D}", f"{k} x + {B} = {D}", f"{k} x = {D} - {B}"]
+            steps = [collect, f"{K} x + {B} = {D}", constants]
         else:
-            steps = [f"{A} x = {C} x + {D} - {B}", f"{A} x = {C} x + {digits(d - b)}", f"{A} x - {C} x = {digits(d - b)}"]
-        steps += [f"{k} x = {digits(d - b)}", f"x = {digits(d - b)} / {k}"]
+            steps = [constants, f"{A} x = {C} x + {R}", collect]
+        steps += [f"{K} x = {R}", f"x = {R} / {K}"]
         return f" {SEP} ".join(steps + [f"{ANSWER} {self.answer(x)}"])
 
 
