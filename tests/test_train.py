@@ -197,3 +197,25 @@ def test_bench_train_runs_and_dispatches(capsys):
     assert res["trainer_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["trainer_tokens_per_s"] / res["naive_tokens_per_s"])
     assert res["trainer_flops_per_s"] == pytest.approx(6 * res["params"] * res["trainer_tokens_per_s"])
+
+
+def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
+    """A finished cell's checkpoint resumes only the run it was written for: the same config
+    reruns as a no-op at the last step (control); a changed learning rate starts from step 0
+    and ends exactly where a fresh run with that learning rate ends."""
+    cfg, cell = tiny_cfg(steps=4, eval_every=2)
+    out = tmp_path / "cell"
+    run(cfg, cell, base, out)
+    capsys.readouterr()
+    run(cfg, cell, base, out)  # same run: resumed at its end
+    assert "resumed from step 4" in capsys.readouterr().out
+    cfg2, cell2 = tiny_cfg(steps=4, eval_every=2, lr=0.01)
+    assert cell2 == cell
+    run(cfg2, cell2, base, out)
+    log = capsys.readouterr().out
+    assert "starting from step 0" in log and "resumed" not in log
+    run(cfg2, cell2, base, tmp_path / "fresh")
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "history.parquet"),
+                                  pd.read_parquet(tmp_path / "fresh" / "history.parquet"))
+    w, w_fresh = load_file(out / "model.safetensors"), load_file(tmp_path / "fresh" / "model.safetensors")
+    assert all(torch.equal(w[k], w_fresh[k]) for k in w)

@@ -20,6 +20,8 @@ the validation split (the first `val_probe_per_task` examples of each task):
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import signal
 import time
@@ -334,6 +336,22 @@ def load_checkpoint(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
+    """What a checkpoint must have been written for to be resumed: the cell's settings, the
+    config sections that shape its training, and the bytes of the data and the entangled model
+    it starts from. A changed config or a rebuilt base gives a new fingerprint, so a stale
+    checkpoint in the cell directory is never resumed (Slurm preemption keeps it equal)."""
+    h = hashlib.sha256()
+    sections = {k: cfg.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
+    h.update(json.dumps({"cell": cell, **sections}, sort_keys=True, default=str).encode())
+    for f in (Path(data_dir) / "train.parquet", Path(entangle_dir) / "model" / "model.safetensors"):
+        if f.exists():
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
 # ----------------------------------------------------------------------------- the stage
 
 
@@ -360,11 +378,16 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
+    fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
     step, history, wall, tokens = 0, [], 0.0, 0
-    if ckpt_path.exists():
-        ck = load_checkpoint(ckpt_path)
-        if ck.get("cell_id") != cid:
-            raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
+    ck = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
+    if ck is not None and ck.get("cell_id") != cid:
+        raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
+    if ck is not None and ck.get("fingerprint") != fingerprint:
+        print(f"[{cid}] checkpoint {ckpt_path} was written for another config, data or entangled model "
+              f"(fingerprint {str(ck.get('fingerprint'))[:12]} != {fingerprint[:12]}): starting from step 0")
+        ck = None
+    if ck is not None:
         model.load_trainable(ck["trainable"])
         opt.load_state_dict(ck["optimizer"])
         torch.set_rng_state(ck["torch_rng"])
@@ -376,7 +399,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
 
     def checkpoint():
         save_checkpoint(ckpt_path, model, opt, step, history,
-                        {"cell_id": cid, "wall_time_s": wall, "train_tokens": tokens})
+                        {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": wall, "train_tokens": tokens})
 
     try:
         model.train()
