@@ -344,11 +344,13 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
     h = hashlib.sha256()
     sections = {k: cfg.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
     h.update(json.dumps({"cell": cell, **sections}, sort_keys=True, default=str).encode())
-    for f in (Path(data_dir) / "train.parquet", Path(entangle_dir) / "model" / "model.safetensors"):
-        if f.exists():
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
+    model_dir = Path(entangle_dir) / "model"  # every file: a sharded checkpoint has several
+    files = [Path(data_dir) / "train.parquet"] + (sorted(model_dir.iterdir()) if model_dir.is_dir() else [])
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 

@@ -60,6 +60,8 @@ P = Paths.from_config(CFG)
 CELLS = {c.cell_id: c for c in expand_cells(CFG, validated=True)}
 TASKS = list(CFG["data"]["tasks"])
 RES = CFG["resources"]
+# entangle and reference run alone, before any cell: they may take more threads than a cell
+THREADS_BASE = RES["threads_base"] or RES["threads"]
 LOGS = P.collection_dir / "logs"
 BENCH = P.collection_dir / "benchmarks"
 BASE_LOGS = P.base_dir / "logs"

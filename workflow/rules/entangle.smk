@@ -12,7 +12,7 @@ rule entangle:
         str(BASE_BENCH / "entangle.tsv")
     conda:
         "../../envs/latentstrat.yaml"
-    threads: RES["threads_base"] or RES["threads"]
+    threads: THREADS_BASE
     resources:
         **SLURM,
         mem_mb=RES["mem_mb"],

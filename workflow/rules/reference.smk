@@ -13,7 +13,7 @@ rule reference:
         str(BASE_BENCH / "reference.tsv")
     conda:
         "../../envs/latentstrat.yaml"
-    threads: RES["threads_base"] or RES["threads"]
+    threads: THREADS_BASE
     resources:
         **SLURM,
         mem_mb=RES["mem_mb"],

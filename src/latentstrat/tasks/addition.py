@@ -1,7 +1,8 @@
 """multidigit_addition: add two 2-digit numbers (the renderers take any lengths).
 
-x: `add 4 7 2 + 3 8 9` (a 3-digit example; the sampler draws 2-digit operands). y, `right_to_left`: column sums from the units up, with the carry
-written when it is 1: `2 + 9 = 1 1 ; 7 + 8 + 1 = 1 6 ; 4 + 3 + 1 = 8 ; answer 8 6 1`.
+x: `add 4 7 2 + 3 8 9` (3 digits here; the sampler draws 2-digit operands). y, `right_to_left`:
+column sums from the units up, with the carry written when it is 1:
+`2 + 9 = 1 1 ; 7 + 8 + 1 = 1 6 ; 4 + 3 + 1 = 8 ; answer 8 6 1`.
 `left_to_right`: add the second number one place value at a time, highest first, writing the
 running total: `+ 3 0 0 = 7 7 2 ; + 8 0 = 8 5 2 ; + 9 = 8 6 1 ; answer 8 6 1`. The first
 token (a digit vs `+`) decides the strategy; traces never coincide.

@@ -33,24 +33,27 @@ class BaseConversion(Task):
             raise ValueError(f"{self.name}: malformed input {x!r}")
         return "".join(w[1:-3]), int(w[-1])
 
-    def _groups(self, x: str) -> tuple[str, list[str]]:
-        bits, base = self._parse(x)
-        k = BASES[base]
-        padded = bits.zfill(-(-len(bits) // k) * k)
-        return padded, [padded[i:i + k] for i in range(0, len(padded), k)]
-
     def answer(self, x):
-        _, groups = self._groups(x)
-        return " ".join(str(int(g, 2)) for g in groups)
+        return " ".join(str(int(g, 2)) for g in _groups(*self._parse(x)))
 
     def render(self, x, strategy):
         self.check_strategy(strategy)
         bits, base = self._parse(x)
-        padded, groups = self._groups(x)
+        groups = _groups(bits, base)
         if strategy == "group_from_right":
-            k = BASES[base]
-            cuts = [bits[max(0, i - k):i] for i in range(len(bits), 0, -k)]
-            steps = [f"{' '.join(g)} = {int(g, 2)}" for g in cuts]
+            steps = [_group_step(g) for g in reversed(groups)]
+            steps[-1] = _group_step(groups[0].lstrip("0"))  # unpadded: x starts with a 1 bit
         else:
-            steps = ["= " + " ".join(padded)] + [f"{' '.join(g)} = {int(g, 2)}" for g in groups]
+            steps = ["= " + " ".join("".join(groups))] + [_group_step(g) for g in groups]
         return f" {SEP} ".join(steps + [f"{ANSWER} {self.answer(x)}"])
+
+
+def _groups(bits: str, base: int) -> list[str]:
+    """The bits left-padded with zeros to a multiple of k, cut into k-bit digits (highest first)."""
+    k = BASES[base]
+    padded = bits.zfill(-(-len(bits) // k) * k)
+    return [padded[i:i + k] for i in range(0, len(padded), k)]
+
+
+def _group_step(g: str) -> str:
+    return f"{' '.join(g)} = {int(g, 2)}"
