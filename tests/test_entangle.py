@@ -10,8 +10,9 @@ import torch
 
 from latentstrat import data
 from latentstrat.config import load_config
-from latentstrat.entangle import (CHECKS, QualityError, lr_at, quality_report, quality_table, run_entangle,
-                                  sample_y, strategy_distribution, total_variation)
+from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, quality_report, quality_table,
+                                  run_entangle, sample_y, strategy_alternatives, strategy_distribution,
+                                  total_variation)
 from latentstrat.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +165,36 @@ def test_sample_y_kv_cache_left_padding_matches_naive_loop(data_dir):
     assert a != sample_y(model, tok, prompts, 6, 2, seed=2)
 
 
+# ----------------------------------------------------------------------------- strategy resampling
+
+
+def test_strategy_alternatives_render_every_strategy_of_each_input():
+    df = pd.DataFrame(dict(task=["grid_pathfinding", "sorting_algorithms", "grid_pathfinding"],
+                           x=["path 2 5 to 4 1", "sort 4 9 9 5", "path 3 1 to 3 5"]))
+    rows, alternatives = strategy_alternatives(df)
+    assert [len(a) for a in alternatives] == [2, 3, 2]
+    assert rows.loc[alternatives[0], "y"].tolist() == ["left 4 3 2 1 down 3 4 answer 6", "down 3 4 left 4 3 2 1 answer 6"]
+    assert rows.loc[alternatives[1], "strategy"].tolist() == list(TASKS["sorting_algorithms"].strategies)
+    # an ambiguous input keeps one row per strategy (same trace twice), as the data's uniform labels do
+    assert rows.loc[alternatives[2], "y"].nunique() == 1
+    assert (rows.x[alternatives[1]] == "sort 4 9 9 5").all()
+
+
+def test_epoch_batches_draw_one_alternative_per_input_uniformly():
+    import numpy as np
+    alternatives = [[0, 1], [2, 3], [4, 5, 6]]
+    lengths = [5, 9, 5, 9, 7, 7, 7]
+    counts = np.zeros(7)
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        picked = [r for b in epoch_batches(lengths, 2, rng, alternatives) for r in b]
+        assert len(picked) == 3 and sorted(r // 2 if r < 4 else 2 for r in picked) == [0, 1, 2]  # one per input
+        counts[picked] += 1
+    assert np.allclose(counts[:4] / 3000, 0.5, atol=0.04) and np.allclose(counts[4:] / 3000, 1 / 3, atol=0.04)
+    # without alternatives: every row exactly once (the data's fixed pairs)
+    assert sorted(r for b in epoch_batches(lengths, 2, rng) for r in b) == list(range(7))
+
+
 # ----------------------------------------------------------------------------- stage
 
 
@@ -182,6 +213,7 @@ def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     assert saved["thresholds"]["quality_min_strategy_match"] == 0.85
     assert saved["passed"] is False and report["passed"] is False  # 3 steps of training: no strategies yet
     assert saved["training"]["steps"] == 3 and saved["training"]["tokens_per_s"] > 0
+    assert saved["training"]["resample_strategies"] is True
     hist = pd.read_parquet(out / "history.parquet")
     assert list(hist.columns) == ["step", "task", "metric", "value"]
     val = hist[(hist.metric == "validation_loss") & (hist.task == "all")]

@@ -77,7 +77,8 @@ def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tm
     assert rc == 0 and jobs == [], dout[-2000:]
 
     # 2. rerun one cell and cancel its train job mid-run: the run fails, the partial report lists it
-    shutil.rmtree(wd / "results" / "smoke" / "cells" / CELL)
+    for d in [*(wd / "results" / "base").glob(f"*/cells/*/{CELL}"), wd / "results" / "smoke" / "cells" / CELL]:
+        shutil.rmtree(d)
     p = slurm_run(wd, env, "--retries", "0")
     deadline = time.time() + 600
     cancelled = None

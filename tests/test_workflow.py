@@ -173,19 +173,46 @@ def done(tmp_path_factory):
 CELL = "agg-sum_fam-tokcc_a0.25_beta-0.1_zdim-8_seed-314159"
 
 
+def cell_dirs(wd: Path, cid: str = CELL) -> list[Path]:
+    """The cell's work (train/evaluate/probes, under its base) and its collection row (metrics)."""
+    (work,) = (wd / "results" / "base" / "smoke-v1" / "cells").glob(f"w*/{cid}")
+    return [work, wd / "results" / "smoke" / "cells" / cid]
+
+
 def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
-    cell_dir = done / "results" / "smoke" / "cells" / CELL
-    aside = done / "aside"
-    shutil.move(cell_dir, aside)
+    dirs = cell_dirs(done)
+    asides = [done / f"aside{i}" for i in range(len(dirs))]
+    for d, a in zip(dirs, asides):
+        shutil.move(d, a)
     try:
         rc, jobs, out = dry_run(done)
     finally:
-        shutil.rmtree(cell_dir, ignore_errors=True)
-        shutil.move(aside, cell_dir)
+        for d, a in zip(dirs, asides):
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.move(a, d)
     assert rc == 0, out[-3000:]
     assert {c for r, c, _ in jobs if r in CELL_RULES} == {CELL}
     assert rules(jobs) == Counter(train=1, evaluate=1, probe_task=N_TASKS, probe_global=1, metrics=1,
                                   aggregate=1, report=1, all=1)
+
+
+def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
+    """A follow-up collection (another name, one more arm) on the same base and cell-work
+    settings trains only its new cells; the shared ones and the base stages are not rerun."""
+    extra = ["collection=smoke-followup",
+             "reference_arms=[{name: mean_lin100, settings: {token_aggregation: mean, beta_schedule: lin100}, grid: {beta: [0.01, 0.1]}}, "
+             "{name: matched_mean, settings: {token_aggregation: mean}}]"]
+    rc, jobs, out = dry_run(done, config=extra)
+    assert rc == 0, out[-3000:]
+    trained = {c for r, c, _ in jobs if r == "train"}
+    assert trained and all(c.startswith("agg-mean_") and "sched-" not in c for c in trained), trained
+    assert not {"data", "entangle", "reference"} & set(rules(jobs))
+    n_cells = len({c for r, c, _ in jobs if r == "metrics"})
+    assert n_cells == len(trained) + rules(dry_run(done, "--forceall")[1])["metrics"]  # every row, new + shared
+    # negative control: another train budget is other work, so every cell trains (base still shared)
+    rc, jobs, out = dry_run(done, config=extra + ["train={steps: 7}"])
+    assert rc == 0, out[-3000:]
+    assert rules(jobs)["train"] == n_cells and not {"data", "entangle", "reference"} & set(rules(jobs))
 
 
 def test_corrupting_one_cells_metrics_reruns_from_there(done):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import itertools
 import json
 import re
@@ -394,16 +395,29 @@ def external_arms(cfg: dict) -> list[dict]:
 # ----------------------------------------------------------------------------- paths
 
 
+# Config sections that, with a cell's own settings and the base, decide what its train,
+# evaluate and probe jobs compute. Collections on one base whose sections agree share those
+# outputs: a follow-up collection that repeats a cell reuses it instead of retraining it.
+CELL_WORK_SECTIONS = ("lora", "train", "evaluate", "probes")
+
+
+def cell_work_key(cfg: dict) -> str:
+    """`w` + 10 hex digits of the hash of CELL_WORK_SECTIONS (validated, defaults filled)."""
+    blob = json.dumps({k: cfg[k] for k in CELL_WORK_SECTIONS}, sort_keys=True, default=str)
+    return "w" + hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where every stage reads and writes. One place for the layout."""
     results: Path
     collection: str
     base: str
+    cell_key: str = "w0"
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Paths":
-        return cls(Path(cfg["results_dir"]), cfg["collection"], cfg["base"])
+        return cls(Path(cfg["results_dir"]), cfg["collection"], cfg["base"], cell_work_key(cfg))
 
     # base-level (shared by collections with the same `base`)
     @property
@@ -414,14 +428,16 @@ class Paths:
     def entangle_dir(self) -> Path: return self.base_dir / "entangle"
     @property
     def reference_dir(self) -> Path: return self.base_dir / "reference"
-    # collection-level
-    @property
-    def collection_dir(self) -> Path: return self.results / self.collection
-    def cell_dir(self, cid: str) -> Path: return self.collection_dir / "cells" / cid
+    # a cell's work (train, evaluate, probes): shared by collections with the same base and
+    # CELL_WORK_SECTIONS, keyed by the cell id (its settings)
+    def cell_dir(self, cid: str) -> Path: return self.base_dir / "cells" / self.cell_key / cid
     def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
     def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
     def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"
-    def metrics_path(self, cid: str) -> Path: return self.cell_dir(cid) / "metrics.parquet"
+    # collection-level: the cell's row in this collection (its arm and role), tables, report
+    @property
+    def collection_dir(self) -> Path: return self.results / self.collection
+    def metrics_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "metrics.parquet"
     @property
     def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
     @property

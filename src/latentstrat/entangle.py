@@ -91,6 +91,30 @@ def zfree_lengths(encoded: data.Encoded) -> list[int]:
     return [len(s) for s in encoded.zfree_ids]
 
 
+def strategy_alternatives(train_df: pd.DataFrame) -> tuple[pd.DataFrame, list[list[int]]]:
+    """Every strategy's trace of every train input: (rows with columns task, x, strategy, y;
+    for each train example i, the row numbers of its alternatives, one per strategy). Drawing
+    one uniformly is the data's own generating process (uniform labels), so a trace that two
+    strategies share (an ambiguous input) comes up twice as often, as it does in the data."""
+    rows, alternatives = [], []
+    for task, x in zip(train_df.task, train_df.x):
+        t = TASKS[task]
+        alternatives.append(list(range(len(rows), len(rows) + len(t.strategies))))
+        rows.extend(dict(task=task, x=x, strategy=s, y=t.render(x, s)) for s in t.strategies)
+    return pd.DataFrame(rows, columns=["task", "x", "strategy", "y"]), alternatives
+
+
+def epoch_batches(lengths: list[int], batch_size: int, rng, alternatives: list[list[int]] | None = None):
+    """One epoch of length-grouped batches (lists of encoded row numbers). With `alternatives`
+    (strategy resampling), each train example contributes one of its alternative rows, drawn
+    uniformly afresh every epoch; else every row once."""
+    if alternatives is None:
+        return data.length_grouped_batches(lengths, batch_size, rng)
+    picks = [alt[int(rng.integers(len(alt)))] for alt in alternatives]
+    batches = data.length_grouped_batches([lengths[r] for r in picks], batch_size, rng)
+    return ([picks[i] for i in b] for b in batches)
+
+
 @torch.no_grad()
 def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, float]:
     """Per-task and overall ("all") mean NLL per supervised token."""
@@ -123,9 +147,11 @@ def autocast_for(model, dtype: torch.dtype):
 
 
 def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, log=print,
-                    amp_dtype: torch.dtype = torch.float32):
+                    amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None):
     """Train `model` (float32 weights) in place on the z-free records, under autocast to
-    `amp_dtype`. Returns (history rows, training summary)."""
+    `amp_dtype`. With `alternatives` (from `strategy_alternatives`; `train_enc` then encodes
+    its rows), each epoch draws one strategy per train input. Returns (history rows, training
+    summary)."""
     dev = device_of(model)
     steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
     decay, no_decay = [], []
@@ -151,7 +177,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     for step in range(steps):
         idx = next(batches, None)
         if idx is None:  # new epoch
-            batches = data.length_grouped_batches(lengths, bs, rng)
+            batches = epoch_batches(lengths, bs, rng, alternatives)
             idx = next(batches)
         batch = data.collate(train_enc, idx).to(dev)
         cur_lr = lr_at(step, lr, warmup, steps)
@@ -187,7 +213,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
             log(f"entangle step {done}: validation loss {history[-1]['value']:.4f}")
     wall = time.time() - t0
     model.eval()
-    summary = dict(steps=steps, batch_size=bs, lr=lr, warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
+    summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr, warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
                    tokens_per_s=tokens / max(wall, 1e-9),
                    final_validation_loss={r["task"]: r["value"] for r in history
                                           if r["metric"] == "validation_loss" and r["step"] == steps})
@@ -366,7 +392,16 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     _check_inputs(data_dir)
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df, test_df = (data.load_split(data_dir, s) for s in data.SPLITS)
-    train_enc, val_enc = data.encode(train_df, tokenizer), data.encode(val_df, tokenizer)
+    alternatives = None
+    if ecfg["resample_strategies"]:
+        # the data's strategy labels are uniform and independent of x: drawing them afresh each
+        # epoch keeps the model from memorizing which strategy a train input happened to get
+        # (docs/entangle.md), so its strategy prior stays the data's on unseen inputs
+        alt_df, alternatives = strategy_alternatives(train_df)
+        train_enc = data.encode(alt_df, tokenizer)
+    else:
+        train_enc = data.encode(train_df, tokenizer)
+    val_enc = data.encode(val_df, tokenizer)
 
     torch.manual_seed(ecfg["seed"])
     device = pick_device()
@@ -375,7 +410,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
         f"{threads} threads")
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log, amp_dtype=dtype)
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log, amp_dtype=dtype,
+                                       alternatives=alternatives)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=torch.get_num_threads())
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype

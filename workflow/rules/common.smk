@@ -123,17 +123,31 @@ def sections(*names):
     return {k: CFG[k] for k in names}
 
 
-BASE_SECTIONS = ("collection", "base", "results_dir", "data", "backbone", "entangle")
+# Base and cell-work params name no collection: collections on one base share the base stages
+# and, with equal CELL_WORK_SECTIONS, each cell's train/evaluate/probe outputs (the path of
+# those holds the sections' hash), so running a second collection reruns none of them.
+BASE_SECTIONS = ("base", "data", "backbone", "entangle")
 TRAIN_SECTIONS = BASE_SECTIONS + ("lora", "train")
 EVALUATE_SECTIONS = TRAIN_SECTIONS + ("evaluate",)
 
 
-def cell_json(wildcards):
+def _cell(wildcards):
     if wildcards.cell not in CELLS:
         raise WorkflowError(
             f"unknown cell {wildcards.cell!r}: not in the grid of collection {CFG['collection']!r}"
         )
-    return CELLS[wildcards.cell].to_json()
+    return CELLS[wildcards.cell]
+
+
+def cell_json(wildcards):
+    """The cell as this collection sees it (arm and role too): for its metrics row."""
+    return _cell(wildcards).to_json()
+
+
+def cell_work_json(wildcards):
+    """The cell's id and settings only (no arm or role): what its shared work depends on."""
+    c = _cell(wildcards)
+    return {"cell_id": c.cell_id, **c.settings}
 
 
 # ----------------------------------------------------------------------------- resources

@@ -23,7 +23,7 @@ rule evaluate:
         runtime=RES["runtime_evaluate"],
         gpu=GPU,
     params:
-        cell=cell_json,
+        cell=cell_work_json,
         settings=sections(*EVALUATE_SECTIONS),
     script:
         "../scripts/evaluate.py"

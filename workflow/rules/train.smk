@@ -22,7 +22,7 @@ rule train:
         runtime=RES["runtime_train"],
         gpu=GPU,
     params:
-        cell=cell_json,
+        cell=cell_work_json,
         settings=sections(*TRAIN_SECTIONS),
     script:
         "../scripts/train.py"
