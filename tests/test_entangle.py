@@ -43,6 +43,8 @@ def test_lr_warmup_then_cosine_to_tenth():
     assert lr_at(9, lr, warmup, steps) == pytest.approx(0.55)
     assert lr_at(14, lr, warmup, steps) == pytest.approx(0.1)
     assert lr_at(0, 2.0, 0, 10) == pytest.approx(2.0)
+    assert lr_at(14, lr, warmup, steps, min_ratio=0.01) == pytest.approx(0.01)  # entangle.min_lr_ratio
+    assert lr_at(9, lr, warmup, steps, min_ratio=0.0) == pytest.approx(0.5)
 
 
 # ----------------------------------------------------------------------------- quality checks

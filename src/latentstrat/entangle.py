@@ -6,7 +6,7 @@ it is a real multi-strategy model (DESIGN sections 3 and 5.2).
 Records are the z-free ones, `<bos> <x> .. </x> <y> .. </y> <eos>`; the loss is the mean NLL
 over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
 scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
-AdamW, linear warmup then cosine decay to lr/10, grad clip 1.0, length-grouped batches, seeded.
+AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0, length-grouped batches, seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
 in bf16.
 
@@ -43,7 +43,6 @@ CHECKS = {
     "strategy_tv": ("quality_max_strategy_tv", "max"),
 }
 TEMPERATURE = 1.0
-MIN_LR_RATIO = 0.1  # cosine decays to lr * MIN_LR_RATIO
 GRAD_CLIP = 1.0
 LOG_EVERY = 25  # train-loss history interval (steps)
 N_EVALS = 10  # validation-loss evaluations over the run (+ step 0 and the end)
@@ -64,13 +63,13 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
-    """Linear warmup over `warmup` steps, then cosine decay from lr to lr * MIN_LR_RATIO at `steps`."""
+def lr_at(step: int, lr: float, warmup: int, steps: int, min_ratio: float = 0.1) -> float:
+    """Linear warmup over `warmup` steps, then cosine decay from lr to lr * min_ratio at `steps`."""
     if warmup > 0 and step < warmup:
         return lr * (step + 1) / warmup
     span = max(1, steps - warmup)
     progress = min(1.0, (step - warmup) / span)
-    return lr * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:
@@ -180,7 +179,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
             batches = epoch_batches(lengths, bs, rng, alternatives)
             idx = next(batches)
         batch = data.collate(train_enc, idx).to(dev)
-        cur_lr = lr_at(step, lr, warmup, steps)
+        cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = cur_lr
         with autocast_for(model, amp_dtype):
