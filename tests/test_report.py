@@ -77,3 +77,31 @@ def test_cli_bad_table_names_column(tmp_path, capsys):
     bad.write_text("reconstruction_family,beta\nraw,0.1\n")
     assert cli_main(["--summary", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "token_aggregation" in capsys.readouterr().err and not (tmp_path / "o" / "results.md").exists()
+
+
+def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tmp_path):
+    from latentstrat.entangle import quality_report
+    from latentstrat.report import load_entangle_quality
+    from latentstrat.tasks import TASKS
+    t = TASKS["multidigit_addition"]
+    xs = ["add 1 2 + 3 4", "add 5 6 + 7 8", "add 9 1 + 2 3", "add 4 4 + 5 5"]
+    # every sample follows right_to_left: traces and answers right, strategy prior 100/0 -> TV fails
+    samples = __import__("pandas").DataFrame(dict(task=t.name, x=xs, y_generated=[t.render(x, "right_to_left") for x in xs]))
+    rep = quality_report(samples, {t.name: {"right_to_left": 0.5, "left_to_right": 0.5}},
+                         {"quality_min_answer_accuracy": 0.9, "quality_min_strategy_match": 0.85,
+                          "quality_max_strategy_tv": 0.15})
+    rep.update(temperature=1.0, samples_per_task=4)
+    (tmp_path / "quality.json").write_text(json.dumps(rep))
+    quality = load_entangle_quality(tmp_path / "quality.json")
+    agg = partial_report[0].parent / "agg"
+    build_report(agg, tmp_path / "rep", {"entangle_quality": quality})
+    results = (tmp_path / "rep" / "results.md").read_text()
+    assert "## Entangled Model Quality Check" in results
+    assert "**Failed: multidigit_addition.strategy_tv.**" in results
+    assert "0.5 (FAIL, <= 0.15)" in results and "1 (ok, >= 0.9)" in results
+    assert yaml.safe_load((tmp_path / "rep" / "brief.yaml").read_text())["entangle_quality_passed"] is False
+    # without the stage's report the section says so instead of claiming a pass
+    assert "Not recorded for this report" in (partial_report[0] / "results.md").read_text()
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json is unreadable"):
+        load_entangle_quality(tmp_path / "bad.json")

@@ -182,7 +182,8 @@ def data_files():
 
 def entangle_files():
     """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
-    the backbone as is) it writes no model, only the quality record and an empty history."""
+    the backbone as is) it writes no model, only the quality record and an empty history.
+    """
     d = P.entangle_dir
     files = {
         "quality": str(d / "quality.json"),
@@ -303,6 +304,9 @@ def partial_report(log):
             "cells": list(CELLS),
             "partial": True,
         }
+        quality = entangle_files()["quality"]
+        if Path(quality).exists():
+            meta["entangle_quality"] = ls_report.load_entangle_quality(quality)
         ls_report.build_report(str(P.aggregate_dir), str(P.report_dir), meta)
     except Exception as e:  # never mask the original failure
         logger.error(f"partial report failed: {type(e).__name__}: {e}")

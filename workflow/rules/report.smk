@@ -5,6 +5,7 @@
 rule report:
     input:
         aggregate=str(P.aggregate_dir),
+        quality=entangle_files()["quality"],
         code=code_files("report"),
     output:
         results=str(P.report_dir / "results.md"),

@@ -17,6 +17,15 @@ def report_thresholds(meta: dict) -> dict:
     return {**defaults, **(meta.get("report") or {})}
 
 
+def load_entangle_quality(path) -> dict:
+    """The entangle stage's quality.json (per-task temperature-1 checks), for the report."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"entangle quality report {p} is unreadable ({e}); rerun the entangle stage") from None
+
+
 def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     """Write the report of one collection from its cached aggregate tables. Returns {findings, figures, skipped, seconds}."""
     from latentstrat.report.figures import make_figures
@@ -44,6 +53,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
         "cells": {"expected": len(st), "complete": int((st.status == "complete").sum()) if len(st) else 0,
                   "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else []},
         "reference_arms": meta.get("reference_arms", []),
+        "entangle_quality_passed": (meta.get("entangle_quality") or {}).get("passed"),
         "fairness": {r.claim: r.status for r in tables["fairness"].itertuples()} if len(tables["fairness"]) else {},
         "findings": {f["question"]: f["status"] for f in findings},
         "figures": [f"figures/{n}.png" for n, _ in made],

@@ -15,6 +15,30 @@ def _primary_arm(t) -> str:
     return ", ".join(st.loc[st.role == "primary", "arm"].unique()) if not st.empty else "primary"
 
 
+def entangle_quality_md(quality: dict | None) -> list[str]:
+    """The base model's temperature-1 checks (entangle/quality.json): is p(y|x) a real
+    multi-strategy model? Every cell starts from it, so a failed check qualifies every row."""
+    out = ["## Entangled Model Quality Check\n"]
+    if not quality:
+        return out + ["Not recorded for this report (the entangle stage's quality.json was not read).\n"]
+    if quality.get("mode") == "skip":
+        return out + ["The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"]
+    rows = []
+    for task, r in sorted(quality.get("tasks", {}).items()):
+        row = {"task": task}
+        for check, v in r.get("checks", {}).items():
+            op = ">=" if v.get("direction") == "min" else "<="
+            row[check] = f"{fmt(v.get('value'))} ({'ok' if v.get('passed') else 'FAIL'}, {op} {fmt(v.get('threshold'))})"
+        rows.append(row)
+    failed = [f"{t}.{c}" for t, r in sorted(quality.get("tasks", {}).items())
+              for c, v in r.get("checks", {}).items() if not v.get("passed")]
+    verdict = ("Every check passed." if quality.get("passed") else
+               f"**Failed: {', '.join(failed)}.** Every cell starts from this model; read its rows with that in mind.")
+    n = quality.get("samples_per_task")
+    return out + [f"Samples at temperature {quality.get('temperature', 1.0)}, {n} test inputs per task. {verdict}\n",
+                  md_table(pd.DataFrame(rows))]
+
+
 def results_md(t: dict, meta: dict, made, skipped) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
@@ -28,6 +52,7 @@ def results_md(t: dict, meta: dict, made, skipped) -> str:
     inc = st[st.status != "complete"] if not st.empty else st
     if len(inc):
         out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
+    out += entangle_quality_md(meta.get("entangle_quality"))
     out.append("## Aggregate Metrics\n")
     p = t["top_rows"]
     metric = meta.get("primary_metric", "matched_router_score")
