@@ -413,7 +413,7 @@ class Paths:
     results: Path
     collection: str
     base: str
-    cell_key: str = "w0"
+    cell_key: str  # cell_work_key(cfg): where this config's cells' work lives
 
     @classmethod
     def from_config(cls, cfg: dict) -> "Paths":

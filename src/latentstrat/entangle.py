@@ -6,7 +6,8 @@ it is a real multi-strategy model (DESIGN sections 3 and 5.2).
 Records are the z-free ones, `<bos> <x> .. </x> <y> .. </y> <eos>`; the loss is the mean NLL
 over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
 scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
-AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0, length-grouped batches, seeded.
+AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
+length-grouped batches, seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
 in bf16.
 
@@ -212,7 +213,8 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
             log(f"entangle step {done}: validation loss {history[-1]['value']:.4f}")
     wall = time.time() - t0
     model.eval()
-    summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr, warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
+    summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr,
+                   warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
                    tokens_per_s=tokens / max(wall, 1e-9),
                    final_validation_loss={r["task"]: r["value"] for r in history
                                           if r["metric"] == "validation_loss" and r["step"] == steps})

@@ -23,20 +23,20 @@ def entangle_quality_md(quality: dict | None) -> list[str]:
         return out + ["Not recorded for this report (the entangle stage's quality.json was not read).\n"]
     if quality.get("mode") == "skip":
         return out + ["The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"]
-    rows = []
-    for task, r in sorted(quality.get("tasks", {}).items()):
-        row = {"task": task}
-        for check, v in r.get("checks", {}).items():
-            op = ">=" if v.get("direction") == "min" else "<="
-            row[check] = f"{fmt(v.get('value'))} ({'ok' if v.get('passed') else 'FAIL'}, {op} {fmt(v.get('threshold'))})"
-        rows.append(row)
-    failed = [f"{t}.{c}" for t, r in sorted(quality.get("tasks", {}).items())
-              for c, v in r.get("checks", {}).items() if not v.get("passed")]
+    from latentstrat.entangle import quality_table  # the stage's own flattening: one row per task x check
+
+    q = quality_table(quality).sort_values(["task", "check"], kind="stable")
+    op = q.direction.map({"min": ">=", "max": "<="})
+    q["cell"] = [f"{fmt(v)} ({'ok' if ok else 'FAIL'}, {o} {fmt(th)})"
+                 for v, ok, o, th in zip(q.value, q.passed, op, q.threshold)]
+    wide = q.pivot(index="task", columns="check", values="cell").reset_index()
+    wide.columns.name = None
+    failed = [f"{t}.{c}" for t, c, ok in zip(q.task, q.check, q.passed) if not ok]
     verdict = ("Every check passed." if quality.get("passed") else
                f"**Failed: {', '.join(failed)}.** Every cell starts from this model; read its rows with that in mind.")
     n = quality.get("samples_per_task")
     return out + [f"Samples at temperature {quality.get('temperature', 1.0)}, {n} test inputs per task. {verdict}\n",
-                  md_table(pd.DataFrame(rows))]
+                  md_table(wide)]
 
 
 def results_md(t: dict, meta: dict, made, skipped) -> str:
