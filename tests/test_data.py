@@ -224,6 +224,34 @@ def test_length_grouped_batches(encoded):
         list(D.length_grouped_batches(lengths, 0, 0))
 
 
+def test_strategy_free_lengths_by_hand():
+    x = "convert 1 0 1 1 0 1 1 to base 8"  # 11 words
+    # group_from_right `0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3`: 20 words;
+    # pad_left `= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3`: 33 words
+    t = TASKS["base_conversion"]
+    assert [len(t.render(x, s).split()) for s in t.strategies] == [20, 33]
+    df = pd.DataFrame({"task": ["base_conversion"] * 2, "x": [x, x]})
+    assert D.strategy_free_lengths(df) == [11 + 26.5, 11 + 26.5]  # either strategy: the same length
+
+
+def test_batches_grouped_by_strategy_free_length_mix_the_strategies():
+    # base conversion's pad_left traces are 13 tokens longer than group_from_right's: grouped by
+    # a row's own length, a batch holds one strategy and the strategy-choice gradient flips from
+    # batch to batch (the entangled model's prior ended 73/27 that way)
+    df = D.generate_task("base_conversion", {"train": 1024, "validation": 1, "test": 1}, seed=3)
+    df = df[df.split == "train"].reset_index(drop=True)
+    enc = D.encode(df, D.build_tokenizer(list(df.x) + list(df.y)))
+
+    def majority_share(lengths):
+        batches = list(D.length_grouped_batches(lengths, 32, np.random.default_rng(0)))
+        assert sorted(i for b in batches for i in b) == list(range(len(df)))
+        return np.mean([df.strategy[b].value_counts().iloc[0] / len(b) for b in batches])
+
+    assert majority_share(enc.lengths) > 0.9  # control: own lengths sort the strategies apart
+    # strategy-free: each batch holds the data's ~50/50 draws (binomial majority of 32: ~0.57)
+    assert majority_share(D.strategy_free_lengths(df)) < 0.65
+
+
 def test_ambiguous_examples_are_kept_and_flagged():
     df = D.generate_task("grid_pathfinding", {"train": 600, "validation": 1, "test": 1}, seed=4)
     straight = df.x.map(lambda x: x.split()[1] == x.split()[4] or x.split()[2] == x.split()[5])

@@ -87,10 +87,6 @@ def zfree_token_nll(model, batch: data.Batch) -> torch.Tensor:
     return token_nll(logits, batch.sup_ids) * batch.sup_mask
 
 
-def zfree_lengths(encoded: data.Encoded) -> list[int]:
-    return [len(s) for s in encoded.zfree_ids]
-
-
 def strategy_alternatives(train_df: pd.DataFrame) -> tuple[pd.DataFrame, list[list[int]]]:
     """Every strategy's trace of every train input: (rows with columns task, x, strategy, y;
     for each train example i, the row numbers of its alternatives, one per strategy). Drawing
@@ -146,12 +142,15 @@ def autocast_for(model, dtype: torch.dtype):
     return torch.autocast(device_of(model).type, dtype=dtype)
 
 
-def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, log=print,
-                    amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None):
+def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
+                    log=print, amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None):
     """Train `model` (float32 weights) in place on the z-free records, under autocast to
-    `amp_dtype`. With `alternatives` (from `strategy_alternatives`; `train_enc` then encodes
-    its rows), each epoch draws one strategy per train input. Returns (history rows, training
-    summary)."""
+    `amp_dtype`. Batches group rows of similar `group_lengths` (one per row of `train_enc`;
+    `data.strategy_free_lengths`). With `alternatives` (from `strategy_alternatives`;
+    `train_enc` then encodes its rows), each epoch draws one strategy per train input. Returns
+    (history rows, training summary)."""
+    if len(group_lengths) != len(train_enc):
+        raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
     dev = device_of(model)
     steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
     decay, no_decay = [], []
@@ -161,7 +160,6 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": ecfg["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     rng = np.random.default_rng(ecfg["seed"])
-    lengths = zfree_lengths(train_enc)
     eval_steps = {0, steps} | {round(steps * k / N_EVALS) for k in range(1, N_EVALS)}
     history: list[dict] = []
 
@@ -177,7 +175,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     for step in range(steps):
         idx = next(batches, None)
         if idx is None:  # new epoch
-            batches = epoch_batches(lengths, bs, rng, alternatives)
+            batches = epoch_batches(group_lengths, bs, rng, alternatives)
             idx = next(batches)
         batch = data.collate(train_enc, idx).to(dev)
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
@@ -398,10 +396,11 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         # the data's strategy labels are uniform and independent of x: drawing them afresh each
         # epoch keeps the model from memorizing which strategy a train input happened to get
         # (docs/entangle.md), so its strategy prior stays the data's on unseen inputs
-        alt_df, alternatives = strategy_alternatives(train_df)
-        train_enc = data.encode(alt_df, tokenizer)
+        rows_df, alternatives = strategy_alternatives(train_df)
     else:
-        train_enc = data.encode(train_df, tokenizer)
+        rows_df = train_df
+    train_enc = data.encode(rows_df, tokenizer)
+    group_lengths = data.strategy_free_lengths(rows_df)
     val_enc = data.encode(val_df, tokenizer)
 
     torch.manual_seed(ecfg["seed"])
@@ -411,7 +410,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
         f"{threads} threads")
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, log, amp_dtype=dtype,
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, amp_dtype=dtype,
                                        alternatives=alternatives)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=torch.get_num_threads())

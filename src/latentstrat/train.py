@@ -377,6 +377,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     model = build_model(cfg, cell, tokenizer, entangle_dir).to(dev)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
+    group_lengths = data.strategy_free_lengths(train_df)  # batches never sort strategies apart
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
@@ -409,7 +410,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
             history += validate(model, tokenizer, cfg, cell, scales, val, 0)
         while step < tcfg["steps"]:
             t0 = time.perf_counter()
-            idx = batch_at(enc.lengths, tcfg["batch_size"], seed, step)
+            idx = batch_at(group_lengths, tcfg["batch_size"], seed, step)
             batch = data.collate(enc, idx, b_train).to(dev)
             losses = forward_losses(model, batch, cell, scales, step, step_noise(seed, step, (len(idx), model.latent_dim)))
             check_finite(losses, cid, step + 1)
