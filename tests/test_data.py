@@ -235,7 +235,7 @@ def test_strategy_free_lengths_by_hand():
 
 
 def test_batches_grouped_by_strategy_free_length_mix_the_strategies():
-    # base conversion's pad_left traces are 13 tokens longer than group_from_right's: grouped by
+    # base conversion's pad_left traces are 14 tokens longer on average than group_from_right's: grouped by
     # a row's own length, a batch holds one strategy and the strategy-choice gradient flips from
     # batch to batch (the entangled model's prior ended 73/27 that way)
     df = D.generate_task("base_conversion", {"train": 1024, "validation": 1, "test": 1}, seed=3)

@@ -265,15 +265,9 @@ def encode(df: pd.DataFrame, tokenizer, z_slots: int = 1) -> Encoded:
 def strategy_free_lengths(df: pd.DataFrame) -> list[float]:
     """Per row, the length to group batches by: x's words plus the mean y length over its
     task's strategies for that x. It depends on the input, never on the strategy the row
-    happens to follow.
-
-    Grouping on a row's own length sorts strategies into separate batches wherever their
-    traces differ in length (base conversion's `pad_left` runs 14 tokens longer than
-    `group_from_right`, sorting's three strategies 16 / 19 / 22). Every such batch then teaches
-    a single strategy, the first-token (strategy-choice) gradient flips from batch to batch, and
-    the strategy prior ends wherever the last batches left it (docs/entangle.md: a 73/27 prior
-    on base conversion against the data's 50/50). Grouped by this length, the strategies in a
-    batch are the data's own draws."""
+    follows. Grouped by a row's own length, strategies whose traces differ in length (base
+    conversion, sorting, reversal) land in separate batches, and single-strategy batches tilt
+    the strategy prior (docs/entangle.md, "Batches that sort strategies apart")."""
     cache: dict[tuple[str, str], float] = {}
     out = []
     for task, x in zip(df.task, df.x):
