@@ -277,3 +277,84 @@ def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_pa
     report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
     assert math.isfinite(report["training"]["final_validation_loss"]["all"])
     assert next(load_entangled(tmp_path).parameters()).dtype == torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- fast training step
+
+
+def _step_nll_and_grads(model, batch, fn, amp_dtype=torch.float32):
+    from latentstrat.entangle import autocast_for
+    model.zero_grad(set_to_none=True)
+    with autocast_for(model, amp_dtype):
+        nll = fn(model, batch)
+    (nll.sum() / batch.sup_mask.sum()).backward()
+    return nll.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_dir):
+    """The entangle step's speed settings (entangle.attention, .compile, .autocast) change how
+    the loss is computed, not what: eager attention and the compiled step give the plain
+    step's per-token NLL and gradients (float32 rounding); bf16 autocast gives them to bf16
+    precision, and is really on (the values differ)."""
+    from latentstrat.entangle import zfree_token_nll
+    torch.set_num_threads(1)
+    tok = data.load_tokenizer(data_dir)
+    model = _tiny_model(tok).train()
+    enc = data.encode(data.load_split(data_dir, "train"), tok)
+    batch = data.collate(enc, range(8))
+    assert batch.sup_mask.float().mean() < 1  # padding is exercised
+    ref_nll, ref_grads = _step_nll_and_grads(model, batch, zfree_token_nll)
+
+    def close(nll, grads, atol):
+        return (torch.allclose(nll, ref_nll, atol=atol)
+                and all(torch.allclose(g, r, atol=atol, rtol=atol) for g, r in zip(grads, ref_grads)))
+
+    model.set_attn_implementation("eager")
+    eager = _step_nll_and_grads(model, batch, zfree_token_nll)
+    assert close(*eager, atol=1e-5)
+    compiled = _step_nll_and_grads(model, batch, torch.compile(zfree_token_nll, dynamic=True))
+    assert close(*compiled, atol=1e-5)
+    bf16_nll, bf16_grads = _step_nll_and_grads(model, batch, zfree_token_nll, torch.bfloat16)
+    assert bf16_nll.dtype == torch.float32  # the loss itself is computed in float32
+    err = (bf16_nll - ref_nll).abs().max()
+    assert 0 < err < 0.05 * ref_nll.abs().max()
+    cos = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in bf16_grads]),
+                                                torch.cat([g.flatten() for g in ref_grads]), dim=0)
+    assert cos > 0.99
+
+
+def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, tmp_path):
+    from latentstrat.model import load_entangled
+    cfg = smoke_cfg(autocast="bfloat16", attention="eager")
+    report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
+    tr = report["training"]
+    assert tr["autocast"] == "bfloat16" and tr["attention"] == "eager" and tr["compiled"] is False
+    model = load_entangled(tmp_path)
+    assert next(model.parameters()).dtype == torch.float32  # weights saved in backbone.dtype
+    assert model.config._attn_implementation == "sdpa"  # eager was the training step's only
+    plain = run_entangle(smoke_cfg(), data_dir, tmp_path / "plain", threads=1, log=lambda m: None)["training"]
+    assert plain["autocast"] == "float32" and plain["attention"] == "sdpa"
+
+
+def test_compile_without_a_cxx_compiler_fails_before_training(data_dir, tmp_path, monkeypatch):
+    from torch._inductor import cpp_builder
+
+    def no_compiler():
+        raise RuntimeError("no g++ on PATH")
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    with pytest.raises(RuntimeError, match=r"entangle\.compile.*no g\+\+ on PATH"):
+        run_entangle(smoke_cfg(compile=True), data_dir, tmp_path / "out", threads=1, log=lambda m: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_entangle_times_the_configured_step(capsys):
+    from latentstrat.bench.__main__ import main
+
+    assert main(["entangle", "--config", str(ROOT / "config" / "smoke.yaml"), "--tasks", "sorting_algorithms",
+                 "--examples-per-task", "8", "--hidden", "32", "--intermediate", "64", "--layers", "1", "--heads", "2",
+                 "--kv-heads", "1", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--threads", "1",
+                 "--matmul-n", "64", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["configured"] == {"autocast": "none", "attention": "sdpa", "compile": False}  # smoke.yaml's
+    assert res["plain"]["tokens_per_s"] > 0 and res["fast"]["tokens_per_s"] > 0
+    assert res["speedup"] == pytest.approx(res["fast"]["tokens_per_s"] / res["plain"]["tokens_per_s"])

@@ -9,7 +9,9 @@ scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the bac
 AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
 length-grouped batches, seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
-in bf16.
+in bf16. The training step's speed settings (the default's CPU step, docs/entangle.md):
+`entangle.autocast: bfloat16` (bf16 matmuls, float32 weights and saved model),
+`entangle.attention: eager` (for the step only), `entangle.compile: true` (torch.compile).
 
 Writes to `out_dir`:
 - `model/`            save_pretrained dir (loads with `model.load_entangled`)
@@ -142,23 +144,44 @@ def autocast_for(model, dtype: torch.dtype):
     return torch.autocast(device_of(model).type, dtype=dtype)
 
 
-def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
-                    log=print, amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None):
-    """Train `model` (float32 weights) in place on the z-free records, under autocast to
-    `amp_dtype`. Batches group rows of similar `group_lengths` (one per row of `train_enc`;
-    `data.strategy_free_lengths`). With `alternatives` (from `strategy_alternatives`;
-    `train_enc` then encodes its rows), each epoch draws one strategy per train input. Returns
-    (history rows, training summary)."""
-    if len(group_lengths) != len(train_enc):
-        raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
-    dev = device_of(model)
-    steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
+def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (betas 0.9 / 0.95); weight decay on matrices only."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ecfg["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+
+
+def train_step(model, opt, batch: data.Batch, step_nll=zfree_token_nll, amp_dtype: torch.dtype = torch.float32):
+    """One update on the mean NLL per supervised token of `batch`; returns (loss, grad norm)."""
+    with autocast_for(model, amp_dtype):
+        nll = step_nll(model, batch)
+    loss = nll.sum() / batch.sup_mask.sum()
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"entangle: non-finite training loss {loss.item()}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    opt.step()
+    return loss, gnorm
+
+
+def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
+                    log=print, amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None,
+                    compile_step: bool = False):
+    """Train `model` (float32 weights) in place on the z-free records, under autocast to
+    `amp_dtype`. Batches group rows of similar `group_lengths` (one per row of `train_enc`;
+    `data.strategy_free_lengths`). With `alternatives` (from `strategy_alternatives`;
+    `train_enc` then encodes its rows), each epoch draws one strategy per train input. With
+    `compile_step`, the step's forward and loss go through torch.compile (validation does not).
+    Returns (history rows, training summary)."""
+    if len(group_lengths) != len(train_enc):
+        raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
+    dev = device_of(model)
+    steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
+    opt = make_optimizer(model, lr, ecfg["weight_decay"])
     rng = np.random.default_rng(ecfg["seed"])
     eval_steps = {0, steps} | {round(steps * k / N_EVALS) for k in range(1, N_EVALS)}
     history: list[dict] = []
@@ -169,6 +192,8 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
 
     record_validation(0)
     model.train()
+    # dynamic shapes: batches differ in length, one graph serves them all
+    step_nll = torch.compile(zfree_token_nll, dynamic=True) if compile_step else zfree_token_nll
     batches = iter(())
     t0, tokens, tokens_window, t_window = time.time(), 0, 0, time.time()
     loss_window, gnorm_window, n_window = 0.0, 0.0, 0
@@ -181,15 +206,10 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        with autocast_for(model, amp_dtype):
-            nll = zfree_token_nll(model, batch)
-        loss = nll.sum() / batch.sup_mask.sum()
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"entangle: non-finite training loss {loss.item()} at step {step}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        opt.step()
+        try:
+            loss, gnorm = train_step(model, opt, batch, step_nll, amp_dtype)
+        except FloatingPointError as e:
+            raise FloatingPointError(f"{e} at step {step}") from None
         n_tok = int(batch.zfree_mask.sum())
         tokens += n_tok
         tokens_window += n_tok
@@ -212,6 +232,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     wall = time.time() - t0
     model.eval()
     summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr,
+                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(compile_step),
                    warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
                    tokens_per_s=tokens / max(wall, 1e-9),
                    final_validation_loss={r["task"]: r["value"] for r in history
@@ -374,6 +395,20 @@ def _check_inputs(data_dir: Path) -> None:
             raise FileNotFoundError(f"entangle: input {data_dir / name} does not exist (run the data stage)")
 
 
+def _check_compiler(device: torch.device) -> None:
+    """entangle.compile on CPU needs the C++ compiler torch.compile's inductor builds with: say so
+    before any training, not at the first step."""
+    if device.type != "cpu":
+        return
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as e:  # noqa: BLE001 - any failure to find one means the same thing
+        raise RuntimeError(f"config key entangle.compile: true, but torch.compile finds no C++ compiler on this "
+                           f"machine ({e}); install one (apt install g++) or set entangle.compile: false") from e
+
+
 def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> dict:
     """The entangle stage (see module doc). Returns the quality report."""
     from latentstrat.model import DTYPES, build_backbone, count_params
@@ -389,6 +424,9 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         dump_json(report, out_dir / "quality.json")
         return report
     _check_inputs(data_dir)
+    device = pick_device()
+    if ecfg["compile"]:
+        _check_compiler(device)
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df, test_df = (data.load_split(data_dir, s) for s in data.SPLITS)
     alternatives = None
@@ -404,16 +442,20 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     val_enc = data.encode(val_df, tokenizer)
 
     torch.manual_seed(ecfg["seed"])
-    device = pick_device()
     dtype = DTYPES[cfg["backbone"]["dtype"]]
+    amp_dtype = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else dtype
     model = build_backbone(cfg["backbone"], tokenizer).to(device=device, dtype=torch.float32)
+    attention = model.config._attn_implementation
+    model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
-        f"{threads} threads")
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, amp_dtype=dtype,
-                                       alternatives=alternatives)
+        f"{threads} threads, autocast {amp_dtype}, attention {ecfg['attention']}"
+        + (", compiled" if ecfg["compile"] else ""))
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, amp_dtype=amp_dtype,
+                                       alternatives=alternatives, compile_step=ecfg["compile"])
+    model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
-                   torch_threads=torch.get_num_threads())
+                   torch_threads=torch.get_num_threads(), attention=ecfg["attention"])
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")

@@ -1,8 +1,9 @@
-"""python -m latentstrat.bench train|decode [options]"""
+"""python -m latentstrat.bench train|decode|entangle [options]"""
 import importlib
 import sys
 
-COMMANDS = {"train": "latentstrat.bench.train", "decode": "latentstrat.bench.decode"}
+COMMANDS = {"train": "latentstrat.bench.train", "decode": "latentstrat.bench.decode",
+            "entangle": "latentstrat.bench.entangle"}
 
 
 def main(argv=None) -> int:

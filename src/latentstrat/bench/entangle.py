@@ -1,0 +1,137 @@
+"""Entangle-step benchmark: the default config's step against the plain float32 step, in one process.
+
+    python -m latentstrat.bench entangle [--config config/config.yaml] [--steps 40] [--threads 2] ...
+
+Both steps are `latentstrat.entangle.train_step` (z-free NLL per supervised token, AdamW, grad
+clip) on the same strategy-mixed, length-grouped batches of the six tasks, each from the same
+initial weights:
+- plain step: float32, SDPA attention, eager PyTorch;
+- configured step: the config's `entangle.autocast`, `.attention` and `.compile` (the default:
+  bf16 autocast matmuls, eager attention (on CPU, SDPA's bf16 backward is ~4x slower), and the
+  forward + loss through torch.compile, whose compile time falls in the warmup steps and is
+  printed separately).
+
+Tokens/s counts real (non-pad) tokens. Achieved FLOP/s uses 6 x parameters x tokens; the peaks
+are measured matmuls in float32 and bfloat16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from latentstrat import data
+from latentstrat.bench.train import matmul_peak, _sync
+from latentstrat.entangle import make_optimizer, train_step, zfree_token_nll
+from latentstrat.model import build_backbone
+
+
+def build(args):
+    df = data.generate({"seed": 0, "tasks": args.tasks.split(","), "train_per_task": args.examples_per_task,
+                        "validation_per_task": 1, "test_per_task": 1})
+    df = df[df.split == "train"].reset_index(drop=True)
+    from transformers import PreTrainedTokenizerFast
+    tk = data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                  unk_token="<unk>")
+    bcfg = {"source": "embedded", "dtype": "float32",
+            "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
+                         "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+                         "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
+    return df, tok, bcfg
+
+
+def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
+    torch.manual_seed(0)
+    model = build_backbone(bcfg, tok).to(device).train()
+    model.set_attn_implementation(ecfg["attention"])
+    opt = make_optimizer(model, 1e-3, 0.1)
+    step_nll = torch.compile(zfree_token_nll, dynamic=True) if ecfg["compile"] else zfree_token_nll
+    amp = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else torch.float32
+
+    def step(i):
+        batch = data.collate(enc, batches[i % len(batches)]).to(device)
+        train_step(model, opt, batch, step_nll, amp)
+        return int(batch.zfree_mask.sum())
+
+    _sync(device)
+    t = time.perf_counter()
+    for i in range(args.warmup):
+        step(i)
+    _sync(device)
+    warmup_s = time.perf_counter() - t
+    t, tokens = time.perf_counter(), 0
+    for i in range(args.warmup, args.warmup + args.steps):
+        tokens += step(i)
+    _sync(device)
+    dt = time.perf_counter() - t
+    return {"tokens_per_s": tokens / dt, "ms_per_step": 1000 * dt / args.steps, "warmup_s": warmup_s,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    df, tok, bcfg = build(args)
+    enc = data.encode(df, tok)
+    batches = list(data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size,
+                                               np.random.default_rng(0)))
+    from latentstrat.config import load_config
+    ecfg = load_config(args.config)["entangle"]
+    fast_cfg = {k: ecfg[k] for k in ("autocast", "attention", "compile")}
+    plain = time_variant(bcfg, tok, enc, batches, device, args, {"autocast": "none", "attention": "sdpa", "compile": False})
+    fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg)
+    n = plain["params"]
+    peak32 = matmul_peak(device, torch.float32, args.matmul_n)
+    peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
+    return {"params": n, "device": str(device), "threads": args.threads, "batch_size": args.batch_size,
+            "steps": args.steps, "configured": fast_cfg, "plain": plain, "fast": fast,
+            "speedup": fast["tokens_per_s"] / plain["tokens_per_s"],
+            "matmul_peak_float32": peak32, "matmul_peak_bfloat16": peak16,
+            "plain_mfu_vs_float32_peak": 6 * n * plain["tokens_per_s"] / peak32,
+            "fast_mfu_vs_bfloat16_peak": 6 * n * fast["tokens_per_s"] / peak16}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench entangle", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="config/config.yaml", help="the entangle step settings to time")
+    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
+                                       "base_conversion,list_reversal")
+    ap.add_argument("--examples-per-task", type=int, default=500)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed first steps (the fast step compiles in them)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--matmul-n", type=int, default=1024)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    res = run(args)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    p, f = res["plain"], res["fast"]
+    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
+          f"batch {res['batch_size']}, {res['steps']} timed steps")
+    c = res["configured"]
+    print(f"plain step (float32, sdpa):   {p['tokens_per_s']:9.0f} tokens/s  {p['ms_per_step']:6.1f} ms/step")
+    print(f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}): "
+          f"{f['tokens_per_s']:.0f} tokens/s  {f['ms_per_step']:.1f} ms/step"
+          f"  (first {args.warmup} steps, compile included: {f['warmup_s']:.1f} s)")
+    print(f"speedup:      {res['speedup']:.2f}x")
+    print(f"achieved:     plain {100 * res['plain_mfu_vs_float32_peak']:.1f}% of float32 matmul peak "
+          f"{res['matmul_peak_float32'] / 1e9:.1f} GFLOP/s; fast {100 * res['fast_mfu_vs_bfloat16_peak']:.1f}% of "
+          f"bfloat16 matmul peak {res['matmul_peak_bfloat16'] / 1e9:.1f} GFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
