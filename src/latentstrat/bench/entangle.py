@@ -24,24 +24,10 @@ import numpy as np
 import torch
 
 from latentstrat import data
-from latentstrat.bench.train import matmul_peak, _sync
+from latentstrat.bench.train import _sync, add_data_and_model_args, embedded_backbone_cfg, matmul_peak, \
+    train_split_and_tokenizer
 from latentstrat.entangle import make_optimizer, train_step, zfree_token_nll
 from latentstrat.model import build_backbone
-
-
-def build(args):
-    df = data.generate({"seed": 0, "tasks": args.tasks.split(","), "train_per_task": args.examples_per_task,
-                        "validation_per_task": 1, "test_per_task": 1})
-    df = df[df.split == "train"].reset_index(drop=True)
-    from transformers import PreTrainedTokenizerFast
-    tk = data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                  unk_token="<unk>")
-    bcfg = {"source": "embedded", "dtype": "float32",
-            "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
-                         "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-                         "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
-    return df, tok, bcfg
 
 
 def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
@@ -75,7 +61,8 @@ def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    df, tok, bcfg = build(args)
+    df, tok = train_split_and_tokenizer(args)
+    bcfg = embedded_backbone_cfg(args, "float32")
     enc = data.encode(df, tok)
     batches = list(data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size,
                                                np.random.default_rng(0)))
@@ -98,14 +85,7 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.bench entangle", description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="config/config.yaml", help="the entangle step settings to time")
-    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
-                                       "base_conversion,list_reversal")
-    ap.add_argument("--examples-per-task", type=int, default=500)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
+    add_data_and_model_args(ap, examples_per_task=500)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)

@@ -76,21 +76,42 @@ def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
     return rec["active"] + cell["beta"] * obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r).mean()
 
 
-def build(args):
-    tasks = args.tasks.split(",")
-    df = data.generate({"seed": 0, "tasks": tasks, "train_per_task": args.examples_per_task,
+def add_data_and_model_args(ap, examples_per_task: int) -> None:
+    """The options both step benchmarks share: which tasks, how many examples, the embedded model."""
+    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
+                                       "base_conversion,list_reversal")
+    ap.add_argument("--examples-per-task", type=int, default=examples_per_task)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+
+
+def train_split_and_tokenizer(args):
+    """A fresh train split of `args.tasks` and a tokenizer built on it."""
+    df = data.generate({"seed": 0, "tasks": args.tasks.split(","), "train_per_task": args.examples_per_task,
                         "validation_per_task": 1, "test_per_task": 1})
     df = df[df.split == "train"].reset_index(drop=True)
     from transformers import PreTrainedTokenizerFast
     tk = data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y))
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    return df, tok
+
+
+def embedded_backbone_cfg(args, dtype: str) -> dict:
+    return {"source": "embedded", "dtype": dtype,
+            "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
+                         "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+                         "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
+
+
+def build(args):
+    df, tok = train_split_and_tokenizer(args)
     if args.config_json:
         bcfg = {"source": "config_json", "name_or_path": args.config_json, "dtype": args.dtype}
     else:
-        bcfg = {"source": "embedded", "dtype": args.dtype,
-                "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
-                             "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-                             "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
+        bcfg = embedded_backbone_cfg(args, args.dtype)
     torch.manual_seed(0)
     ref_lm = build_backbone(bcfg, tok)
     return df, tok, bcfg, ref_lm
@@ -166,13 +187,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.bench train", description=__doc__.split("\n")[0])
-    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,base_conversion,list_reversal")
-    ap.add_argument("--examples-per-task", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
+    add_data_and_model_args(ap, examples_per_task=64)
     ap.add_argument("--config-json", help="random init from this config JSON (e.g. a Qwen2.5-0.5B config.json)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="cpu")
