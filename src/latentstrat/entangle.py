@@ -144,6 +144,15 @@ def autocast_for(model, dtype: torch.dtype):
     return torch.autocast(device_of(model).type, dtype=dtype)
 
 
+def step_settings(ecfg: dict, backbone_dtype: torch.dtype = torch.float32):
+    """The training step's loss function and autocast dtype, per `entangle.compile` and
+    `entangle.autocast` (a bfloat16 backbone always trains under bf16 autocast). Dynamic shapes:
+    batches differ in length, and one compiled graph serves them all."""
+    amp_dtype = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else backbone_dtype
+    step_nll = torch.compile(zfree_token_nll, dynamic=True) if ecfg["compile"] else zfree_token_nll
+    return step_nll, amp_dtype
+
+
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW (betas 0.9 / 0.95); weight decay on matrices only."""
     decay, no_decay = [], []
@@ -169,14 +178,13 @@ def train_step(model, opt, batch: data.Batch, step_nll=zfree_token_nll, amp_dtyp
 
 
 def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
-                    log=print, amp_dtype: torch.dtype = torch.float32, alternatives: list[list[int]] | None = None,
-                    compile_step: bool = False):
-    """Train `model` (float32 weights) in place on the z-free records, under autocast to
-    `amp_dtype`. Batches group rows of similar `group_lengths` (one per row of `train_enc`;
-    `data.strategy_free_lengths`). With `alternatives` (from `strategy_alternatives`;
-    `train_enc` then encodes its rows), each epoch draws one strategy per train input. With
-    `compile_step`, the step's forward and loss go through torch.compile (validation does not).
-    Returns (history rows, training summary)."""
+                    log=print, backbone_dtype: torch.dtype = torch.float32,
+                    alternatives: list[list[int]] | None = None):
+    """Train `model` (float32 weights) in place on the z-free records, with the step of
+    `step_settings` (autocast, compile; validation runs uncompiled in float32). Batches group
+    rows of similar `group_lengths` (one per row of `train_enc`; `data.strategy_free_lengths`).
+    With `alternatives` (from `strategy_alternatives`; `train_enc` then encodes its rows), each
+    epoch draws one strategy per train input. Returns (history rows, training summary)."""
     if len(group_lengths) != len(train_enc):
         raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
     dev = device_of(model)
@@ -192,8 +200,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
 
     record_validation(0)
     model.train()
-    # dynamic shapes: batches differ in length, one graph serves them all
-    step_nll = torch.compile(zfree_token_nll, dynamic=True) if compile_step else zfree_token_nll
+    step_nll, amp_dtype = step_settings(ecfg, backbone_dtype)
     batches = iter(())
     t0, tokens, tokens_window, t_window = time.time(), 0, 0, time.time()
     loss_window, gnorm_window, n_window = 0.0, 0.0, 0
@@ -232,7 +239,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     wall = time.time() - t0
     model.eval()
     summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr,
-                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(compile_step),
+                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(ecfg["compile"]),
                    warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
                    tokens_per_s=tokens / max(wall, 1e-9),
                    final_validation_loss={r["task"]: r["value"] for r in history
@@ -443,16 +450,15 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
 
     torch.manual_seed(ecfg["seed"])
     dtype = DTYPES[cfg["backbone"]["dtype"]]
-    amp_dtype = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else dtype
     model = build_backbone(cfg["backbone"], tokenizer).to(device=device, dtype=torch.float32)
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
-        f"{threads} threads, autocast {amp_dtype}, attention {ecfg['attention']}"
+        f"{threads} threads, autocast {ecfg['autocast']}, attention {ecfg['attention']}"
         + (", compiled" if ecfg["compile"] else ""))
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, amp_dtype=amp_dtype,
-                                       alternatives=alternatives, compile_step=ecfg["compile"])
+    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, backbone_dtype=dtype,
+                                       alternatives=alternatives)
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=torch.get_num_threads(), attention=ecfg["attention"])

@@ -26,7 +26,7 @@ import torch
 from latentstrat import data
 from latentstrat.bench.train import _sync, add_data_and_model_args, embedded_backbone_cfg, matmul_peak, \
     train_split_and_tokenizer
-from latentstrat.entangle import make_optimizer, train_step, zfree_token_nll
+from latentstrat.entangle import make_optimizer, step_settings, train_step
 from latentstrat.model import build_backbone
 
 
@@ -35,8 +35,7 @@ def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
     model = build_backbone(bcfg, tok).to(device).train()
     model.set_attn_implementation(ecfg["attention"])
     opt = make_optimizer(model, 1e-3, 0.1)
-    step_nll = torch.compile(zfree_token_nll, dynamic=True) if ecfg["compile"] else zfree_token_nll
-    amp = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else torch.float32
+    step_nll, amp = step_settings(ecfg)
 
     def step(i):
         batch = data.collate(enc, batches[i % len(batches)]).to(device)
