@@ -347,14 +347,61 @@ def test_compile_without_a_cxx_compiler_fails_before_training(data_dir, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_bench_entangle_times_the_configured_step(capsys):
+def test_bench_entangle_times_the_configured_step(capsys, tmp_path):
     from latentstrat.bench.__main__ import main
 
-    assert main(["entangle", "--config", str(ROOT / "config" / "smoke.yaml"), "--tasks", "sorting_algorithms",
-                 "--examples-per-task", "8", "--hidden", "32", "--intermediate", "64", "--layers", "1", "--heads", "2",
-                 "--kv-heads", "1", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--threads", "1",
-                 "--matmul-n", "64", "--json"]) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert res["configured"] == {"autocast": "none", "attention": "sdpa", "compile": False}  # smoke.yaml's
+    def bench(config, threads):
+        assert main(["entangle", "--config", str(config), "--tasks", "sorting_algorithms",
+                     "--examples-per-task", "8", "--hidden", "32", "--intermediate", "64", "--layers", "1",
+                     "--heads", "2", "--kv-heads", "1", "--batch-size", "4", "--steps", "2", "--warmup", "1",
+                     "--threads", str(threads), "--matmul-n", "64", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    res = bench(ROOT / "config" / "smoke.yaml", 1)
+    assert res["configured"] == {"autocast": "none", "attention": "sdpa", "compile": False, "processes": 1}  # smoke.yaml's
     assert res["plain"]["tokens_per_s"] > 0 and res["fast"]["tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["fast"]["tokens_per_s"] / res["plain"]["tokens_per_s"])
+    # two data-parallel processes: the same global batches, so the same tokens per step
+    (tmp_path / "dp.yaml").write_text(f"extends: {ROOT / 'config' / 'smoke.yaml'}\nentangle:\n  processes: 2\n")
+    dp = bench(tmp_path / "dp.yaml", 2)
+    assert dp["configured"]["processes"] == 2 and dp["fast"]["tokens_per_s"] > 0
+    assert dp["fast"]["tokens_per_s"] * dp["fast"]["ms_per_step"] == pytest.approx(
+        res["fast"]["tokens_per_s"] * res["fast"]["ms_per_step"])
+
+
+def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypatch):
+    """entangle.ema_decay: the saved model is the moving average of the iterates,
+    a_{t+1} = a_t + (1 - min(d, (1 + t) / (10 + t))) (w_{t+1} - a_t), a_0 = w_0, and the
+    iterates themselves are the run without averaging's."""
+    import latentstrat.entangle as E
+    from latentstrat.model import load_entangled
+
+    def run(out, ema_decay):
+        iterates, orig = [], E.train_step
+
+        def recording_step(model, *a, **k):
+            if not iterates:
+                iterates.append([p.detach().clone() for p in model.parameters()])
+            r = orig(model, *a, **k)
+            iterates.append([p.detach().clone() for p in model.parameters()])
+            return r
+        monkeypatch.setattr(E, "train_step", recording_step)
+        report = run_entangle(smoke_cfg(steps=4, ema_decay=ema_decay), data_dir, out, threads=1, log=lambda m: None)
+        return iterates, report, [p.detach() for p in load_entangled(out).parameters()]
+
+    plain_its, _, plain_saved = run(tmp_path / "plain", None)
+    ema_its, report, saved = run(tmp_path / "ema", 0.2)
+    assert all(torch.equal(a, b) for x, y in zip(plain_its, ema_its) for a, b in zip(x, y))
+    assert all(torch.equal(a, b) for a, b in zip(plain_saved, plain_its[-1]))  # no averaging: the last iterate
+    average = [w.clone() for w in ema_its[0]]
+    for t, w in enumerate(ema_its[1:]):
+        weight = 1 - min(0.2, (1 + t) / (10 + t))  # 0.9, 0.818.., 0.8, 0.8
+        average = [a + weight * (x - a) for a, x in zip(average, w)]
+    assert all(torch.allclose(s, a, atol=1e-7) for s, a in zip(saved, average))
+    assert max(float((s - w).abs().max()) for s, w in zip(saved, ema_its[-1])) > 1e-5  # not the last iterate
+    hist = pd.read_parquet(tmp_path / "ema" / "history.parquet")
+    ema_val = hist[hist.metric == "validation_loss_ema"].set_index("task").value
+    assert set(hist[hist.metric == "validation_loss_ema"].step) == {4}
+    assert report["training"]["final_validation_loss"] == pytest.approx(ema_val.to_dict())
+    iterate_val = hist[(hist.metric == "validation_loss") & (hist.step == 4)].set_index("task").value
+    assert report["training"]["final_validation_loss_iterate"] == pytest.approx(iterate_val.to_dict())

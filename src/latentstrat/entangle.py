@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import data, parallel
 from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
 from latentstrat.objective import token_nll
@@ -163,15 +163,31 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
 
 
-def train_step(model, opt, batch: data.Batch, step_nll=zfree_token_nll, amp_dtype: torch.dtype = torch.float32):
-    """One update on the mean NLL per supervised token of `batch`; returns (loss, grad norm)."""
-    with autocast_for(model, amp_dtype):
-        nll = step_nll(model, batch)
-    loss = nll.sum() / batch.sup_mask.sum()
+def train_step(model, opt, batch: data.Batch | None, step_nll=zfree_token_nll,
+               amp_dtype: torch.dtype = torch.float32, n_supervised: int | None = None, world: int = 1):
+    """One update on the mean NLL per supervised token of the batch; returns (loss, grad norm).
+    Data parallel (`world` > 1, `latentstrat.parallel`): `batch` is this rank's share of the
+    global batch (None: an empty share) and `n_supervised` the global batch's supervised token
+    count; the gradients and the loss are summed across ranks before clipping, so every rank
+    takes the same update."""
+    opt.zero_grad(set_to_none=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if batch is None:
+        loss = torch.zeros((), device=device_of(model))
+    else:
+        with autocast_for(model, amp_dtype):
+            nll = step_nll(model, batch)
+        loss = nll.sum() / (batch.sup_mask.sum() if n_supervised is None else n_supervised)
+        loss.backward()
+    if world > 1:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        loss = loss.detach().reshape(1)
+        parallel.all_reduce_sum([p.grad for p in params] + [loss])
+        loss = loss[0]
     if not torch.isfinite(loss):
         raise FloatingPointError(f"entangle: non-finite training loss {loss.item()}")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     opt.step()
     return loss, gnorm
@@ -179,12 +195,21 @@ def train_step(model, opt, batch: data.Batch, step_nll=zfree_token_nll, amp_dtyp
 
 def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
                     log=print, backbone_dtype: torch.dtype = torch.float32,
-                    alternatives: list[list[int]] | None = None):
+                    alternatives: list[list[int]] | None = None, rank: int = 0, world: int = 1):
     """Train `model` (float32 weights) in place on the z-free records, with the step of
     `step_settings` (autocast, compile; validation runs uncompiled in float32). Batches group
     rows of similar `group_lengths` (one per row of `train_enc`; `data.strategy_free_lengths`).
     With `alternatives` (from `strategy_alternatives`; `train_enc` then encodes its rows), each
-    epoch draws one strategy per train input. Returns (history rows, training summary)."""
+    epoch draws one strategy per train input. Data parallel (`world` > 1, inside
+    `parallel.workers`): every rank draws the same global batches and trains on rows
+    rank::world of each; only rank 0 validates and keeps the history. Returns (history rows,
+    training summary).
+
+    With `entangle.ema_decay` set, rank 0 keeps an exponential moving average of the weights
+    (decay min(ema_decay, (1 + step) / (10 + step)), a Polyak average over the last
+    ~1 / (1 - ema_decay) steps) and `model` ends holding it: the validation losses during
+    training are the iterate's (`validation_loss`), the end's are the average's
+    (`validation_loss_ema`, the saved model)."""
     if len(group_lengths) != len(train_enc):
         raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
     dev = device_of(model)
@@ -198,8 +223,12 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         for task, v in validation_loss(model, val_enc, 2 * bs).items():
             history.append(dict(step=step, task=task, metric="validation_loss", value=v))
 
-    record_validation(0)
+    if rank == 0:
+        record_validation(0)
     model.train()
+    ema_decay = ecfg["ema_decay"]
+    params = list(model.parameters())
+    average = [p.detach().clone() for p in params] if ema_decay and rank == 0 else None
     step_nll, amp_dtype = step_settings(ecfg, backbone_dtype)
     batches = iter(())
     t0, tokens, tokens_window, t_window = time.time(), 0, 0, time.time()
@@ -209,21 +238,30 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         if idx is None:  # new epoch
             batches = epoch_batches(group_lengths, bs, rng, alternatives)
             idx = next(batches)
-        batch = data.collate(train_enc, idx).to(dev)
+        share = idx[rank::world]
+        batch = data.collate(train_enc, share).to(dev) if share else None
+        n_supervised = sum(len(train_enc.sup_ids[i]) for i in idx) if world > 1 else None
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = cur_lr
         try:
-            loss, gnorm = train_step(model, opt, batch, step_nll, amp_dtype)
+            loss, gnorm = train_step(model, opt, batch, step_nll, amp_dtype, n_supervised, world)
         except FloatingPointError as e:
             raise FloatingPointError(f"{e} at step {step}") from None
-        n_tok = int(batch.zfree_mask.sum())
+        if average is not None:
+            weight = 1 - min(ema_decay, (1 + step) / (10 + step))
+            with torch.no_grad():
+                for a, p in zip(average, params):
+                    a.lerp_(p, weight)
+        n_tok = sum(len(train_enc.zfree_ids[i]) for i in idx)  # the global batch's real tokens
         tokens += n_tok
         tokens_window += n_tok
         loss_window += loss.item()
         gnorm_window += float(gnorm)
         n_window += 1
         done = step + 1
+        if rank != 0:
+            continue
         if done % LOG_EVERY == 0 or done == steps:
             dt = time.time() - t_window
             for metric, value in (("train_loss", loss_window / n_window), ("grad_norm", gnorm_window / n_window),
@@ -237,13 +275,27 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
             record_validation(done)
             log(f"entangle step {done}: validation loss {history[-1]['value']:.4f}")
     wall = time.time() - t0
+    if world > 1:
+        parallel.check_identical(params, "entangle")
+    final_metric = "validation_loss"
+    if average is not None:  # the model becomes the average (what is saved and sampled)
+        with torch.no_grad():
+            for a, p in zip(average, params):
+                p.copy_(a)
+        final_metric = "validation_loss_ema"
+        for task, v in validation_loss(model, val_enc, 2 * bs).items():
+            history.append(dict(step=steps, task=task, metric=final_metric, value=v))
+        log(f"entangle: weight average (ema_decay {ema_decay}): validation loss {history[-1]['value']:.4f}")
     model.eval()
     summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=lr,
-                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(ecfg["compile"]),
+                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(ecfg["compile"]), processes=world,
                    warmup_steps=warmup, wall_s=wall, train_tokens=tokens,
                    tokens_per_s=tokens / max(wall, 1e-9),
+                   ema_decay=ema_decay,
                    final_validation_loss={r["task"]: r["value"] for r in history
-                                          if r["metric"] == "validation_loss" and r["step"] == steps})
+                                          if r["metric"] == final_metric and r["step"] == steps},
+                   final_validation_loss_iterate={r["task"]: r["value"] for r in history
+                                                  if r["metric"] == "validation_loss" and r["step"] == steps})
     return history, summary
 
 
@@ -432,6 +484,9 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         return report
     _check_inputs(data_dir)
     device = pick_device()
+    if ecfg["processes"] > 1 and device.type != "cpu":
+        raise ValueError(f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
+                         f"the CPU step; on {device.type} set entangle.processes: 1")
     if ecfg["compile"]:
         _check_compiler(device)
     tokenizer = data.load_tokenizer(data_dir)
@@ -455,13 +510,24 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
-        f"{threads} threads, autocast {ecfg['autocast']}, attention {ecfg['attention']}"
+        f"{threads} threads" + (f" in {ecfg['processes']} processes" if ecfg["processes"] > 1 else "") + f", autocast {ecfg['autocast']}, attention {ecfg['attention']}"
         + (", compiled" if ecfg["compile"] else ""))
-    history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, backbone_dtype=dtype,
-                                       alternatives=alternatives)
+    world = ecfg["processes"]
+    if world == 1:
+        history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, backbone_dtype=dtype,
+                                           alternatives=alternatives)
+    else:
+        # data parallel over CPU processes (latentstrat.parallel): the threads are split between them
+        rank_threads = max(1, int(threads) // world)
+        torch.set_num_threads(rank_threads)
+        with parallel.workers(world, _train_rank, (model, train_enc, ecfg, group_lengths, dtype, alternatives),
+                              threads=rank_threads):
+            history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log,
+                                               backbone_dtype=dtype, alternatives=alternatives, rank=0, world=world)
+        torch.set_num_threads(int(threads))
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
-                   torch_threads=torch.get_num_threads(), attention=ecfg["attention"])
+                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"])
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
@@ -480,6 +546,13 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
                   for c, v in r["checks"].items() if not v["passed"]]
         raise QualityError(f"entangle: quality checks failed ({', '.join(failed)}); report in {out_dir / 'quality.json'}")
     return report
+
+
+def _train_rank(model, train_enc, ecfg, group_lengths, backbone_dtype, alternatives, rank: int, world: int) -> None:
+    """A data-parallel worker rank (1..world-1) of the entangle stage: the same training loop, no
+    validation or history (rank 0 keeps those and the model)."""
+    train_entangled(model, train_enc, None, ecfg, group_lengths, log=lambda m: None, backbone_dtype=backbone_dtype,
+                    alternatives=alternatives, rank=rank, world=world)
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

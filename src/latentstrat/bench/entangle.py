@@ -6,10 +6,11 @@ Both steps are `latentstrat.entangle.train_step` (z-free NLL per supervised toke
 clip) on the same strategy-mixed, length-grouped batches of the six tasks, each from the same
 initial weights:
 - plain step: float32, SDPA attention, eager PyTorch;
-- configured step: the config's `entangle.autocast`, `.attention` and `.compile` (the default:
-  bf16 autocast matmuls, eager attention (on CPU, SDPA's bf16 backward is ~4x slower), and the
-  forward + loss through torch.compile, whose compile time falls in the warmup steps and is
-  printed separately).
+- configured step: the config's `entangle.autocast`, `.attention`, `.compile` and `.processes`
+  (the default: bf16 autocast matmuls, eager attention (on CPU, SDPA's bf16 backward is ~4x
+  slower), the forward + loss through torch.compile, whose compile time falls in the warmup
+  steps and is printed separately, and two data-parallel processes of `--threads / 2` threads
+  each, every one on half of each batch, with one gradient all-reduce per step).
 
 Tokens/s counts real (non-pad) tokens. Achieved FLOP/s uses 6 x parameters x tokens; the peaks
 are measured matmuls in float32 and bfloat16.
@@ -23,14 +24,16 @@ import time
 import numpy as np
 import torch
 
-from latentstrat import data
+from latentstrat import data, parallel
 from latentstrat.bench.train import _sync, add_data_and_model_args, embedded_backbone_cfg, matmul_peak, \
     train_split_and_tokenizer
 from latentstrat.entangle import make_optimizer, step_settings, train_step
 from latentstrat.model import build_backbone
 
 
-def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
+def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
+    """Tokens/s of `train_step` with `ecfg`'s step settings. Data parallel (`world` > 1, inside
+    `parallel.workers`): this rank trains on rows rank::world of each batch, as the stage does."""
     torch.manual_seed(0)
     model = build_backbone(bcfg, tok).to(device).train()
     model.set_attn_implementation(ecfg["attention"])
@@ -38,9 +41,11 @@ def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict) -> dict:
     step_nll, amp = step_settings(ecfg)
 
     def step(i):
-        batch = data.collate(enc, batches[i % len(batches)]).to(device)
-        train_step(model, opt, batch, step_nll, amp)
-        return int(batch.zfree_mask.sum())
+        idx = batches[i % len(batches)]
+        batch = data.collate(enc, idx[rank::world]).to(device)
+        n_supervised = sum(len(enc.sup_ids[j]) for j in idx) if world > 1 else None
+        train_step(model, opt, batch, step_nll, amp, n_supervised, world)
+        return sum(len(enc.zfree_ids[j]) for j in idx)  # the global batch's real tokens
 
     _sync(device)
     t = time.perf_counter()
@@ -67,9 +72,17 @@ def run(args) -> dict:
                                                np.random.default_rng(0)))
     from latentstrat.config import load_config
     ecfg = load_config(args.config)["entangle"]
-    fast_cfg = {k: ecfg[k] for k in ("autocast", "attention", "compile")}
+    fast_cfg = {k: ecfg[k] for k in ("autocast", "attention", "compile", "processes")}
     plain = time_variant(bcfg, tok, enc, batches, device, args, {"autocast": "none", "attention": "sdpa", "compile": False})
-    fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg)
+    world = fast_cfg["processes"]
+    if world == 1:
+        fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg)
+    else:  # as the stage runs it: the threads split between processes, each on its share of every batch
+        rank_threads = max(1, args.threads // world)
+        torch.set_num_threads(rank_threads)
+        with parallel.workers(world, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg), threads=rank_threads):
+            fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg, rank=0, world=world)
+        torch.set_num_threads(args.threads)
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
     peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
@@ -103,7 +116,8 @@ def main(argv=None) -> int:
           f"batch {res['batch_size']}, {res['steps']} timed steps")
     c = res["configured"]
     print(f"plain step (float32, sdpa):   {p['tokens_per_s']:9.0f} tokens/s  {p['ms_per_step']:6.1f} ms/step")
-    print(f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}): "
+    print(f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}, "
+          f"processes {c['processes']}): "
           f"{f['tokens_per_s']:.0f} tokens/s  {f['ms_per_step']:.1f} ms/step"
           f"  (first {args.warmup} steps, compile included: {f['warmup_s']:.1f} s)")
     print(f"speedup:      {res['speedup']:.2f}x")
