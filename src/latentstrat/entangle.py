@@ -11,7 +11,9 @@ length-grouped batches, seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
 in bf16. The training step's speed settings (the default's CPU step, docs/entangle.md):
 `entangle.autocast: bfloat16` (bf16 matmuls, float32 weights and saved model),
-`entangle.attention: eager` (for the step only), `entangle.compile: true` (torch.compile).
+`entangle.attention: eager` (for the step only), `entangle.compile: true` (torch.compile),
+`entangle.processes: 2` (each batch split between two 1-thread processes, `latentstrat.parallel`).
+With `entangle.ema_decay` the saved model is a moving average of the weights.
 
 Writes to `out_dir`:
 - `model/`            save_pretrained dir (loads with `model.load_entangled`)
