@@ -173,7 +173,6 @@ def train_step(model, opt, batch: data.Batch | None, step_nll=zfree_token_nll,
     count; the gradients and the loss are summed across ranks before clipping, so every rank
     takes the same update."""
     opt.zero_grad(set_to_none=True)
-    params = [p for p in model.parameters() if p.requires_grad]
     if batch is None:
         loss = torch.zeros((), device=device_of(model))
     else:
@@ -182,6 +181,7 @@ def train_step(model, opt, batch: data.Batch | None, step_nll=zfree_token_nll,
         loss = nll.sum() / (batch.sup_mask.sum() if n_supervised is None else n_supervised)
         loss.backward()
     if world > 1:
+        params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -193,6 +193,16 @@ def train_step(model, opt, batch: data.Batch | None, step_nll=zfree_token_nll,
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     opt.step()
     return loss, gnorm
+
+
+def rank_share(enc: data.Encoded, idx: list[int], rank: int, world: int, device):
+    """This rank's part of the global batch `idx` (rows rank::world; None if none), the global
+    batch's supervised-token count (None in one process: `train_step` counts its batch) and its
+    real (non-pad) tokens."""
+    share = idx[rank::world]
+    batch = data.collate(enc, share).to(device) if share else None
+    n_supervised = sum(len(enc.sup_ids[i]) for i in idx) if world > 1 else None
+    return batch, n_supervised, sum(len(enc.zfree_ids[i]) for i in idx)
 
 
 def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
@@ -240,9 +250,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         if idx is None:  # new epoch
             batches = epoch_batches(group_lengths, bs, rng, alternatives)
             idx = next(batches)
-        share = idx[rank::world]
-        batch = data.collate(train_enc, share).to(dev) if share else None
-        n_supervised = sum(len(train_enc.sup_ids[i]) for i in idx) if world > 1 else None
+        batch, n_supervised, n_tok = rank_share(train_enc, idx, rank, world, dev)
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = cur_lr
@@ -255,7 +263,6 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
             with torch.no_grad():
                 for a, p in zip(average, params):
                     a.lerp_(p, weight)
-        n_tok = sum(len(train_enc.zfree_ids[i]) for i in idx)  # the global batch's real tokens
         tokens += n_tok
         tokens_window += n_tok
         loss_window += loss.item()
@@ -514,19 +521,12 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
         f"{threads} threads" + (f" in {ecfg['processes']} processes" if ecfg["processes"] > 1 else "") + f", autocast {ecfg['autocast']}, attention {ecfg['attention']}"
         + (", compiled" if ecfg["compile"] else ""))
+    # with entangle.processes > 1, data parallel over CPU processes that split the threads
     world = ecfg["processes"]
-    if world == 1:
-        history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log, backbone_dtype=dtype,
-                                           alternatives=alternatives)
-    else:
-        # data parallel over CPU processes (latentstrat.parallel): the threads are split between them
-        rank_threads = max(1, int(threads) // world)
-        torch.set_num_threads(rank_threads)
-        with parallel.workers(world, _train_rank, (model, train_enc, ecfg, group_lengths, dtype, alternatives),
-                              threads=rank_threads):
-            history, summary = train_entangled(model, train_enc, val_enc, ecfg, group_lengths, log,
-                                               backbone_dtype=dtype, alternatives=alternatives, rank=0, world=world)
-        torch.set_num_threads(int(threads))
+    history, summary = parallel.run(
+        world, int(threads), train_entangled, (model, train_enc),
+        dict(val_enc=None, ecfg=ecfg, group_lengths=group_lengths, backbone_dtype=dtype, alternatives=alternatives),
+        rank0_kwargs=dict(val_enc=val_enc, log=log))
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=max(1, int(threads) // world), attention=ecfg["attention"])
@@ -548,13 +548,6 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
                   for c, v in r["checks"].items() if not v["passed"]]
         raise QualityError(f"entangle: quality checks failed ({', '.join(failed)}); report in {out_dir / 'quality.json'}")
     return report
-
-
-def _train_rank(model, train_enc, ecfg, group_lengths, backbone_dtype, alternatives, rank: int, world: int) -> None:
-    """A data-parallel worker rank (1..world-1) of the entangle stage: the same training loop, no
-    validation or history (rank 0 keeps those and the model)."""
-    train_entangled(model, train_enc, None, ecfg, group_lengths, log=lambda m: None, backbone_dtype=backbone_dtype,
-                    alternatives=alternatives, rank=rank, world=world)
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

@@ -57,41 +57,58 @@ def workers(world: int, fn, args: tuple = (), kwargs: dict | None = None, thread
         with open(tmp / "job.pkl", "wb") as f:
             pickle.dump(dict(fn=fn, args=args, kwargs=kwargs or {}, store=store, world=world, threads=threads), f)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        procs, logs = [], []
-        for rank in range(1, world):
-            log = open(tmp / f"rank{rank}.log", "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT))
-        try:
-            _wait_ready(procs, logs, tmp)
-            _init(store, 0, world)
+        with contextlib.ExitStack() as closing:
+            procs, logs = [], []
+            for rank in range(1, world):
+                log = closing.enter_context(open(tmp / f"rank{rank}.log", "w+"))
+                logs.append(log)
+                procs.append(subprocess.Popen([sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT))
             try:
-                yield
-            finally:
-                dist.destroy_process_group()
-        except BaseException as e:
-            for p in procs:  # a worker that died first is the likely cause: give it time to exit
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=5)
-            failed = _failures(procs, logs)
+                _wait_ready(procs, logs, tmp)
+                _init(store, 0, world)
+                try:
+                    yield
+                finally:
+                    dist.destroy_process_group()
+            except BaseException as e:
+                for p in procs:  # a worker that died first is the likely cause: give it time to exit
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=5)
+                failed = _failures(procs, logs)
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                if failed and not isinstance(e, WorkerError):
+                    raise WorkerError(f"data-parallel worker failed: {failed}") from e
+                raise
             for p in procs:
-                p.kill()
-                p.wait()
-            if failed and not isinstance(e, WorkerError):
-                raise WorkerError(f"data-parallel worker failed: {failed}") from e
-            raise
-        for p in procs:
-            try:
-                p.wait(timeout=TIMEOUT.total_seconds())
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        failed = _failures(procs, logs)
-        for log in logs:
-            log.close()
-        if failed:
-            raise WorkerError(f"data-parallel worker failed: {failed}")
+                try:
+                    p.wait(timeout=TIMEOUT.total_seconds())
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            failed = _failures(procs, logs)
+            if failed:
+                raise WorkerError(f"data-parallel worker failed: {failed}")
+
+
+def run(world: int, threads: int, fn, args: tuple = (), kwargs: dict | None = None, rank0_kwargs: dict | None = None):
+    """Run fn(*args, rank=r, world=world, **kwargs) on `world` ranks of threads // world torch
+    threads each and return rank 0's result. Rank 0 is this process and also gets
+    `rank0_kwargs` (what stays here, e.g. a log callback); world 1 is a plain call. The
+    process's torch threads are restored afterwards."""
+    kwargs = kwargs or {}
+    here = {**kwargs, **(rank0_kwargs or {})}
+    before, rank_threads = torch.get_num_threads(), max(1, threads // world)
+    torch.set_num_threads(rank_threads)
+    try:
+        if world == 1:
+            return fn(*args, rank=0, world=1, **here)
+        with workers(world, fn, args, kwargs, threads=rank_threads):
+            return fn(*args, rank=0, world=world, **here)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _wait_ready(procs, logs, tmp: Path) -> None:

@@ -27,7 +27,7 @@ import torch
 from latentstrat import data, parallel
 from latentstrat.bench.train import _sync, add_data_and_model_args, embedded_backbone_cfg, matmul_peak, \
     train_split_and_tokenizer
-from latentstrat.entangle import make_optimizer, step_settings, train_step
+from latentstrat.entangle import make_optimizer, rank_share, step_settings, train_step
 from latentstrat.model import build_backbone
 
 
@@ -41,11 +41,9 @@ def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 
     step_nll, amp = step_settings(ecfg)
 
     def step(i):
-        idx = batches[i % len(batches)]
-        batch = data.collate(enc, idx[rank::world]).to(device)
-        n_supervised = sum(len(enc.sup_ids[j]) for j in idx) if world > 1 else None
+        batch, n_supervised, n_tokens = rank_share(enc, batches[i % len(batches)], rank, world, device)
         train_step(model, opt, batch, step_nll, amp, n_supervised, world)
-        return sum(len(enc.zfree_ids[j]) for j in idx)  # the global batch's real tokens
+        return n_tokens
 
     _sync(device)
     t = time.perf_counter()
@@ -74,15 +72,8 @@ def run(args) -> dict:
     ecfg = load_config(args.config)["entangle"]
     fast_cfg = {k: ecfg[k] for k in ("autocast", "attention", "compile", "processes")}
     plain = time_variant(bcfg, tok, enc, batches, device, args, {"autocast": "none", "attention": "sdpa", "compile": False})
-    world = fast_cfg["processes"]
-    if world == 1:
-        fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg)
-    else:  # as the stage runs it: the threads split between processes, each on its share of every batch
-        rank_threads = max(1, args.threads // world)
-        torch.set_num_threads(rank_threads)
-        with parallel.workers(world, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg), threads=rank_threads):
-            fast = time_variant(bcfg, tok, enc, batches, device, args, fast_cfg, rank=0, world=world)
-        torch.set_num_threads(args.threads)
+    # as the stage runs it: with processes > 1, the threads split between processes
+    fast = parallel.run(fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg))
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
     peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
