@@ -166,11 +166,10 @@ def test_collate_fields(encoded):
     L = int(df.n_supervised.iloc[idx].max())
     assert b.gen_ids.shape == b.gen_mask.shape and b.gen_ids.shape[0] == B
     assert b.z_slot_pos.shape == (B, P) and b.z_open_pos.shape == (B,)
-    assert b.sup_ids.shape == b.sup_mask.shape == b.gen_sup_pos.shape == b.zfree_sup_pos.shape == (B, L)
+    assert b.sup_ids.shape == b.sup_mask.shape == b.gen_sup_pos.shape == (B, L)
     assert b.sup_mask.sum(1).tolist() == df.n_supervised.iloc[idx].tolist()
     m = b.sup_mask.bool()
     assert torch.equal(b.gen_ids.gather(1, b.gen_sup_pos + 1)[m], b.sup_ids[m])
-    assert torch.equal(b.zfree_ids.gather(1, b.zfree_sup_pos + 1)[m], b.sup_ids[m])
     assert (b.gen_ids.gather(1, b.z_open_pos[:, None]) == v["<z>"]).all()
     assert (b.gen_ids.gather(1, b.z_slot_pos) == v["[Z]"]).all()
     assert ((b.gen_ids == v["[Z]"]).sum(1) == P).all()
@@ -178,7 +177,7 @@ def test_collate_fields(encoded):
     last = b.post_mask.sum(1) - 1  # posterior pooling position holds </y>
     assert (b.post_ids.gather(1, last[:, None]) == v["</y>"]).all()
     assert b.gen_mask.sum(1).tolist() == [len(enc.gen_ids[i]) for i in idx]
-    assert b.zfree_mask.sum(1).tolist() == [len(enc.gen_ids[i]) - P - 2 for i in idx]
+    assert b.post_mask.sum(1).tolist() == [len(enc.gen_ids[i]) - P - 3 for i in idx]  # no <z> [Z]*P </z>, no <eos>
     assert (b.gen_ids[b.gen_mask == 0] == v["<pad>"]).all()
     tasks = sorted(df.task.unique())
     assert [tasks[i] for i in b.task_idx.tolist()] == df.task.iloc[idx].tolist()

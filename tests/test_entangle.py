@@ -11,7 +11,7 @@ import torch
 from latentstrat import data
 from latentstrat.config import load_config
 from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, quality_report, quality_table,
-                                  run_entangle, sample_y, strategy_alternatives, strategy_distribution,
+                                  prompts_from, run_entangle, sample_y, strategy_alternatives, strategy_distribution,
                                   total_variation)
 from latentstrat.tasks import TASKS
 
@@ -148,7 +148,7 @@ def test_sample_y_kv_cache_left_padding_matches_naive_loop(data_dir):
     model = _tiny_model(tok)
     df = data.load_split(data_dir, "test")
     enc = data.encode(df, tok)
-    prompts = [ids[:p + 1] for ids, p in zip(enc.zfree_ids, enc.zfree_y_pos)][:5]
+    prompts = prompts_from(enc)[:5]
     assert len({len(p) for p in prompts}) > 1  # left padding is exercised
     # temperature -> 0 makes sampling greedy: the cached, padded batch must equal per-prompt recompute
     got = sample_y(model, tok, prompts, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
@@ -228,8 +228,8 @@ def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     a = load_entangled(out)
     b = load_entangled(out / "model")
     with torch.no_grad():
-        la = a(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
-        lb = b(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+        la = a(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
+        lb = b(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
     assert torch.equal(la, lb)
     # same seed, same run: identical history values (apart from timings)
     out2 = tmp_path / "again"
@@ -238,7 +238,7 @@ def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     keep = ~hist.metric.isin(["tokens_per_s", "elapsed_s"])
     pd.testing.assert_frame_equal(hist[keep].reset_index(drop=True), h2[~h2.metric.isin(["tokens_per_s", "elapsed_s"])].reset_index(drop=True))
     with torch.no_grad():
-        l2 = load_entangled(out2)(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+        l2 = load_entangled(out2)(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
     assert torch.equal(la, l2)
 
 

@@ -79,13 +79,21 @@ def test_padding_does_not_change_outputs(tok):
 
 
 @pytest.mark.parametrize("P", [1, 2])
-def test_z_changes_generator_logits(tok, P):
+def test_z_changes_generator_logits_once_its_projection_is_trained(tok, P):
     m = model(tok, P=P).eval()
     b = batch(tok, ["a b c 1 2 3"], P=P)
-    with torch.no_grad():
-        l1, mu1, _ = m.generator(b.gen_ids, b.gen_mask, torch.zeros(1, 4), b.z_open_pos, b.z_slot_pos)
-        l2, mu2, _ = m.generator(b.gen_ids, b.gen_mask, torch.ones(1, 4), b.z_open_pos, b.z_slot_pos)
+
+    def logits(z):
+        with torch.no_grad():
+            return m.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)
+
     slot = int(b.z_slot_pos[0, 0])
+    # at initialization the z projection is zero: z changes nothing (the initialization invariant)
+    (l1, mu1, _), (l2, mu2, _) = logits(torch.zeros(1, 4)), logits(torch.ones(1, 4))
+    assert torch.equal(l1, l2) and torch.equal(mu1, mu2)
+    # with a non-zero projection (as after training) z moves everything after the slot, nothing before
+    torch.nn.init.normal_(m.z_proj.weight, std=0.02)
+    (l1, mu1, _), (l2, mu2, _) = logits(torch.zeros(1, 4)), logits(torch.ones(1, 4))
     assert torch.equal(l1[:, :slot], l2[:, :slot])  # causal: nothing before the slot moves
     assert not torch.allclose(l1[:, slot:], l2[:, slot:])
     assert torch.equal(mu1, mu2)
@@ -101,12 +109,26 @@ def _grads(m, tok):
     return {n for n, p in m.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
 
 
+def _move_from_init(m):
+    """LoRA B and the z projection start at 0; move them (as training does) so everything
+    behind them gets gradients too."""
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n or n == "z_proj.weight":
+                p.normal_(0, 0.02)
+
+
+def test_at_init_z_projection_learns_and_posterior_waits_for_it(tok):
+    """z_proj = 0: reconstruction sends no gradient into the posterior yet, but the projection
+    itself gets one (its gradient is the slot's gradient times z), so z starts to matter."""
+    got = _grads(model(tok), tok)
+    assert "z_proj.weight" in got
+    assert not any("lora_A.posterior" in n or "lora_B.posterior" in n for n in got)
+
+
 def test_lora_only_adapters_and_heads_get_gradients(tok):
     m = model(tok)
-    with torch.no_grad():  # LoRA B starts at 0; move it so A gets gradients too
-        for n, p in m.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.02)
+    _move_from_init(m)
     got = _grads(m, tok)
     assert got, "no gradients at all"
     assert all(".lora_" in n or n.startswith(("router_head", "posterior_head", "z_proj")) for n in got), got
@@ -123,6 +145,7 @@ def test_frozen_and_full(tok):
     got = _grads(model(tok, "frozen"), tok)
     assert got and all(n.startswith(("router_head", "posterior_head", "z_proj")) for n in got)
     m = model(tok, "full")
+    _move_from_init(m)
     got = _grads(m, tok)
     assert any(n.startswith("lm.model.layers") for n in got) and any(n.startswith("lm_post.model.layers") for n in got)
 
@@ -152,9 +175,9 @@ def test_save_pretrained_loads_through_from_pretrained(tok, tmp_path):
     loaded_p = build_backbone({"source": "pretrained", "name_or_path": str(tmp_path / "ckpt"), "dtype": "float32"}, tok).eval()
     loaded_e = load_entangled(tmp_path / "ckpt").eval()
     with torch.no_grad():
-        ref = bb(input_ids=b.zfree_ids).logits
-        assert torch.equal(ref, loaded_p(input_ids=b.zfree_ids).logits)
-        assert torch.equal(ref, loaded_e(input_ids=b.zfree_ids).logits)
+        ref = bb(input_ids=b.gen_ids).logits
+        assert torch.equal(ref, loaded_p(input_ids=b.gen_ids).logits)
+        assert torch.equal(ref, loaded_e(input_ids=b.gen_ids).logits)
     # config_json: same architecture, random weights
     cj = build_backbone({"source": "config_json", "name_or_path": str(tmp_path / "ckpt" / "config.json"), "dtype": "float32"}, tok)
     assert cj.config.hidden_size == 32 and sum(p.numel() for p in cj.parameters()) == sum(p.numel() for p in bb.parameters())

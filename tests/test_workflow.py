@@ -133,7 +133,7 @@ def test_bad_config_fails_before_any_job_naming_the_key(wd, config, key):
 def write_base_config(wd: Path) -> None:
     """What the data rule writes: the smoke config's base settings."""
     cfg = load_config(wd / "config" / "smoke.yaml", overrides={"results_dir": str(wd / "results")})
-    dump_json(base_settings(cfg), wd / "results" / "base" / "smoke-v1" / "data" / "base_config.json")
+    dump_json(base_settings(cfg), wd / "results" / "base" / "smoke-v2" / "data" / "base_config.json")
 
 
 def test_base_config_guard_names_changed_keys(tmp_path):
@@ -175,7 +175,7 @@ CELL = "agg-sum_fam-tokcc_a0.25_beta-0.1_zdim-8_seed-314159"
 
 def cell_dirs(wd: Path, cid: str = CELL) -> list[Path]:
     """The cell's work (train/evaluate/probes, under its base) and its collection row (metrics)."""
-    (work,) = (wd / "results" / "base" / "smoke-v1" / "cells").glob(f"w*/{cid}")
+    (work,) = (wd / "results" / "base" / "smoke-v2" / "cells").glob(f"w*/{cid}")
     return [work, wd / "results" / "smoke" / "cells" / cid]
 
 

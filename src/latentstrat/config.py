@@ -152,6 +152,12 @@ def _check_semantics(cfg: dict) -> None:
     cells = expand_cells(cfg, validated=True)
     if cfg["entangle"]["mode"] == "skip" and any(c.settings["init"] == "entangled" for c in cells):
         raise ConfigError("config key entangle.mode: 'skip' but some cells have init: entangled")
+    slots = cfg["entangle"]["z_slots"]
+    for c in cells:
+        if c.settings["init"] == "entangled" and int(c.settings["z_slots"]) != slots:
+            raise ConfigError(f"config key cell/grid/reference_arms z_slots: cell {c.cell_id} has z_slots "
+                              f"{c.settings['z_slots']} but the entangled model it starts from is trained with "
+                              f"entangle.z_slots {slots} (a cell must start as that model: same record layout)")
     ids = [c.cell_id for c in cells]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

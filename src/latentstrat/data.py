@@ -5,9 +5,12 @@ encoding/batching every model stage uses (docs/architecture.md, Data).
 
 Records (words separated by single spaces; P = z_slots):
 
-    <bos> <x> x </x> <z> [Z]*P </z> <y> y </y> <eos>     generator (with z)
-    <bos> <x> x </x> <y> y </y> <eos>                     z-free (entangled)
+    <bos> <x> x </x> <z> [Z]*P </z> <y> y </y> <eos>     generator record
     <bos> <x> x </x> <y> y </y>                           posterior input
+
+The entangled (z-free) model reads the generator record too, with a neutral slot: the `[Z]`
+tokens carry no z. Its slot tokens are therefore trained, and a cell whose z projection starts
+at zero computes exactly the entangled p(y|x) at step 0 (docs/design.md, "Initialization").
 
 Supervised tokens: the y tokens, `</y>` and `<eos>` (n_supervised = n_y_tokens + 2).
 """
@@ -38,7 +41,7 @@ MAX_DRAWS_PER_EXAMPLE = 200  # give up (clear error) when a task's input space i
 
 
 def render_record(x: str, y: str, with_z: bool = True, z_slots: int = 1, eos: bool = True) -> str:
-    """The record text; `eos=False` (and with_z=False) gives the posterior input."""
+    """The record text; `with_z=False, eos=False` gives the posterior input."""
     parts = [BOS, X_OPEN, x, X_CLOSE]
     if with_z:
         parts += [Z_OPEN] + [Z_SLOT] * z_slots + [Z_CLOSE]
@@ -218,12 +221,10 @@ class Encoded:
     """Token ids per example of one split, computed once (see `encode`)."""
     tasks: list[str]  # sorted task names; task_idx indexes this list
     z_slots: int
-    gen_ids: list[list[int]]
-    zfree_ids: list[list[int]]
+    gen_ids: list[list[int]]  # the record both the generator and the entangled model read
     post_ids: list[list[int]]
     sup_ids: list[list[int]]  # y tokens, </y>, <eos>
     z_open_pos: list[int]
-    zfree_y_pos: list[int]  # position of <y> in the z-free record
     task_idx: list[int]
     pad_id: int
     lengths: list[int] = field(default_factory=list)  # generator record lengths
@@ -245,18 +246,16 @@ def encode(df: pd.DataFrame, tokenizer, z_slots: int = 1) -> Encoded:
     s = {t: vocab[t] for t in SPECIAL_TOKENS}
     tasks = sorted(df.task.unique())
     tindex = {t: i for i, t in enumerate(tasks)}
-    enc = Encoded(tasks, z_slots, [], [], [], [], [], [], [], s[PAD])
+    enc = Encoded(tasks, z_slots, [], [], [], [], [], s[PAD])
     for task, x, y in zip(df.task, df.x, df.y):
         xi, yi = ids(x.split()), ids(y.split())
         head = [s[BOS], s[X_OPEN], *xi, s[X_CLOSE]]
         body = [s[Y_OPEN], *yi, s[Y_CLOSE]]
         zblock = [s[Z_OPEN]] + [s[Z_SLOT]] * z_slots + [s[Z_CLOSE]]
         enc.gen_ids.append(head + zblock + body + [s[EOS]])
-        enc.zfree_ids.append(head + body + [s[EOS]])
         enc.post_ids.append(head + body)
         enc.sup_ids.append(yi + [s[Y_CLOSE], s[EOS]])
         enc.z_open_pos.append(len(head))
-        enc.zfree_y_pos.append(len(head))
         enc.task_idx.append(tindex[task])
     enc.lengths = [len(g) for g in enc.gen_ids]
     return enc
@@ -314,9 +313,6 @@ class Batch:
     sup_mask: torch.Tensor
     post_ids: torch.Tensor
     post_mask: torch.Tensor
-    zfree_ids: torch.Tensor
-    zfree_mask: torch.Tensor
-    zfree_sup_pos: torch.Tensor
     b: torch.Tensor | None
     task_idx: torch.Tensor
     row_idx: torch.Tensor
@@ -346,14 +342,12 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
         raise ValueError("collate: empty index list")
     P = encoded.z_slots
     gen_ids, gen_mask = _pad([encoded.gen_ids[i] for i in idx], encoded.pad_id)
-    zfree_ids, zfree_mask = _pad([encoded.zfree_ids[i] for i in idx], encoded.pad_id)
     post_ids, post_mask = _pad([encoded.post_ids[i] for i in idx], encoded.pad_id)
     sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id)
     z_open = torch.tensor([encoded.z_open_pos[i] for i in idx])
     # next-token positions: the <y> token predicts the first y token, ...
     gen_sup = [list(range(encoded.z_open_pos[i] + P + 2, encoded.z_open_pos[i] + P + 2 + len(encoded.sup_ids[i])))
                for i in idx]
-    zfree_sup = [list(range(encoded.zfree_y_pos[i], encoded.zfree_y_pos[i] + len(encoded.sup_ids[i]))) for i in idx]
     b_t = None
     if b is not None:
         rows = [list(map(float, b[i])) for i in idx]
@@ -365,8 +359,7 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
         gen_ids=gen_ids, gen_mask=gen_mask, z_open_pos=z_open,
         z_slot_pos=z_open[:, None] + torch.arange(1, P + 1)[None, :],
         gen_sup_pos=_pad(gen_sup, 0)[0], sup_ids=sup_ids, sup_mask=sup_mask,
-        post_ids=post_ids, post_mask=post_mask, zfree_ids=zfree_ids, zfree_mask=zfree_mask,
-        zfree_sup_pos=_pad(zfree_sup, 0)[0], b=b_t,
+        post_ids=post_ids, post_mask=post_mask, b=b_t,
         task_idx=torch.tensor([encoded.task_idx[i] for i in idx]), row_idx=torch.tensor(idx))
 
 

@@ -3,8 +3,10 @@ it is a real multi-strategy model (DESIGN sections 3 and 5.2).
 
     python -m latentstrat.entangle --config config/config.yaml [--threads N]
 
-Records are the z-free ones, `<bos> <x> .. </x> <y> .. </y> <eos>`; the loss is the mean NLL
-over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
+Records are the latent layout with a neutral slot, `<bos> <x> .. </x> <z> [Z]*P </z> <y> .. </y>
+<eos>` (P = entangle.z_slots; no z is written into the slot), so the slot tokens are the
+entangled model's own and a cell starts as this model (docs/design.md, "Initialization"); the
+loss is the mean NLL over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
 scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
 AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
 length-grouped batches, seeded.
@@ -19,7 +21,7 @@ Writes to `out_dir`:
 - `model/`            save_pretrained dir (loads with `model.load_entangled`)
 - `history.parquet`   step, task ("all" or a task), metric, value
 - `quality.json`      per task: answer accuracy, strategy-match rate and strategy TV of samples
-                      at temperature 1 on test inputs, thresholds, pass/fail; training summary
+                      at temperature 1 on validation inputs, thresholds, pass/fail; training summary
 - `quality.parquet`   the same checks as a table (task, check, value, threshold, passed)
 """
 from __future__ import annotations
@@ -86,8 +88,9 @@ def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:
 
 
 def zfree_token_nll(model, batch: data.Batch) -> torch.Tensor:
-    """-log p(y_t | x, y_<t) per supervised token [B, L] (float32, 0 at padding)."""
-    logits = supervised_logits(model, batch.zfree_ids, batch.zfree_mask, batch.zfree_sup_pos)
+    """-log p(y_t | x, y_<t) per supervised token [B, L] (float32, 0 at padding): the z-free
+    model on the generator record, the `[Z]` slot neutral (its token embedding, no z)."""
+    logits = supervised_logits(model, batch.gen_ids, batch.gen_mask, batch.gen_sup_pos)
     return token_nll(logits, batch.sup_ids) * batch.sup_mask
 
 
@@ -123,7 +126,7 @@ def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, 
     dev = device_of(model)
     tot = torch.zeros(len(encoded.tasks), dtype=torch.float64)
     cnt = torch.zeros(len(encoded.tasks), dtype=torch.float64)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded.zfree_ids[i]))
+    order = sorted(range(len(encoded)), key=lambda i: encoded.lengths[i])
     for s in range(0, len(order), batch_size):
         batch = data.collate(encoded, order[s:s + batch_size]).to(dev)
         nll = zfree_token_nll(model, batch).double().sum(1).cpu()
@@ -202,7 +205,7 @@ def rank_share(enc: data.Encoded, idx: list[int], rank: int, world: int, device)
     share = idx[rank::world]
     batch = data.collate(enc, share).to(device) if share else None
     n_supervised = sum(len(enc.sup_ids[i]) for i in idx) if world > 1 else None
-    return batch, n_supervised, sum(len(enc.zfree_ids[i]) for i in idx)
+    return batch, n_supervised, sum(enc.lengths[i] for i in idx)
 
 
 def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
@@ -314,7 +317,7 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
 @torch.no_grad()
 def sample_y(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int, seed: int,
              temperature: float = TEMPERATURE) -> list[str]:
-    """Sample a y text for each prompt (`<bos> <x> .. </x> <y>` ids) at `temperature`, batched
+    """Sample a y text for each prompt (`<bos> <x> .. </x> <z> [Z]*P </z> <y>` ids) at `temperature`, batched
     with left padding and a KV cache; a row stops at `<eos>`. Returns the words before the
     first `</y>` / `<eos>` joined by spaces. Deterministic given `seed` and the batch order."""
     vocab = tokenizer.get_vocab()
@@ -362,8 +365,8 @@ def sample_y(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, ba
 
 
 def prompts_from(encoded: data.Encoded) -> list[list[int]]:
-    """The z-free record cut after `<y>`: exactly the training layout."""
-    return [ids[:p + 1] for ids, p in zip(encoded.zfree_ids, encoded.zfree_y_pos)]
+    """The record cut after `<y>`: exactly the training layout."""
+    return [ids[:p + encoded.z_slots + 3] for ids, p in zip(encoded.gen_ids, encoded.z_open_pos)]
 
 
 # ----------------------------------------------------------------------------- quality
@@ -439,16 +442,17 @@ def quality_table(report: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["task", "check", "value", "threshold", "direction", "passed", "n"])
 
 
-def check_quality(model, tokenizer, test_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict,
+def check_quality(model, tokenizer, val_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict,
                   batch_size: int) -> tuple[dict, pd.DataFrame]:
-    """Sample at temperature 1 on up to `quality_samples_per_task` test inputs per task and
-    run the checks. Returns (report, samples)."""
+    """Sample at temperature 1 on up to `quality_samples_per_task` validation inputs per task
+    and run the checks (the test split is read by the evaluate stage only). Returns (report,
+    samples)."""
     n = ecfg["quality_samples_per_task"]
-    test = test_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)
-    enc = data.encode(test, tokenizer)
-    max_new = int(max(train_df.n_supervised.max(), test_df.n_supervised.max())) + 8
+    inputs = val_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)
+    enc = data.encode(inputs, tokenizer, ecfg["z_slots"])
+    max_new = int(max(train_df.n_supervised.max(), val_df.n_supervised.max())) + 8
     texts = sample_y(model, tokenizer, prompts_from(enc), max_new, batch_size, seed=ecfg["seed"])
-    samples = test[["task", "example_id", "strategy", "x", "y"]].assign(y_generated=texts)
+    samples = inputs[["task", "example_id", "strategy", "x", "y"]].assign(y_generated=texts)
     report = quality_report(samples, data_strategy_distributions(train_df), ecfg)
     report.update(temperature=TEMPERATURE, samples_per_task=n, max_new_tokens=max_new)
     return report, samples
@@ -499,7 +503,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     if ecfg["compile"]:
         _check_compiler(device)
     tokenizer = data.load_tokenizer(data_dir)
-    train_df, val_df, test_df = (data.load_split(data_dir, s) for s in data.SPLITS)
+    train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
     alternatives = None
     if ecfg["resample_strategies"]:
         # the data's strategy labels are uniform and independent of x: drawing them afresh each
@@ -508,9 +512,9 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         rows_df, alternatives = strategy_alternatives(train_df)
     else:
         rows_df = train_df
-    train_enc = data.encode(rows_df, tokenizer)
+    train_enc = data.encode(rows_df, tokenizer, ecfg["z_slots"])
     group_lengths = data.strategy_free_lengths(rows_df)
-    val_enc = data.encode(val_df, tokenizer)
+    val_enc = data.encode(val_df, tokenizer, ecfg["z_slots"])
 
     torch.manual_seed(ecfg["seed"])
     dtype = DTYPES[cfg["backbone"]["dtype"]]
@@ -535,7 +539,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
 
     t0 = time.time()
-    report, samples = check_quality(model, tokenizer, test_df, train_df, ecfg, batch_size=2 * ecfg["batch_size"])
+    report, samples = check_quality(model, tokenizer, val_df, train_df, ecfg, batch_size=2 * ecfg["batch_size"])
     report.update(mode="train", quality_s=time.time() - t0, training=summary)
     dump_json(report, out_dir / "quality.json")
     write_parquet(quality_table(report), out_dir / "quality.parquet")

@@ -7,7 +7,11 @@ tied embeddings), any hub/local model via `from_pretrained`, or random init from
 - a router head on the hidden state at `<z>` -> (mu_r, logvar_r),
 - a posterior head on the last non-pad token of the posterior input -> (mu_q, logvar_q),
 - a z projection: z -> P slot embeddings written into the `[Z]` positions (added to the
-  `[Z]` token embedding), so the generator pass conditions on z,
+  `[Z]` token embedding), so the generator pass conditions on z. It starts at zero, and the
+  adapters start as the identity (LoRA's B = 0; `full` copies the backbone), so at step 0 the
+  generator computes exactly the backbone's p(y|x) on the record with a neutral slot: the
+  entangled model's, since it trains on that record (docs/design.md, "Initialization").
+  z can then only add information.
 and two "adapters":
 - `lora`: two peft LoRA adapters ("generator" = router+generator, "posterior") over one frozen
   base; only adapters and heads train.
@@ -179,7 +183,7 @@ class LatentStrategyModel(nn.Module):
         self.router_head = GaussianHead(self.hidden, latent_dim)
         self.posterior_head = GaussianHead(self.hidden, latent_dim)
         self.z_proj = nn.Linear(latent_dim, z_slots * self.hidden)
-        nn.init.normal_(self.z_proj.weight, std=0.02)
+        nn.init.zeros_(self.z_proj.weight)  # the initialization invariant: z adds nothing at step 0
         nn.init.zeros_(self.z_proj.bias)
         self._active = "generator"
         self._trainable = self._trainable_names()

@@ -55,7 +55,7 @@ def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndar
     model.eval()
     dev = device_of(model)
     out: list[np.ndarray | None] = [None] * len(encoded)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded.zfree_ids[i]))
+    order = sorted(range(len(encoded)), key=lambda i: encoded.lengths[i])
     for s in range(0, len(order), batch_size):
         batch = data.collate(encoded, order[s:s + batch_size]).to(dev)
         b = zfree_token_nll(model, batch).float().cpu().numpy()
@@ -156,7 +156,7 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     bs = 2 * cfg["entangle"]["batch_size"]
     parts = []
     for split, df in splits.items():
-        b = reference_nll(model, data.encode(df, tokenizer), bs)
+        b = reference_nll(model, data.encode(df, tokenizer, cfg["entangle"]["z_slots"]), bs)
         bad = [e for e, v in zip(df.example_id, b) if not np.isfinite(v).all()]
         if bad:
             raise FloatingPointError(f"reference: non-finite b for {len(bad)} {split} examples (first {bad[0]!r})")

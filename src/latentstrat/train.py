@@ -185,30 +185,30 @@ def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: to
 @torch.no_grad()
 def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     """History rows for one evaluation. `val`: dict from `prepare_validation`."""
-    from latentstrat.tasks import TASKS
-
     was_training = model.training
     model.eval()
     df, enc, b_val, rows = val["df"], val["enc"], val["b"], val["rows"]
     bs = cfg["train"]["batch_size"]
     dev = next(model.parameters()).device
+    # losses over the whole validation split (the rows S_ref and T_ref are measured on, so a
+    # model equal to the reference scores exactly 1); probes on the fixed subset `rows`
     keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
     acc: dict[str, list] = {k: [] for k in keys}
-    order = sorted(rows, key=lambda r: enc.lengths[r])  # length-grouped, deterministic
-    for s in range(0, len(order), bs):
-        idx = order[s:s + bs]
+    n_all = len(df)
+    order = sorted(range(n_all), key=lambda r: enc.lengths[r])  # length-grouped, deterministic
+    for s in range(0, n_all, 2 * bs):
+        idx = order[s:s + 2 * bs]
         batch = data.collate(enc, idx, b_val).to(dev)
-        out = forward_losses(model, batch, cell, scales, step, val["eps"][[val["pos"][r] for r in idx]])
+        out = forward_losses(model, batch, cell, scales, step, val["eps"][idx])
         for k in keys:
             acc[k].append(out[k].float().cpu())
-    pos_in_order = {r: i for i, r in enumerate(order)}
-    back = torch.as_tensor([pos_in_order[r] for r in rows])
-    cat = {k: torch.cat(v)[back] for k, v in acc.items()}  # in `rows` order
+    back = torch.empty(n_all, dtype=torch.long)
+    back[torch.as_tensor(order)] = torch.arange(n_all)
+    everything = {k: torch.cat(v)[back] for k, v in acc.items()}  # in row order of df
     beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    r = {"raw": cat["raw"].mean().item(), "dist_norm": cat["dist_norm"].mean().item(),
-         "tokcc": cat["tokcc"].mean().item(), "active": cat["active"].mean().item(), "kl": cat["kl"].mean().item()}
-    post_var = obj.posterior_variance(cat["logvar_q"]).item()
-    rmk = obj.router_marginal_kl_to_prior(cat["mu_r"], cat["logvar_r"]).item()
+    r = {k: everything[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
+    post_var = obj.posterior_variance(everything["logvar_q"]).item()
+    rmk = obj.router_marginal_kl_to_prior(everything["mu_r"], everything["logvar_r"]).item()
     total = (r["active"] + beta_t * r["kl"] + float(cell["posterior_variance_weight"]) * post_var
              + float(cell["router_marginal_kl_weight"]) * rmk)
     base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
@@ -218,6 +218,7 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
                                      "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
                                      "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
     metrics.update(posterior_variance=post_var, router_marginal_kl_to_prior=rmk, beta_t=beta_t, total_loss=total)
+    cat = {k: v[torch.as_tensor(rows)] for k, v in everything.items()}  # the probe subset, in `rows` order
 
     # probes
     sub = df.loc[rows]
@@ -253,7 +254,7 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
         if t in decoded_by_task:
             per_task[t]["matched_router_score"] = derive(per_task[t])["matched_router_score"]
 
-    # per-task shares
+    # per-task shares (over the probe subset: equal examples per task)
     n_sup = sub.n_supervised.to_numpy().astype(float)
     active = cat["active"].numpy().astype(np.float64)
     grad = _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev)
@@ -304,19 +305,22 @@ def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, d
     for t, rs in sorted(by_task.items()):
         batch = data.collate(enc, rs[:size], b_val).to(dev)
         with torch.enable_grad():
-            o = forward_losses(model, batch, cell, scales, step, val["eps"][[val["pos"][r] for r in rs[:size]]])
+            o = forward_losses(model, batch, cell, scales, step, val["eps"][rs[:size]])
             grads = torch.autograd.grad(o["active"].mean(), params, allow_unused=True)
         out[t] = math.sqrt(sum(float(g.float().pow(2).sum()) for g in grads if g is not None))
     return out
 
 
 def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
+    """The fixed validation inputs of every evaluation: the split (losses), the probe subset
+    `rows`, the decoded subset, and one noise draw per row for z ~ q and z ~ router."""
+    val_df = val_df.reset_index(drop=True)
     rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
     gen = torch.Generator().manual_seed(int(cell["seed"]) + 17)
-    eps = torch.randn((len(rows), latent_dim), generator=gen)
-    router_eps = torch.randn((len(rows), latent_dim), generator=gen)
+    eps = torch.randn((len(val_df), latent_dim), generator=gen)
+    router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
-            "pos": {r: i for i, r in enumerate(rows)}, "eps": eps, "router_eps": router_eps,
+            "eps": eps, "router_eps": router_eps,
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
 
 

@@ -55,7 +55,7 @@ def _sync(device):
 def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
     """Right-pad a batch's sequences to fixed widths (the dataset's longest)."""
     out = dict(batch.__dict__)
-    for ids, mask in (("gen_ids", "gen_mask"), ("post_ids", "post_mask"), ("zfree_ids", "zfree_mask")):
+    for ids, mask in (("gen_ids", "gen_mask"), ("post_ids", "post_mask")):
         extra = widths[ids] - out[ids].shape[1]
         out[ids] = torch.nn.functional.pad(out[ids], (0, extra), value=pad_id)
         out[mask] = torch.nn.functional.pad(out[mask], (0, extra), value=0)
@@ -65,9 +65,9 @@ def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
 def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
     """Three passes: z-free reference (b recomputed), posterior, generator (full logits)."""
     with torch.no_grad():
-        ref_logits = ref_lm(input_ids=batch.zfree_ids, attention_mask=batch.zfree_mask).logits
+        ref_logits = ref_lm(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
         rows = torch.arange(len(batch))[:, None]
-        b = obj.token_nll(ref_logits[rows, batch.zfree_sup_pos], batch.sup_ids)
+        b = obj.token_nll(ref_logits[rows, batch.gen_sup_pos], batch.sup_ids)
     mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps
     logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos)
@@ -148,7 +148,7 @@ def run(args) -> dict:
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
     scales = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
     model.train()
-    widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids)), "zfree_ids": max(map(len, enc.zfree_ids))}
+    widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids))}
     rng = np.random.default_rng(0)
 
     def update(loss):
