@@ -39,7 +39,8 @@ def metrics_row(cell, seed_offset=0.0):
            "family_label": family_label(s["reconstruction_family"]), "beta_label": beta_label(s["beta"]), **derive(base)}
     for p in ("within_task_router_probe", "posterior_probe", "global_router_probe"):
         row[f"{p}_chance"], row[f"{p}_shuffled"] = 0.5, 0.5
-    row["n_test"] = 100
+        row[f"{p}_tasks"] = 1 if p == "global_router_probe" else len(TASKS)
+    row["n_test"], row["n_tasks"] = 100, len(TASKS)
     assert set(METRICS) <= set(row)
     return row
 
@@ -50,7 +51,7 @@ def history(cell, steps=(0, 10, 20)):
     for st in steps:
         router = 0.3 + (0.4 if st == 10 else 0.2 if st == 20 else 0.0)  # learn then collapse
         for m, v in {"matched_router_score": router, "within_task_router_probe": router, "posterior_probe": 0.8,
-                     "distribution_normalized_reconstruction_loss": 20.0 if st == 0 else 1.0, "kl_prior_loss": 100.0 / (1 + st),
+                     "distribution_normalized_reconstruction_loss": 1.0 if st == 0 else 0.98, "kl_prior_loss": 100.0 / (1 + st),
                      "active_reconstruction_objective": 1.0, "kl_over_active_reconstruction": 100.0 / (1 + st)}.items():
             rows.append({"cell_id": cell.cell_id, "step": st, "task": "all", "metric": m, "value": v})
         ex = {"short_task": 0.5, "long_task": 0.5}

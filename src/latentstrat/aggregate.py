@@ -405,14 +405,128 @@ def share_sums(dominance: pd.DataFrame) -> pd.DataFrame:
     return dominance.groupby(["token_aggregation", "checkpoint"], sort=False)[SHARE_METRICS].sum().reset_index()
 
 
+# ----------------------------------------------------------------------------- cell sanity
+
+SANITY_COLUMNS = ["cell_id", "arm", FAMILY_COL, "beta_label", "final_answer_accuracy", "entangled_answer_accuracy",
+                  "strategy_match_rate", "entangled_strategy_match_rate", "step0_base_relative_reconstruction",
+                  "final_base_relative_reconstruction", "router_probe_tasks", "posterior_probe_tasks", "n_tasks",
+                  "passed", "failures"]
+CELL_CHECK_COL = "cell_check"  # "ok" / "FAIL" / "" (not checked) in every table that names cells
+
+
+def entangled_reference(quality: dict | None) -> dict:
+    """The entangled model's answer accuracy and strategy-match rate (its quality check, mean over
+    tasks), the yardstick a cell is held to; {} when there is no check (skipped or not given)."""
+    tasks = (quality or {}).get("tasks") or {}
+    if not tasks:
+        return {}
+    def mean(check):
+        return float(np.mean([t["checks"][check]["value"] for t in tasks.values()]))
+    return {"answer_accuracy": mean("answer_accuracy"), "strategy_match_rate": mean("strategy_match_rate"),
+            "n_tasks": len(tasks)}
+
+
+def cell_sanity(summary: pd.DataFrame, history_all: pd.DataFrame, entangled: dict, thr: dict) -> pd.DataFrame:
+    """One row per complete cell: is it a working model of the tasks (DESIGN section 6, cell sanity)?
+
+    Checks (thresholds from the `report` config): final answer accuracy and strategy-match rate
+    >= sanity_min_*_ratio x the entangled model's; step-0 base-relative reconstruction (validation)
+    within sanity_step0_tolerance of 1 (the cell starts as the entangled model); final base-relative
+    reconstruction (test) <= sanity_max_base_relative; the within-task router probe usable on
+    >= sanity_min_probe_coverage of the tasks. A check whose input is absent is not run (named in
+    `failures` as "not checked"); `passed` is then NA unless another check failed."""
+    rows = []
+    step0 = {}
+    if len(history_all):
+        h = history_all[(history_all.metric == "distribution_normalized_reconstruction_loss") & (history_all.step == 0)]
+        step0 = dict(zip(h.cell_id, h.value.astype(float)))
+    for _, r in summary.iterrows():
+        n_tasks = float(r["n_tasks"]) if "n_tasks" in r.index and pd.notna(r["n_tasks"]) else entangled.get("n_tasks", math.nan)
+        row = {"cell_id": r["cell_id"], "arm": r.get("arm", ""), FAMILY_COL: family_label(r["reconstruction_family"]),
+               "beta_label": beta_label(r["beta"]),
+               "final_answer_accuracy": float(r.get("final_answer_accuracy", math.nan)),
+               "entangled_answer_accuracy": entangled.get("answer_accuracy", math.nan),
+               "strategy_match_rate": float(r.get("strategy_match_rate", math.nan)),
+               "entangled_strategy_match_rate": entangled.get("strategy_match_rate", math.nan),
+               "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
+               "final_base_relative_reconstruction": float(r.get("distribution_normalized_reconstruction_loss", math.nan)),
+               "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
+               "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)), "n_tasks": n_tasks}
+        fails, unchecked = [], []
+
+        def check(name, inputs, ok, why):
+            if any(v is None or math.isnan(v) for v in inputs):
+                unchecked.append(name)
+            elif not ok:
+                fails.append(why)
+
+        ea, ca = row["entangled_answer_accuracy"], row["final_answer_accuracy"]
+        check("answer accuracy", (ea, ca), ca >= thr["sanity_min_answer_ratio"] * ea,
+              f"answer accuracy {fmt_num(ca)} < {thr['sanity_min_answer_ratio']} x entangled {fmt_num(ea)}")
+        es, cs = row["entangled_strategy_match_rate"], row["strategy_match_rate"]
+        check("strategy match", (es, cs), cs >= thr["sanity_min_strategy_match_ratio"] * es,
+              f"strategy match {fmt_num(cs)} < {thr['sanity_min_strategy_match_ratio']} x entangled {fmt_num(es)}")
+        s0 = row["step0_base_relative_reconstruction"]
+        check("step-0 base-relative reconstruction", (s0,), abs(s0 - 1) <= thr["sanity_step0_tolerance"],
+              f"step-0 base-relative reconstruction {fmt_num(s0)} is not 1 +- {thr['sanity_step0_tolerance']} "
+              "(the cell did not start as the entangled model)")
+        fb = row["final_base_relative_reconstruction"]
+        check("final base-relative reconstruction", (fb,), fb <= thr["sanity_max_base_relative"],
+              f"final base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}")
+        rp = row["router_probe_tasks"]
+        cover = rp / n_tasks if n_tasks and not math.isnan(n_tasks) else math.nan
+        check("router probe coverage", (cover,), cover >= thr["sanity_min_probe_coverage"],
+              f"within-task router probe usable on {fmt_num(rp)} of {fmt_num(n_tasks)} tasks")
+        row["passed"] = False if fails else (None if unchecked else True)
+        row["failures"] = "; ".join(fails + ([f"not checked: {', '.join(unchecked)}"] if unchecked else []))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SANITY_COLUMNS)
+
+
+def fmt_num(v) -> str:
+    return "NA" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):.3g}"
+
+
+def mark_cells(tables: dict, sanity: pd.DataFrame) -> None:
+    """Add CELL_CHECK_COL to every table that names cells (cell_id, cell_ids, primary_cell,
+    reference_cell): FAIL when any named cell fails its sanity check, ok when all pass."""
+    if sanity.empty:
+        return
+    status = dict(zip(sanity.cell_id, sanity.passed))
+    id_cols = ("cell_id", "cell_ids", "primary_cell", "reference_cell")
+
+    def mark(row, cols):
+        ids = [i for c in cols for i in str(row[c]).split(",") if i and i in status]
+        if not ids:
+            return ""
+        vals = [status[i] for i in ids]
+        return "FAIL" if any(v is False for v in vals) else ("ok" if all(v is True for v in vals) else "")
+
+    for name, df in tables.items():
+        cols = [c for c in id_cols if c in df.columns]
+        if name == "cell_sanity" or df.empty or not cols or name.startswith("history"):
+            continue
+        df[CELL_CHECK_COL] = [mark(r, cols) for _, r in df.iterrows()]
+
+
 # ----------------------------------------------------------------------------- fairness
 
 
 def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_rows: pd.DataFrame, grid_axes,
                    references: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
-                   history_task: pd.DataFrame) -> pd.DataFrame:
+                   history_task: pd.DataFrame, sanity: pd.DataFrame | None = None) -> pd.DataFrame:
     """claim | status | evidence, each computed from configs and outputs (DESIGN section 7)."""
     rows = []
+    if sanity is not None and len(sanity):
+        bad = sanity[sanity.passed.eq(False)]
+        unchecked = sanity[sanity.passed.isna()]
+        status = "not supported" if len(bad) else ("partial" if len(unchecked) else "supported")
+        ev = f"{len(sanity) - len(bad) - len(unchecked)}/{len(sanity)} complete cells pass the cell sanity check"
+        if len(bad):
+            ev += "; failing: " + ", ".join(bad.cell_id)
+        if len(unchecked):
+            ev += f"; {len(unchecked)} not fully checked (no entangled quality check or history)"
+        rows.append({"claim": "cells are working models (cell sanity)", "status": status, "evidence": ev})
     pst = state[state.role == "primary"] if "role" in state.columns else state
     n_exp, n_ok = len(pst), int((pst.status == "complete").sum())
     missing = list(pst[pst.status != "complete"].cell_id)
@@ -550,13 +664,22 @@ def availability_table(primary_rows: pd.DataFrame, references: dict, commons: di
 # ----------------------------------------------------------------------------- driver
 
 
+def report_settings(report_cfg: dict | None) -> dict:
+    """The `report` config section with the schema's defaults filled in."""
+    from latentstrat.config import load_schema
+
+    props = load_schema()["properties"]["report"]["properties"]
+    return {**{k: v.get("default") for k, v in props.items()}, **(report_cfg or {})}
+
+
 def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dict, grid_axes, history: pd.DataFrame,
                      out_dir: str | Path, top_k: int = 5, primary_metric: str = "matched_router_score",
-                     meta: dict | None = None) -> dict:
+                     meta: dict | None = None, entangle_quality: dict | None = None) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
     references: external reference arm name -> validated table; run-here arms come from summary.
+    entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
     """
     out_dir = Path(out_dir)
     t: dict[str, pd.DataFrame] = {}
@@ -594,8 +717,12 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["per_task_checkpoints"] = label_cells(per_task_checkpoints(h_task, top_k), cells_info) if len(h_task) else pd.DataFrame()
     t["token_dominance"] = token_dominance(h_task) if len(h_task) else pd.DataFrame()
     t["token_dominance_sums"] = share_sums(t["token_dominance"])
-    t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task)
+    t["cell_sanity"] = cell_sanity(summary, h_all, entangled_reference(entangle_quality),
+                                   report_settings((meta or {}).get("report")))
+    t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task,
+                                   t["cell_sanity"])
     t["data_availability"] = availability_table(primary_rows, refs, commons, h_all, h_task)
+    mark_cells(t, t["cell_sanity"])
     for name, df in t.items():
         df = df.reset_index(drop=True)
         write_parquet(df, out_dir / f"{name}.parquet")
@@ -613,8 +740,21 @@ def _concat(frames) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir) -> dict:
-    """The aggregate job: per-cell metrics + histories of a collection -> aggregate tables under out_dir."""
+def load_entangle_quality(path) -> dict:
+    """The entangle stage's quality.json (per-task temperature-1 checks)."""
+    import json
+
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"entangle quality report {p} is unreadable ({e}); rerun the entangle stage") from None
+
+
+def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir, quality_path=None) -> dict:
+    """The aggregate job: per-cell metrics + histories of a collection (+ the entangle stage's
+    quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir."""
+    quality = load_entangle_quality(quality_path) if quality_path else None
     references = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
         references[arm["name"]] = read_summary_table(arm["table"])
@@ -625,7 +765,7 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
             "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad}
     return aggregate_tables(summary, state, references, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
-                            primary_metric=cfg["report"]["primary_metric"], meta=meta)
+                            primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality)
 
 
 def state_from_summary(summary: pd.DataFrame, arm: str = "primary") -> pd.DataFrame:

@@ -144,6 +144,7 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
         row.update(_probe_summary(probes, name))
     row = derive(row)
     row["n_test"] = int(len(records))
+    row["n_tasks"] = int(records["task"].nunique())
     first = ["cell_id", "arm", "role", *CELL_KEYS, "family_label", "beta_label", *METRICS]
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 

@@ -8,6 +8,7 @@ rule aggregate:
         metrics=metrics_files(),
         history=history_files(),
         reference_tables=reference_tables(),
+        quality=entangle_files()["quality"],
         code=code_files("aggregate.py", "metrics.py"),
     output:
         directory(str(P.aggregate_dir)),

@@ -292,11 +292,14 @@ def partial_report(log):
         f"incomplete: {', '.join(missing) or 'none'} -> {P.report_dir}"
     )
     try:
+        quality = entangle_files()["quality"]
+        quality = quality if Path(quality).exists() else None
         ls_aggregate.aggregate_collection(
             CFG,
             dict(zip(CELLS, metrics_files())),
             dict(zip(CELLS, history_files())),
             str(P.aggregate_dir),
+            quality_path=quality,
         )
         meta = {
             "collection": CFG["collection"],
@@ -304,8 +307,7 @@ def partial_report(log):
             "cells": list(CELLS),
             "partial": True,
         }
-        quality = entangle_files()["quality"]
-        if Path(quality).exists():
+        if quality:
             meta["entangle_quality"] = ls_report.load_entangle_quality(quality)
         ls_report.build_report(str(P.aggregate_dir), str(P.report_dir), meta)
     except Exception as e:  # never mask the original failure

@@ -10,4 +10,5 @@ with logged(snakemake):
         dict(zip(cells, snakemake.input.metrics)),
         dict(zip(cells, snakemake.input.history)),
         snakemake.output[0],
+        quality_path=snakemake.input.quality,
     )

@@ -7,23 +7,14 @@ from pathlib import Path
 
 import yaml
 
-from latentstrat.config import load_schema
+from latentstrat.aggregate import load_entangle_quality  # noqa: F401 (the report rule's reader)
+from latentstrat.aggregate import report_settings
 from latentstrat.io import write_text
 
 
 def report_thresholds(meta: dict) -> dict:
     """cfg["report"] values from meta (or the aggregate's meta), else the schema defaults."""
-    defaults = {k: v.get("default") for k, v in load_schema()["properties"]["report"]["properties"].items()}
-    return {**defaults, **(meta.get("report") or {})}
-
-
-def load_entangle_quality(path) -> dict:
-    """The entangle stage's quality.json (per-task temperature-1 checks), for the report."""
-    p = Path(path)
-    try:
-        return json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"entangle quality report {p} is unreadable ({e}); rerun the entangle stage") from None
+    return report_settings(meta.get("report"))
 
 
 def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
@@ -41,7 +32,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     out_dir = Path(out_dir)
     made, skipped = make_figures(tables, out_dir / "figures")
     findings = compute_findings(tables, thresholds)
-    write_text(results_md(tables, meta, made, skipped), out_dir / "results.md")
+    write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
     write_text(analysis_md(tables, meta, findings, thresholds), out_dir / "analysis.md")
     write_text(json.dumps({"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
                           indent=2, default=_jsonable) + "\n", out_dir / "findings.json")
@@ -54,6 +45,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
                   "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else []},
         "reference_arms": meta.get("reference_arms", []),
         "entangle_quality_passed": (meta.get("entangle_quality") or {}).get("passed"),
+        **_cell_checks(tables["cell_sanity"]),
         "fairness": {r.claim: r.status for r in tables["fairness"].itertuples()} if len(tables["fairness"]) else {},
         "findings": {f["question"]: f["status"] for f in findings},
         "figures": [f"figures/{n}.png" for n, _ in made],
@@ -61,6 +53,17 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     }
     write_text(yaml.safe_dump(brief, sort_keys=False, width=120), out_dir / "brief.yaml")
     return {"findings": findings, "figures": made, "skipped": skipped, "seconds": time.perf_counter() - t0}
+
+
+def _cell_checks(sanity) -> dict:
+    """brief.yaml's view of the cell sanity check: passed (None when nothing was checked) and
+    the failing cells with their reasons."""
+    if sanity.empty:
+        return {"cell_checks_passed": None, "failing_cells": []}
+    bad = sanity[sanity.passed.eq(False)]
+    passed = False if len(bad) else (True if sanity.passed.eq(True).all() else None)
+    return {"cell_checks_passed": passed,
+            "failing_cells": [{"cell_id": r.cell_id, "why": r.failures} for r in bad.itertuples()]}
 
 
 def _jsonable(o):

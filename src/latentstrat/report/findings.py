@@ -206,7 +206,30 @@ def q_token_dominance(t, thr):
     return _f(q, status, "; ".join(parts), f"loss shares closer to token shares than to example shares, by more than {thr}", nums)
 
 
+# findings that read the cells' measurements (q_confounded reads only the settings)
+RESTS_ON_CELLS = {q_scale_vs_weighting, q_scale_cancels, q_accuracy_hides_gap, q_early_or_late, q_tokcc_narrow,
+                  q_token_dominance}
+
+
+def qualify_by_cell_sanity(finding: dict, sanity: pd.DataFrame) -> dict:
+    """A finding measured on cells that fail the cell sanity check is about broken models: it
+    becomes `cannot tell`, keeping what it would have said and naming the failing cells."""
+    bad = sanity[sanity.passed.eq(False)] if not sanity.empty else sanity
+    if bad.empty or finding["status"] == CANNOT_TELL:
+        return finding
+    names = ", ".join(bad.cell_id)
+    return {**finding, "status": CANNOT_TELL, "computed_status": finding["status"],
+            "evidence": (f"rests on {len(bad)} of {len(sanity)} cells that fail the cell sanity check ({names}); "
+                         f"on those cells it would read '{finding['status']}': ") + finding["evidence"]}
+
+
 def compute_findings(t: dict, thresholds: dict) -> list[dict]:
     nz, one = thresholds["near_zero_delta"], thresholds["base_relative_near_one"]
-    return [q_scale_vs_weighting(t, nz), q_scale_cancels(t, nz, one), q_accuracy_hides_gap(t, nz), q_early_or_late(t, nz),
-            q_tokcc_narrow(t, one, nz), q_confounded(t), q_token_dominance(t, nz)]
+    sanity = t.get("cell_sanity", pd.DataFrame())
+    out = []
+    for q, args in ((q_scale_vs_weighting, (nz,)), (q_scale_cancels, (nz, one)), (q_accuracy_hides_gap, (nz,)),
+                    (q_early_or_late, (nz,)), (q_tokcc_narrow, (one, nz)), (q_confounded, ()),
+                    (q_token_dominance, (nz,))):
+        f = q(t, *args)
+        out.append(qualify_by_cell_sanity(f, sanity) if q in RESTS_ON_CELLS else f)
+    return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from latentstrat.aggregate import FAMILY_COL
+from latentstrat.aggregate import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
 from latentstrat.report.tables import fmt, md_table
 
@@ -35,15 +35,46 @@ def entangle_quality_md(quality: dict | None) -> list[str]:
     verdict = ("Every check passed." if quality.get("passed") else
                f"**Failed: {', '.join(failed)}.** Every cell starts from this model; read its rows with that in mind.")
     n = quality.get("samples_per_task")
-    return out + [f"Samples at temperature {quality.get('temperature', 1.0)}, {n} test inputs per task. {verdict}\n",
+    return out + [f"Samples at temperature {quality.get('temperature', 1.0)}, up to {n} validation inputs per task. {verdict}\n",
                   md_table(wide)]
 
 
-def results_md(t: dict, meta: dict, made, skipped) -> str:
+def cell_sanity_md(t: dict, thr: dict) -> list[str]:
+    """Is every cell a working model of the tasks? Failing cells are named with the reason, and
+    marked `FAIL` in the `cell_check` column of every table below."""
+    s = t.get("cell_sanity", pd.DataFrame())
+    out = ["## Cell Sanity Check\n"]
+    if s.empty:
+        return out + ["NA: no complete cell to check.\n"]
+    rule = (f"A cell passes when its final answer accuracy and strategy-match rate are at least "
+            f"{thr['sanity_min_answer_ratio']} and {thr['sanity_min_strategy_match_ratio']} x the entangled model's "
+            f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
+            f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final base-relative reconstruction "
+            f"is at most {thr['sanity_max_base_relative']}, and its within-task router probe is usable on at least "
+            f"{thr['sanity_min_probe_coverage']:.0%} of the tasks (config `report.sanity_*`).")
+    bad = s[s.passed.eq(False)]
+    unchecked = s[s.passed.isna()]
+    if len(bad):
+        verdict = (f"**{len(bad)} of {len(s)} cells fail.** They are marked `FAIL` in the `{CELL_CHECK_COL}` column of "
+                   "every table, and findings that rest on them say so.")
+    elif len(unchecked):
+        verdict = f"No cell fails, but {len(unchecked)} of {len(s)} could not be fully checked (see `failures`)."
+    else:
+        verdict = f"All {len(s)} cells pass."
+    out += [rule + " " + verdict + "\n"]
+    if len(bad):
+        out += ["Failing cells:\n"] + [f"- `{r.cell_id}`: {r.failures}" for r in bad.itertuples()] + [""]
+    cols = [c for c in s.columns if c not in ("cell_id", "failures")]
+    return out + [md_table(s.assign(passed=s.passed.map({True: "ok", False: "FAIL"}).fillna("NA")), cols)]
+
+
+def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
     if meta.get("description"):
         out.append(meta["description"].strip() + "\n")
+    out += cell_sanity_md(t, thr)
+    out += entangle_quality_md(meta.get("entangle_quality"))
     st, counts = t["collection_state"], t["collection_state_counts"]
     n_ok = int((st.status == "complete").sum()) if not st.empty else 0
     out += ["## Collection State\n",
@@ -52,7 +83,6 @@ def results_md(t: dict, meta: dict, made, skipped) -> str:
     inc = st[st.status != "complete"] if not st.empty else st
     if len(inc):
         out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
-    out += entangle_quality_md(meta.get("entangle_quality"))
     out.append("## Aggregate Metrics\n")
     p = t["top_rows"]
     metric = meta.get("primary_metric", "matched_router_score")
@@ -96,11 +126,11 @@ def results_md(t: dict, meta: dict, made, skipped) -> str:
         cols = [*ID, "first_checkpoint", "first_global_step", "final_global_step"] + [c for c in d.columns if c.startswith(("first_", "min_", "final_", "max_"))
                                                                                       and c not in ("first_checkpoint", "first_global_step", "final_global_step")
                                                                                       and ("base_relative" in c or "kl_prior" in c or "matched_router" in c)]
-        out += ["### Dynamics Summary Table\n", md_table(d, cols)]
+        out += ["### Dynamics Summary Table\n", md_table(d, cols + [CELL_CHECK_COL])]
     pt = t["per_task_checkpoints"]
     if not pt.empty:
         out += ["### Top Per-Task Validation Router Checkpoints\n",
-                md_table(pt, ["task_name", *ID, "final_matched_router_score", "max_matched_router_score", "step_of_max", "final_final_answer_accuracy"])]
+                md_table(pt, ["task_name", *ID, "final_matched_router_score", "max_matched_router_score", "step_of_max", "final_final_answer_accuracy", CELL_CHECK_COL])]
     dom = t["token_dominance"]
     out.append("## Token-Count Dominance\n")
     if dom.empty:
@@ -128,11 +158,17 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> 
     c = t["mean_vs_sum_common_cells"]
     if not c.empty:
         for arm, g in c.groupby("reference_arm", sort=False):
-            d = g.delta_matched_router_score
+            d = g.delta_matched_router_score.dropna()
+            if d.empty:
+                out.append(f"Against `{arm}`, the {len(g)} common-cell matched-router deltas are NA: no common cell has a "
+                           "matched router score on both sides (a within-task router probe needs generations that follow "
+                           "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n")
+                continue
             sign = "negative" if (d < -thresholds["near_zero_delta"]).all() else (
                 "positive" if (d > thresholds["near_zero_delta"]).all() else "mixed or near zero")
-            out.append(f"Against `{arm}`, the {len(g)} common-cell matched-router deltas are {sign} (mean {fmt(d.mean())}, "
-                       f"range {fmt(d.min())} to {fmt(d.max())}).\n")
+            na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
+            out.append(f"Against `{arm}`, the {len(d)} common-cell matched-router deltas are {sign} (mean {fmt(d.mean())}, "
+                       f"range {fmt(d.min())} to {fmt(d.max())}{na}).\n")
     s = t["reference_scale"]
     for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")

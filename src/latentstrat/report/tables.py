@@ -10,7 +10,7 @@ import pandas as pd
 TABLES = ["summary", "collection_state", "collection_state_counts", "summary_by_setting", "metric_distributions",
           "mean_vs_sum_common_cells", "unmatched_rows", "reference_scale", "derived_diagnostics", "top_rows",
           "bottom_rows", "history_long", "history_per_task_long", "dynamics_summary", "per_task_checkpoints",
-          "token_dominance", "token_dominance_sums", "fairness", "data_availability"]
+          "token_dominance", "token_dominance_sums", "cell_sanity", "fairness", "data_availability"]
 
 
 def load_aggregate(aggregate_dir: str | Path) -> tuple[dict, dict]:
@@ -28,9 +28,10 @@ def load_aggregate(aggregate_dir: str | Path) -> tuple[dict, dict]:
 
 
 def fmt(v) -> str:
-    """Seeds' number style: round to 4 decimals, drop trailing zeros (1.0000 -> 1, 214.2840 -> 214.284)."""
+    """Seeds' number style: round to 4 decimals, drop trailing zeros (1.0000 -> 1, 214.2840 -> 214.284);
+    a missing number is "NA", never an empty string."""
     if isinstance(v, bool) or v is None:
-        return "" if v is None else str(v)
+        return "NA" if v is None else str(v)
     if isinstance(v, (int,)) and not isinstance(v, bool):
         return str(v)
     try:
@@ -38,7 +39,7 @@ def fmt(v) -> str:
     except (TypeError, ValueError):
         return str(v)
     if math.isnan(f):
-        return ""
+        return "NA"
     r = round(f, 4)
     if r == 0:
         r = 0.0

@@ -1,0 +1,102 @@
+"""The cell sanity check: a collection whose cells collapse is named as such in every part of
+the report (positive and negative controls on hand-made collections)."""
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+import aggregate_helpers as H
+from latentstrat import aggregate as A
+from latentstrat.config import expand_cells
+from latentstrat.report import build_report
+
+
+def quality(acc=0.97, match=0.98):
+    """An entangle quality.json with every task passing at the given values."""
+    def check(v, thr, direction):
+        return {"value": v, "threshold": thr, "direction": direction, "passed": True}
+    tasks = {t: {"n": 100, "n_matched": 98, "passed": True,
+                 "checks": {"answer_accuracy": check(acc, 0.9, "min"), "strategy_match_rate": check(match, 0.85, "min"),
+                            "strategy_tv": check(0.05, 0.15, "max")}} for t in H.TASKS}
+    return {"passed": True, "temperature": 1.0, "samples_per_task": 100, "tasks": tasks}
+
+
+def write_broken(cfg, root, broken: set):
+    """The helper collection, with the cells in `broken` collapsed: 5% answer accuracy, no
+    generation following a strategy (router probes NA), base-relative 96 at step 0."""
+    mp, hp = H.write_collection(cfg, root)
+    for c in expand_cells(cfg, validated=True):
+        if c.cell_id not in broken:
+            continue
+        row = pd.read_parquet(mp[c.cell_id]).iloc[0].to_dict()
+        row.update(final_answer_accuracy=0.05, strategy_match_rate=0.03, within_task_router_probe=math.nan,
+                   within_task_router_probe_tasks=0, matched_router_score=math.nan, posterior_router_probe_gap=math.nan,
+                   distribution_normalized_reconstruction_loss=28.0)
+        pd.DataFrame([row]).to_parquet(mp[c.cell_id])
+        h = pd.read_parquet(hp[c.cell_id])
+        h.loc[(h.metric == "distribution_normalized_reconstruction_loss") & (h.step == 0), "value"] = 96.4
+        h.to_parquet(hp[c.cell_id])
+    return mp, hp
+
+
+def report(tmp_path, monkeypatch, broken_ids, q):
+    cfg = H.make_cfg(monkeypatch)
+    cells = [c.cell_id for c in expand_cells(cfg, validated=True)]
+    broken = {cells[i] for i in broken_ids}
+    mp, hp = write_broken(cfg, tmp_path / "cells", broken)
+    (tmp_path / "quality.json").write_text(__import__("json").dumps(q))
+    A.aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "quality.json")
+    build_report(tmp_path / "agg", tmp_path / "rep", {"entangle_quality": q})
+    brief = yaml.safe_load((tmp_path / "rep" / "brief.yaml").read_text())
+    return cells, broken, brief, (tmp_path / "rep" / "results.md").read_text(), (tmp_path / "rep" / "analysis.md").read_text()
+
+
+def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
+    cells, broken, brief, results, analysis = report(tmp_path, monkeypatch, [0, 1], quality())
+    assert brief["cell_checks_passed"] is False
+    assert {f["cell_id"] for f in brief["failing_cells"]} == broken
+    why = next(f["why"] for f in brief["failing_cells"])
+    assert "answer accuracy 0.05 < 0.9 x entangled 0.97" in why
+    assert "step-0 base-relative reconstruction 96.4" in why and "final base-relative reconstruction 28" in why
+    assert "router probe usable on 0 of 2 tasks" in why
+    # results.md opens with the check, naming every failing cell
+    sections = [line for line in results.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Cell Sanity Check"
+    head = results.split("## Entangled Model Quality Check")[0]
+    assert all(f"`{c}`" in head for c in broken) and f"{len(broken)} of {len(cells)} cells fail" in head
+    # marked in the tables (the top rows and the common cells carry the cell_check column)
+    agg = tmp_path / "agg"
+    common = pd.read_parquet(agg / "mean_vs_sum_common_cells.parquet")
+    assert set(common.cell_check) == {"FAIL", "ok"}
+    assert common.loc[common.primary_cell.isin(broken), "cell_check"].eq("FAIL").all()
+    fair = pd.read_parquet(agg / "fairness.parquet").set_index("claim")
+    assert fair.loc["cells are working models (cell sanity)", "status"] == "not supported"
+    # findings measured on the cells cannot tell; the settings-only one (confounding) still answers
+    statuses = brief["findings"]
+    assert statuses["Are mean-reference comparisons confounded by schedule (or other setting) differences?"] != "cannot tell"
+    assert sum(s == "cannot tell" for s in statuses.values()) >= 5
+    assert "fail the cell sanity check" in analysis
+    # no empty number in a sentence
+    assert "(mean ," not in analysis and "range  to" not in analysis
+
+
+def test_healthy_collection_passes(tmp_path, monkeypatch):
+    cells, broken, brief, results, analysis = report(tmp_path, monkeypatch, [], quality())
+    assert brief["cell_checks_passed"] is True and brief["failing_cells"] == []
+    assert f"All {len(cells)} cells pass." in results
+    assert "fail the cell sanity check" not in analysis
+
+
+def test_a_weak_entangled_model_lowers_the_bar_but_a_cell_below_it_still_fails(tmp_path, monkeypatch):
+    # the yardstick is the entangled model: 0.999 accuracy passes against 0.5, 0.05 does not
+    cells, broken, brief, _, _ = report(tmp_path, monkeypatch, [1], quality(acc=0.5, match=0.5))
+    assert [f["cell_id"] for f in brief["failing_cells"]] == [cells[1]]
+
+
+def test_without_an_entangled_check_the_cell_is_not_fully_checked(tmp_path, monkeypatch):
+    cfg = H.make_cfg(monkeypatch)
+    mp, hp = H.write_collection(cfg, tmp_path / "cells")
+    A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    s = pd.read_parquet(tmp_path / "agg" / "cell_sanity.parquet")
+    assert s.passed.isna().all() and s.failures.str.contains("not checked: answer accuracy, strategy match").all()
