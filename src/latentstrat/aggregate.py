@@ -427,7 +427,7 @@ def entangled_reference(quality: dict | None) -> dict:
 
 
 def cell_sanity(summary: pd.DataFrame, history_all: pd.DataFrame, entangled: dict, thr: dict) -> pd.DataFrame:
-    """One row per complete cell: is it a working model of the tasks (DESIGN section 6, cell sanity)?
+    """One row per complete cell: is it a working model of the tasks (design section 6, cell sanity, docs/design.md)?
 
     Checks (thresholds from the `report` config): final answer accuracy and strategy-match rate
     >= sanity_min_*_ratio x the entangled model's; step-0 base-relative reconstruction (validation)
@@ -515,7 +515,7 @@ def mark_cells(tables: dict, sanity: pd.DataFrame) -> None:
 def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_rows: pd.DataFrame, grid_axes,
                    references: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
                    history_task: pd.DataFrame, sanity: pd.DataFrame | None = None) -> pd.DataFrame:
-    """claim | status | evidence, each computed from configs and outputs (DESIGN section 7)."""
+    """claim | status | evidence, each computed from configs and outputs (design section 7, docs/design.md)."""
     rows = []
     if sanity is not None and len(sanity):
         bad = sanity[sanity.passed.eq(False)]

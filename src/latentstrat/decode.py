@@ -1,4 +1,4 @@
-"""Batched decoding conditioned on a latent strategy z, with a KV cache (DESIGN section 5.5).
+"""Batched decoding conditioned on a latent strategy z, with a KV cache (design section 5.5, docs/design.md).
 
 For each input x:
   1. router: the prefix `<bos> <x> x-tokens </x> <z>` -> (mu_r, logvar_r) (model.router_prefix);

@@ -1,5 +1,5 @@
 """Entangle stage: train the z-free (entangled) model p(y|x) on the task mixture and check that
-it is a real multi-strategy model (DESIGN sections 3 and 5.2).
+it is a real multi-strategy model (design sections 3 and 5.2, docs/design.md).
 
     python -m latentstrat.entangle --config config/config.yaml [--threads N]
 

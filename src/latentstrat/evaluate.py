@@ -1,4 +1,4 @@
-"""Evaluate stage: one record per test example of a trained cell (DESIGN section 5.5).
+"""Evaluate stage: one record per test example of a trained cell (design section 5.5, docs/design.md).
 
     evaluate_cell(cfg, cell, data_dir, entangle_dir, reference_dir, train_dir, out_path, threads)
 

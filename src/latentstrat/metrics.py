@@ -1,6 +1,6 @@
 """Metric definitions: the one place for names, labels and derived-metric formulas.
 
-Every table and figure reads its names and labels from here (DESIGN section 6).
+Every table and figure reads its names and labels from here (design section 6, docs/design.md).
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def _probe_summary(probes, name: str) -> dict:
 
 
 def cell_metrics_row(cell: dict, records, probes) -> dict:
-    """One cell's metrics row from its evaluate records and probe tables (DESIGN section 6).
+    """One cell's metrics row from its evaluate records and probe tables (design section 6, docs/design.md).
 
     final_answer_accuracy = mean correct; strategy_match_rate = share of generations matching
     >= 1 strategy; probes = means over tasks of the 'ok' per-task probes (global: its row);

@@ -1,4 +1,4 @@
-"""Backbones and the latent strategy model (DESIGN section 3).
+"""Backbones and the latent strategy model (design section 3, docs/design.md).
 
 A backbone is a transformers causal LM: the embedded small Qwen2 (built from a `Qwen2Config`,
 tied embeddings), any hub/local model via `from_pretrained`, or random init from a config JSON.

@@ -1,4 +1,4 @@
-"""The disentangling objective (DESIGN section 4).
+"""The disentangling objective (design section 4, docs/design.md).
 
 Per supervised token t of example i: l_it (generator NLL) and b_it (z-free reference NLL, read
 from the reference stage). Token aggregation A_i (the ablated axis), reconstruction families,

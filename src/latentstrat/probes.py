@@ -1,4 +1,4 @@
-"""Linear probes: how much strategy information a latent carries (DESIGN sections 5.6 and 6).
+"""Linear probes: how much strategy information a latent carries (design sections 5.6 and 6, docs/design.md).
 
 A probe is a multinomial logistic regression on standardized features (the scaler is fitted
 inside each fold: a Pipeline), scored by stratified k-fold cross-validation. Next to every

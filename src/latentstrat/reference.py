@@ -1,5 +1,5 @@
 """Reference stage: the frozen z-free model's per-token NLL b_it = -log p_ref(y_t | x, y_<t)
-for every supervised token of every example of every split, computed once (DESIGN section 4).
+for every supervised token of every example of every split, computed once (design section 4, docs/design.md).
 
     python -m latentstrat.reference --config config/config.yaml [--threads N]
 

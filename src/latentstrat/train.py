@@ -1,4 +1,4 @@
-"""Disentangle trainer: one cell per call (DESIGN sections 4-5, stage 4).
+"""Disentangle trainer: one cell per call (design sections 4-5, stage 4, docs/design.md).
 
 Per step: one posterior pass (z ~ q, reparameterized) and one router+generator pass; b comes
 from the reference stage's tokens.parquet (never recomputed); batches are grouped by length.
