@@ -11,6 +11,7 @@ that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are th
 from __future__ import annotations
 
 import copy
+import os
 import functools
 import hashlib
 import itertools
@@ -451,8 +452,32 @@ class Paths:
 
 
 def base_settings(cfg: dict) -> dict:
-    """The config sections that define the shared base (data, backbone, entangle)."""
-    return {k: cfg[k] for k in ("data", "backbone", "entangle")}
+    """The config sections that define the shared base (data, backbone, entangle) and the
+    tokenizer the data is encoded with: a base built with one tokenizer is never reused with
+    another."""
+    return {**{k: cfg[k] for k in ("data", "backbone", "entangle")}, "tokenizer": tokenizer_identity(cfg["backbone"])}
+
+
+def pretrained_source(backbone_cfg: dict) -> tuple[str, str | None]:
+    """(name_or_path, revision) of a pretrained backbone. A name that looks like a local path
+    (absolute, ./ or ../, ~) must exist: the error names it before anything is loaded."""
+    path = backbone_cfg.get("name_or_path")
+    if not path:
+        raise ValueError("config key backbone.name_or_path: required when backbone.source is 'pretrained'")
+    local = os.path.expanduser(path)
+    if path.startswith(("/", "./", "../", "~")) and not Path(local).is_dir():
+        raise FileNotFoundError(f"config key backbone.name_or_path: local model directory {path!r} does not exist "
+                                f"(it must hold the model's config.json, weights and tokenizer files)")
+    return (local if Path(local).is_dir() else path), backbone_cfg.get("revision")
+
+
+def tokenizer_identity(backbone: dict) -> str:
+    """`word-level` (built by the data stage from the task texts) for the embedded and
+    config_json backbones; `pretrained:<name_or_path>@<revision>` for a pretrained one (its own
+    tokenizer, with the record markers added)."""
+    if backbone.get("source") == "pretrained":
+        return f"pretrained:{backbone.get('name_or_path')}@{backbone.get('revision') or 'default'}"
+    return "word-level"
 
 
 def dump_json(obj: Any, path: str | Path) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from latentstrat import config
 from latentstrat.io import read_parquet, write_parquet, write_text
 from latentstrat.tasks import TASKS
 
@@ -122,8 +123,44 @@ def build_tokenizer(texts) -> "tokenizers.Tokenizer":  # noqa: F821
     return tok
 
 
+def pretrained_tokenizer(backbone_cfg: dict):
+    """The pretrained backbone's own tokenizer (`AutoTokenizer.from_pretrained(name_or_path,
+    revision)`) with the record's special tokens added, each a single token. Returns the
+    backend `tokenizers.Tokenizer` (what the data stage saves as tokenizer.json) and the tokens
+    it did not know before."""
+    from transformers import AutoTokenizer
+
+    path, revision = config.pretrained_source(backbone_cfg)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
+    except (OSError, ValueError) as e:
+        raise OSError(f"config key backbone.name_or_path: cannot load the tokenizer of {path!r} "
+                      f"(revision {revision or 'default'}): {e}. Offline: point name_or_path at a local "
+                      f"directory holding the model and its tokenizer, or fill the hub cache and set "
+                      f"HF_HUB_OFFLINE=1") from None
+    if not tok.is_fast:
+        raise ValueError(f"backbone {path!r}: its tokenizer has no fast (tokenizers) version; latentstrat needs one")
+    backend = tok.backend_tokenizer
+    known = backend.get_vocab(with_added_tokens=True)
+    added = [t for t in SPECIAL_TOKENS if t not in known]
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return backend, added
+
+
+def added_token_ids(data_dir: str | Path) -> list[int]:
+    """Ids of the tokens the data stage added to a pretrained tokenizer (tokenizer_info.json);
+    [] for a word-level tokenizer, whose every token is the model's own."""
+    import json
+
+    path = Path(data_dir) / "tokenizer_info.json"
+    if not path.exists():
+        return []
+    return [int(i) for i in json.loads(path.read_text()).get("added_token_ids", [])]
+
+
 def load_tokenizer(data_dir: str | Path):
-    """The data stage's tokenizer.json as a PreTrainedTokenizerFast."""
+    """The data stage's tokenizer.json as a PreTrainedTokenizerFast (word-level, or the
+    pretrained backbone's tokenizer with the record markers added)."""
     from transformers import PreTrainedTokenizerFast
 
     path = Path(data_dir) / "tokenizer.json"
@@ -132,6 +169,37 @@ def load_tokenizer(data_dir: str | Path):
     extra = [t for t in SPECIAL_TOKENS if t not in (PAD, UNK, BOS, EOS)]
     return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token=EOS, pad_token=PAD,
                                    unk_token=UNK, additional_special_tokens=extra)
+
+
+def text_ids(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text segment (x or y) alone, no special tokens added. Records are
+    assembled from segments and marker ids, never by tokenizing a whole record string, so
+    training, scoring and decoding prompts see the same ids."""
+    if not texts:
+        return []
+    if hasattr(tokenizer, "encode_batch"):  # a bare `tokenizers.Tokenizer`
+        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+
+def decode_y(tokenizer, ids) -> str:
+    """A generated y as text: the tokens before the first `</y>` / `<eos>`, decoded by the
+    tokenizer, with whitespace runs folded to single spaces (the tasks' text format). The
+    verifier and matcher judge this text, never token ids."""
+    ids = [int(i) for i in ids]
+    stops = {tokenizer.convert_tokens_to_ids(t) for t in (Y_CLOSE, EOS)}
+    cut = next((k for k, t in enumerate(ids) if t in stops), len(ids))
+    text = tokenizer.decode(ids[:cut], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return " ".join(text.split())
+
+
+def tokenizer_info(tokenizer, backbone_cfg: dict, added: list[str]) -> dict:
+    """What the data stage records about its tokenizer (tokenizer_info.json): its identity, its
+    size, the record tokens' ids, and which of them it added to a pretrained tokenizer."""
+    vocab = tokenizer.get_vocab()
+    return {"identity": config.tokenizer_identity(backbone_cfg), "size": len(tokenizer),
+            "special_token_ids": {t: int(vocab[t]) for t in SPECIAL_TOKENS},
+            "added_token_ids": sorted(int(vocab[t]) for t in added)}
 
 
 # ----------------------------------------------------------------------------- data card
@@ -187,21 +255,33 @@ def data_card_markdown(card: pd.DataFrame, df: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------- stage
 
 
-def build_dataset(data_cfg: dict, out_dir: str | Path, base_config: dict | None = None) -> pd.DataFrame:
-    """The data stage: {train,validation,test}.parquet, tokenizer.json, data_card.{md,parquet}
-    (and base_config.json when given). Returns the data card."""
+def build_dataset(data_cfg: dict, out_dir: str | Path, base_config: dict | None = None,
+                  backbone_cfg: dict | None = None) -> pd.DataFrame:
+    """The data stage: {train,validation,test}.parquet, tokenizer.json (+ tokenizer_info.json),
+    data_card.{md,parquet} (and base_config.json when given). The tokenizer is word-level, or
+    the pretrained backbone's own when `backbone_cfg` has source pretrained; token counts
+    (n_y_tokens, n_supervised) are counted with it. Returns the data card."""
     out_dir = Path(out_dir)
+    backbone_cfg = backbone_cfg or {"source": "embedded"}
+    added: list[str] = []
+    if backbone_cfg.get("source") == "pretrained":
+        tok, added = pretrained_tokenizer(backbone_cfg)  # first: a missing model fails before any work
     df = generate(data_cfg)
-    tok = build_tokenizer(render_record(x, y) for x, y in zip(df.x, df.y))
+    if backbone_cfg.get("source") != "pretrained":
+        tok = build_tokenizer(render_record(x, y) for x, y in zip(df.x, df.y))
+    write_text(tok.to_str(pretty=True) + "\n", out_dir / "tokenizer.json")
+    loaded = load_tokenizer(out_dir)
+    n_y = [len(ids) for ids in text_ids(loaded, df.y.tolist())]
+    df["n_y_tokens"] = n_y
+    df["n_supervised"] = [n + 2 for n in n_y]
+    config.dump_json(tokenizer_info(loaded, backbone_cfg, added), out_dir / "tokenizer_info.json")
     for split in SPLITS:
         write_parquet(df[df.split == split].reset_index(drop=True), out_dir / f"{split}.parquet")
-    write_text(tok.to_str(pretty=True) + "\n", out_dir / "tokenizer.json")
     card = data_card(df)
     write_parquet(card, out_dir / "data_card.parquet")
     write_text(data_card_markdown(card, df) + "\n", out_dir / "data_card.md")
     if base_config is not None:
-        from latentstrat.config import dump_json
-        dump_json(base_config, out_dir / "base_config.json")
+        config.dump_json(base_config, out_dir / "base_config.json")
     return card
 
 
@@ -238,17 +318,12 @@ def encode(df: pd.DataFrame, tokenizer, z_slots: int = 1) -> Encoded:
     if z_slots < 1:
         raise ValueError(f"z_slots must be >= 1, got {z_slots}")
     vocab = tokenizer.get_vocab()
-    unk = vocab[UNK]
-
-    def ids(words):
-        return [vocab.get(w, unk) for w in words]
-
     s = {t: vocab[t] for t in SPECIAL_TOKENS}
     tasks = sorted(df.task.unique())
     tindex = {t: i for i, t in enumerate(tasks)}
     enc = Encoded(tasks, z_slots, [], [], [], [], [], s[PAD])
-    for task, x, y in zip(df.task, df.x, df.y):
-        xi, yi = ids(x.split()), ids(y.split())
+    x_ids, y_ids = text_ids(tokenizer, df.x.tolist()), text_ids(tokenizer, df.y.tolist())
+    for task, xi, yi in zip(df.task, x_ids, y_ids):
         head = [s[BOS], s[X_OPEN], *xi, s[X_CLOSE]]
         body = [s[Y_OPEN], *yi, s[Y_CLOSE]]
         zblock = [s[Z_OPEN]] + [s[Z_SLOT]] * z_slots + [s[Z_CLOSE]]
@@ -375,7 +450,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     out = Path(args.out) if args.out else Paths.from_config(cfg).data_dir
-    card = build_dataset(cfg["data"], out, base_config=base_settings(cfg))
+    card = build_dataset(cfg["data"], out, base_config=base_settings(cfg), backbone_cfg=cfg["backbone"])
     cols = ["task", "n_train", "n_validation", "n_test", "ambiguity_rate", "y_tokens_mean", "y_tokens_max"]
     print(card[cols].to_string(index=False))
     print(f"wrote {out}")

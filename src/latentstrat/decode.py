@@ -24,7 +24,6 @@ import torch
 from tqdm.auto import tqdm
 
 from latentstrat import data
-from latentstrat.tasks.base import END_TOKENS
 
 
 @dataclass
@@ -145,13 +144,8 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
 
 
 def ids_to_y_text(tokenizer, ids: list[int]) -> str:
-    """The generated y: tokens before the first </y> / <eos>, words joined by single spaces."""
-    words = tokenizer.convert_ids_to_tokens(list(ids))
-    for i, w in enumerate(words):
-        if w in END_TOKENS:
-            words = words[:i]
-            break
-    return " ".join(words)
+    """The generated y text (data.decode_y: tokens before the first </y> / <eos>, decoded)."""
+    return data.decode_y(tokenizer, ids)
 
 
 @torch.no_grad()

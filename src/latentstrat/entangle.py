@@ -41,7 +41,6 @@ from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
 from latentstrat.objective import token_nll
 from latentstrat.tasks import TASKS
-from latentstrat.tasks.base import END_TOKENS
 
 # check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
 CHECKS = {
@@ -318,11 +317,10 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
 def sample_y(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int, seed: int,
              temperature: float = TEMPERATURE) -> list[str]:
     """Sample a y text for each prompt (`<bos> <x> .. </x> <z> [Z]*P </z> <y>` ids) at `temperature`, batched
-    with left padding and a KV cache; a row stops at `<eos>`. Returns the words before the
-    first `</y>` / `<eos>` joined by spaces. Deterministic given `seed` and the batch order."""
+    with left padding and a KV cache; a row stops at `<eos>`. Returns the decoded text before
+    the first `</y>` / `<eos>` (data.decode_y). Deterministic given `seed` and the batch order."""
     vocab = tokenizer.get_vocab()
     pad, eos = vocab[data.PAD], vocab[data.EOS]
-    itos = {i: w for w, i in vocab.items()}
     dev = device_of(model)
     gen = torch.Generator().manual_seed(seed)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -354,13 +352,7 @@ def sample_y(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, ba
                         cache=out.cache, use_cache=True)
         gen_ids = torch.stack(new, 1).tolist()
         for r, i in enumerate(idx):
-            words = []
-            for t in gen_ids[r]:
-                w = itos.get(t, data.UNK)
-                if w in END_TOKENS:
-                    break
-                words.append(w)
-            texts[i] = " ".join(words)
+            texts[i] = data.decode_y(tokenizer, gen_ids[r])
     return texts
 
 
@@ -518,7 +510,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
 
     torch.manual_seed(ecfg["seed"])
     dtype = DTYPES[cfg["backbone"]["dtype"]]
-    model = build_backbone(cfg["backbone"], tokenizer).to(device=device, dtype=torch.float32)
+    model = build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir)).to(device=device, dtype=torch.float32)
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "

@@ -62,7 +62,7 @@ def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
     return pd.concat(parts).reset_index(drop=True)
 
 
-def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir):
+def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
     """The cell's model (train.build_model) with its trained weights; a missing or unreadable
     weights file gives an error naming it."""
     from latentstrat.train import build_model
@@ -70,7 +70,7 @@ def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir):
     path = Path(train_dir) / WEIGHTS
     if not path.exists():
         raise FileNotFoundError(f"evaluate: trained weights {path} do not exist (run the train stage for cell {cell['cell_id']})")
-    model = build_model(cfg, cell, tokenizer, entangle_dir)
+    model = build_model(cfg, cell, tokenizer, entangle_dir, new_token_ids)
     try:
         from safetensors.torch import load_file
         state = load_file(str(path))
@@ -143,7 +143,8 @@ def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, 
         raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
     scales = scales_for(reference_dir, cell["token_aggregation"], parse_family(cell["reconstruction_family"]).alpha)
-    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir).to(device_for(cfg))
+    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir,
+                            data.added_token_ids(data_dir)).to(device_for(cfg))
 
     gen = decode.generate(model, tokenizer, test.x.tolist(), sample_z_from="router",
                           max_new_tokens=ecfg["max_new_tokens"], batch_size=ecfg["batch_size"], seed=ecfg["seed"],

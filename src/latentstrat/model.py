@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from latentstrat.config import pretrained_source
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ADAPTERS = ("generator", "posterior")
 
@@ -69,13 +71,36 @@ def embedded_config(embedded_cfg: dict, tokenizer):
     )
 
 
-def build_backbone(backbone_cfg: dict, tokenizer=None):
+def init_new_token_rows(model, ids: list[int]) -> list[int]:
+    """The rows of tokens the data stage added to a pretrained tokenizer (the record markers;
+    new rows, or existing rows the pretrained model never trained, e.g. Qwen2.5's padding rows
+    beyond its tokenizer) start at the mean of the pretrained rows below them: a neutral token
+    the model can read, not a random vector. Input and (if untied) output embeddings alike."""
+    ids = sorted(int(i) for i in ids)
+    if not ids:
+        return ids
+    first = ids[0]
+    if first == 0:
+        raise ValueError("init_new_token_rows: the added tokens must come after the pretrained vocabulary")
+    with torch.no_grad():
+        mats = [model.get_input_embeddings().weight]
+        out = model.get_output_embeddings()
+        if out is not None and out.weight.data_ptr() != mats[0].data_ptr():
+            mats.append(out.weight)
+        for w in mats:
+            w[ids] = w[:first].float().mean(0).to(w.dtype)
+    return ids
+
+
+def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] | None = None):
     """A causal LM per `backbone_cfg` (the config's `backbone` section), in its dtype.
 
     embedded: random init from `embedded_config` (seed the global torch RNG before calling);
     pretrained: `AutoModelForCausalLM.from_pretrained(name_or_path)`;
     config_json: random init from a config JSON file (or a directory holding config.json).
-    If the tokenizer has more tokens than the model's vocabulary, embeddings are resized.
+    If the tokenizer has more tokens than the model's vocabulary, embeddings are resized;
+    `new_token_ids` (data.added_token_ids: the tokens the data stage added to a pretrained
+    tokenizer) start at the mean pretrained embedding (`init_new_token_rows`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -86,10 +111,13 @@ def build_backbone(backbone_cfg: dict, tokenizer=None):
             raise ValueError("build_backbone: backbone.source 'embedded' needs the dataset tokenizer")
         model = AutoModelForCausalLM.from_config(embedded_config(backbone_cfg["embedded"], tokenizer))
     elif source == "pretrained":
-        path = backbone_cfg.get("name_or_path")
-        if not path:
-            raise ValueError("config key backbone.name_or_path: required when backbone.source is 'pretrained'")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        path, revision = pretrained_source(backbone_cfg)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype)
+        except OSError as e:
+            raise OSError(f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
+                          f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
+                          f"fill the hub cache and set HF_HUB_OFFLINE=1") from None
     elif source == "config_json":
         path = backbone_cfg.get("name_or_path")
         if not path or not Path(path).exists():
@@ -100,9 +128,12 @@ def build_backbone(backbone_cfg: dict, tokenizer=None):
     else:
         raise ValueError(f"config key backbone.source: unknown source {source!r}")
     if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer))
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    if tokenizer is not None:
         for key, tid in _special_ids(tokenizer).items():
             setattr(model.config, key, tid)
+        if source == "pretrained" and new_token_ids:
+            init_new_token_rows(model, new_token_ids)
     return model.to(dtype)
 
 

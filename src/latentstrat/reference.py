@@ -135,7 +135,7 @@ def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokeniz
 
     if cfg["entangle"]["mode"] == "skip":
         torch.manual_seed(cfg["entangle"]["seed"])
-        return build_backbone(cfg["backbone"], tokenizer)
+        return build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
     model_dir = entangle_dir / "model"
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(f"reference: entangled model {model_dir} (config.json) does not exist (run the entangle stage)")

@@ -65,14 +65,15 @@ def cell_scales(b_val, train_df: pd.DataFrame, aggregation: str, family: str) ->
     return {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
 
 
-def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir) -> LatentStrategyModel:
-    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config),
-    wrapped with the cell's latent settings. Seeded: the same cell builds the same model."""
+def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()) -> LatentStrategyModel:
+    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config, with
+    the tokens the data stage added, `data.added_token_ids`, at the mean embedding), wrapped
+    with the cell's latent settings. Seeded: the same cell builds the same model."""
     torch.manual_seed(int(cell["seed"]))
     if cell["init"] == "entangled":
         backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"])
     else:
-        backbone = build_backbone(cfg["backbone"], tokenizer)
+        backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
     return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
 
 
@@ -378,7 +379,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     scales = cell_scales(b_val, train_df, cell["token_aggregation"], cell["reconstruction_family"])
 
     dev = device_for(cfg)
-    model = build_model(cfg, cell, tokenizer, entangle_dir).to(dev)
+    model = build_model(cfg, cell, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(dev)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
     group_lengths = data.strategy_free_lengths(train_df)  # batches never sort strategies apart

@@ -19,6 +19,7 @@ from latentstrat.config import (
     expand_cells,
     external_arms,
     load_config,
+    tokenizer_identity,
 )
 
 
@@ -177,6 +178,7 @@ def data_files():
         "validation": str(d / "validation.parquet"),
         "test": str(d / "test.parquet"),
         "tokenizer": str(d / "tokenizer.json"),
+        "tokenizer_info": str(d / "tokenizer_info.json"),
     }
 
 

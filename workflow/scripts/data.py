@@ -8,4 +8,4 @@ from latentstrat.config import base_settings
 with logged(snakemake):
     cfg = stage_config(snakemake)
     out_dir = Path(snakemake.output.base_config).parent
-    data.build_dataset(cfg["data"], out_dir, base_config=base_settings(cfg))
+    data.build_dataset(cfg["data"], out_dir, base_config=base_settings(cfg), backbone_cfg=cfg["backbone"])
