@@ -260,3 +260,23 @@ def test_ambiguous_examples_are_kept_and_flagged():
     card = D.data_card(df)
     assert card.n_ambiguous.iloc[0] == straight.sum()
     assert card.ambiguity_rate.iloc[0] == pytest.approx(straight.mean())
+
+
+def test_task_mixed_batches_follow_the_mixture_and_length_batches_do_not():
+    """Shares 0.5 / 0.3 / 0.2, batch 20: every batch holds 10 / 6 / 4 rows give or take 2, and
+    every row comes once per epoch. Control: batches grouped by length (tasks of different
+    lengths) are nearly single-task, the failure the mixed sampler fixes."""
+    task_idx = [0] * 500 + [1] * 300 + [2] * 200
+    lengths = [40] * 500 + [10] * 300 + [25] * 200
+    rng = np.random.default_rng(0)
+    batches = D.task_mixed_batches(task_idx, 20, rng)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    for b in batches:
+        counts = np.bincount([task_idx[i] for i in b], minlength=3)
+        assert np.abs(counts - np.array([10, 6, 4])).max() <= 2, counts
+    grouped = list(D.length_grouped_batches(lengths, 20, np.random.default_rng(0)))
+    pure = [b for b in grouped if len({task_idx[i] for i in b}) == 1]
+    assert len(pure) / len(grouped) > 0.9
+    # a different epoch seed gives a different order, the same mixture
+    other = D.task_mixed_batches(task_idx, 20, np.random.default_rng(1))
+    assert other != batches

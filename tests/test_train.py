@@ -89,6 +89,12 @@ def test_outputs_and_determinism(base, tmp_path):
     for m in ("example_share", "token_share", "loss_share", "grad_norm_share"):
         assert t[m].groupby("step").sum().sub(1).abs().max() < 1e-6, m
     assert t.example_share.eq(0.5).all()  # 8 + 8 validation examples
+    # the batches' task mix (24 + 24 train rows, batch 8: 4 + 4 give or take 1), pre-clip norms
+    mix = t.batch_task_share.dropna().groupby("step").sum()
+    assert list(mix.index) == [3, 6] and mix.sub(1).abs().max() < 1e-9
+    assert t.batch_task_share.dropna().sub(0.5).abs().max() <= 1 / 8 + 1e-9
+    assert a.grad_norm_preclip.loc[[3, 6]].gt(0).all() and a.clipped_fraction.loc[[3, 6]].between(0, 1).all()
+    assert a.grad_clip.loc[3] == 1.0
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["tokens_per_s"] > 0
 
@@ -219,3 +225,13 @@ def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
                                   pd.read_parquet(tmp_path / "fresh" / "history.parquet"))
     w, w_fresh = load_file(out / "model.safetensors"), load_file(tmp_path / "fresh" / "model.safetensors")
     assert all(torch.equal(w[k], w_fresh[k]) for k in w)
+
+
+def test_grad_clip_per_aggregation_is_explicit():
+    from latentstrat.train import grad_clip_for
+    assert grad_clip_for({"grad_clip": 1.0}, "sum") == 1.0
+    assert grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}}, "sum") == 26.0
+    with pytest.raises(ValueError, match="no threshold for token aggregation 'sum_scaled'"):
+        grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}}, "sum_scaled")
+    cfg, _ = tiny_cfg(grad_clip={"mean": 1.0, "sum": 30.0})
+    assert cfg["train"]["grad_clip"] == {"mean": 1.0, "sum": 30.0}

@@ -368,6 +368,26 @@ def length_grouped_batches(lengths, batch_size: int, rng):
     yield from batches
 
 
+def task_mixed_batches(task_idx, batch_size: int, rng) -> list[list[int]]:
+    """One epoch of batches whose task mix follows the data's mixture: each task's rows are
+    shuffled, the k-th of n_t rows of task t gets the key (k + u) / n_t (u uniform), and the
+    rows sorted by key are cut into batches, so every batch holds about batch_size x n_t / n
+    rows of task t (systematic sampling: the count differs from that by less than 1 on
+    average, never by the whole batch). Under `sum` the per-example weighting by token count,
+    which the ablation studies, then acts within each batch, not as a per-step loss scale.
+    `rng`: a numpy Generator."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    task_idx = np.asarray(task_idx)
+    keys = np.empty(len(task_idx))
+    for t in np.unique(task_idx):
+        rows = np.flatnonzero(task_idx == t)
+        rows = rows[rng.permutation(len(rows))]
+        keys[rows] = (np.arange(len(rows)) + rng.random(len(rows))) / len(rows)
+    order = np.argsort(keys, kind="stable").tolist()
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 def _shuffle(items: list, rng) -> None:
     if isinstance(rng, random.Random):
         rng.shuffle(items)

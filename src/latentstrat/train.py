@@ -119,13 +119,48 @@ def step_noise(seed: int, step: int, shape) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step)))
 
 
-def epoch_batches(lengths, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    return list(data.length_grouped_batches(lengths, batch_size, np.random.default_rng([int(seed), int(epoch)])))
+def epoch_batches(task_idx, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """One epoch of task-mixed batches (data.task_mixed_batches), a pure function of (seed, epoch)."""
+    return data.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))
 
 
-def batch_at(lengths, batch_size: int, seed: int, step: int) -> list[int]:
-    per_epoch = math.ceil(len(lengths) / batch_size)
-    return epoch_batches(lengths, batch_size, seed, step // per_epoch)[step % per_epoch]
+def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
+    per_epoch = math.ceil(len(task_idx) / batch_size)
+    return epoch_batches(task_idx, batch_size, seed, step // per_epoch)[step % per_epoch]
+
+
+def grad_clip_for(tcfg: dict, aggregation: str) -> float:
+    """The gradient-norm clipping threshold of a cell: `train.grad_clip` is one number for every
+    aggregation or a mapping aggregation -> number (0 = no clipping). An explicit, reported
+    choice: `sum`'s loss is ~n_bar times `mean`'s, so one threshold binds for one and not the
+    other (the report shows how often it bound)."""
+    c = tcfg["grad_clip"]
+    if isinstance(c, dict):
+        if aggregation not in c:
+            raise ValueError(f"config key train.grad_clip: no threshold for token aggregation {aggregation!r} (have {sorted(c)})")
+        c = c[aggregation]
+    return float(c)
+
+
+def batch_stats(cell_id: str, enc: data.Encoded, batch_size: int, seed: int, grad_norms: list[float], clip: float,
+                step: int, history: list[dict]) -> list[dict]:
+    """History rows for the training steps since the previous checkpoint row: the batches' task
+    mix (share of rows per task, recomputed from the batch order, a pure function of seed and
+    step), the mean pre-clip gradient norm, the fraction of steps whose norm was clipped, and
+    the threshold itself."""
+    prev = max([h["step"] for h in history if h["metric"] == "clipped_fraction"] + [0])
+    window = range(prev, step)
+    counts = np.zeros(len(enc.tasks))
+    for s in window:
+        np.add.at(counts, [enc.task_idx[i] for i in batch_at(enc.task_idx, batch_size, seed, s)], 1)
+    norms = np.asarray(grad_norms[prev:step])
+    rows = [dict(cell_id=cell_id, step=step, task="all", metric="grad_norm_preclip", value=float(norms.mean())),
+            dict(cell_id=cell_id, step=step, task="all", metric="clipped_fraction",
+                 value=float((norms > clip).mean()) if clip > 0 else 0.0),
+            dict(cell_id=cell_id, step=step, task="all", metric="grad_clip", value=clip)]
+    rows += [dict(cell_id=cell_id, step=step, task=t, metric="batch_task_share", value=float(counts[k] / counts.sum()))
+             for k, t in enumerate(enc.tasks)]
+    return rows
 
 
 # ----------------------------------------------------------------------------- validation
@@ -382,12 +417,13 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     model = build_model(cfg, cell, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(dev)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
-    group_lengths = data.strategy_free_lengths(train_df)  # batches never sort strategies apart
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
     fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
     step, history, wall, tokens = 0, [], 0.0, 0
+    grad_norms: list[float] = []  # pre-clip gradient norm of every step taken (checkpointed)
+    clip = grad_clip_for(tcfg, cell["token_aggregation"])
     ck = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
     if ck is not None and ck.get("cell_id") != cid:
         raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
@@ -400,6 +436,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
         opt.load_state_dict(ck["optimizer"])
         torch.set_rng_state(ck["torch_rng"])
         step, wall, tokens = ck["step"], ck["wall_time_s"], ck["train_tokens"]
+        grad_norms = list(ck.get("grad_norms", []))
         history = [dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))]
         print(f"[{cid}] resumed from step {step}")
     stop = {"flag": False}
@@ -407,7 +444,8 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
 
     def checkpoint():
         save_checkpoint(ckpt_path, model, opt, step, history,
-                        {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": wall, "train_tokens": tokens})
+                        {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": wall, "train_tokens": tokens,
+                         "grad_norms": grad_norms})
 
     try:
         model.train()
@@ -415,20 +453,22 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
             history += validate(model, tokenizer, cfg, cell, scales, val, 0)
         while step < tcfg["steps"]:
             t0 = time.perf_counter()
-            idx = batch_at(group_lengths, tcfg["batch_size"], seed, step)
+            idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
             batch = data.collate(enc, idx, b_train).to(dev)
             losses = forward_losses(model, batch, cell, scales, step, step_noise(seed, step, (len(idx), model.latent_dim)))
             check_finite(losses, cid, step + 1)
             opt.zero_grad(set_to_none=True)
             losses["total"].backward()
-            if tcfg["grad_clip"] > 0:
-                torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), tcfg["grad_clip"])
+            # the norm before clipping (inf = no clipping: the norm is measured, never applied)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), clip if clip > 0 else math.inf)
+            grad_norms.append(float(gnorm))
             opt.step()
             step += 1
             wall += time.perf_counter() - t0
             tokens += int(batch.gen_mask.sum() + batch.post_mask.sum())
             if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
                 history += validate(model, tokenizer, cfg, cell, scales, val, step)
+                history += batch_stats(cid, enc, tcfg["batch_size"], seed, grad_norms, clip, step, history)
             if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
                 checkpoint()
             if stop["flag"]:

@@ -140,7 +140,6 @@ def run(args) -> dict:
     model = LatentStrategyModel(copy.deepcopy(ref_lm), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
     enc = data.encode(df, tok)
-    group_lengths = data.strategy_free_lengths(df)  # the trainer's batching
     # b once, up front (what the reference stage stores)
     from latentstrat.reference import reference_nll
     b = reference_nll(ref_lm, enc, args.batch_size)
@@ -157,7 +156,7 @@ def run(args) -> dict:
         opt.step()
 
     def trainer_step(i):
-        idx = batch_at(group_lengths, args.batch_size, 0, i)
+        idx = batch_at(enc.task_idx, args.batch_size, 0, i)
         batch = data.collate(enc, idx, b).to(device)
         update(forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))["total"])
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
