@@ -389,14 +389,34 @@ def token_dominance(history_task: pd.DataFrame) -> pd.DataFrame:
         first, last = g.step.min(), g.step.max()
         for which, step in (("initialization" if first == 0 else f"first (step {int(first)})", first), ("final", last)):
             snap = g[g.step == step].pivot_table(index="task", columns="metric", values="value", aggfunc="mean")
+            mix = history_task[(history_task.cell_id == cid) & (history_task.metric == "batch_task_share")
+                               & (history_task.step > 0)]  # the batches' mix over the whole run
+            mix = mix.groupby("task").value.mean() if len(mix) else pd.Series(dtype=float)
             for task, r in snap.iterrows():
                 rows.append({"cell_id": cid, "token_aggregation": g["token_aggregation"].iloc[0], "checkpoint": which,
-                             "step": int(step), "task": task, **{m: r.get(m, math.nan) for m in SHARE_METRICS}})
+                             "step": int(step), "task": task, **{m: r.get(m, math.nan) for m in SHARE_METRICS},
+                             "batch_task_share": mix.get(task, math.nan)})
     per_cell = pd.DataFrame(rows)
-    out = (per_cell.groupby(["token_aggregation", "checkpoint", "task"], sort=False)[SHARE_METRICS].mean()
+    cols = SHARE_METRICS + ["batch_task_share"]
+    out = (per_cell.groupby(["token_aggregation", "checkpoint", "task"], sort=False)[cols].mean(numeric_only=True)
            .reset_index())
     out["n_cells"] = per_cell.groupby(["token_aggregation", "checkpoint", "task"], sort=False).size().values
     return out
+
+
+def gradient_clipping(history_all: pd.DataFrame) -> pd.DataFrame:
+    """Per token aggregation: the clipping threshold, the mean pre-clip gradient norm and the
+    fraction of training steps whose norm was clipped (over every cell and checkpoint window):
+    whether the threshold bound, and for which aggregation."""
+    h = history_all[history_all.metric.isin(["grad_norm_preclip", "clipped_fraction", "grad_clip"])]
+    if h.empty:
+        return pd.DataFrame(columns=["token_aggregation", "grad_clip", "grad_norm_preclip_mean", "clipped_fraction", "n_cells"])
+    w = h.pivot_table(index=["cell_id", "step"], columns="metric", values="value").reset_index()
+    w["token_aggregation"] = w.cell_id.map(dict(zip(history_all.cell_id, history_all.token_aggregation)))
+    g = w.groupby("token_aggregation", sort=False)
+    return pd.DataFrame({"token_aggregation": list(g.groups), "grad_clip": g.grad_clip.first().values,
+                         "grad_norm_preclip_mean": g.grad_norm_preclip.mean().values,
+                         "clipped_fraction": g.clipped_fraction.mean().values, "n_cells": g.cell_id.nunique().values})
 
 
 def share_sums(dominance: pd.DataFrame) -> pd.DataFrame:
@@ -717,6 +737,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["per_task_checkpoints"] = label_cells(per_task_checkpoints(h_task, top_k), cells_info) if len(h_task) else pd.DataFrame()
     t["token_dominance"] = token_dominance(h_task) if len(h_task) else pd.DataFrame()
     t["token_dominance_sums"] = share_sums(t["token_dominance"])
+    t["gradient_clipping"] = gradient_clipping(h_all) if len(h_all) else gradient_clipping(pd.DataFrame(columns=["metric"]))
     t["cell_sanity"] = cell_sanity(summary, h_all, entangled_reference(entangle_quality),
                                    report_settings((meta or {}).get("report")))
     t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task,

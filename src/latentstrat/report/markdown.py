@@ -136,8 +136,15 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     if dom.empty:
         out.append("No per-task share metrics in the histories.\n")
     else:
-        out += ["Per task and aggregation (mean over cells), shares of examples, supervised tokens, summed loss and gradient norm.\n",
+        out += ["Per task and aggregation (mean over cells), shares of examples, supervised tokens, summed loss and gradient "
+                "norm (on equal-size validation batches per task), and `batch_task_share`: the share of the task's rows in the "
+                "training batches (task-mixed batches follow the training mixture).\n",
                 md_table(dom), "Share sums per aggregation and checkpoint:\n", md_table(t["token_dominance_sums"])]
+    clip = t.get("gradient_clipping", pd.DataFrame())
+    if not clip.empty:
+        out += ["Gradient clipping per aggregation (`train.grad_clip`): the threshold, the mean pre-clip gradient norm and the "
+                "fraction of steps it clipped. A threshold that clips most steps of one aggregation and none of the other "
+                "changes that aggregation's effective step size.\n", md_table(clip)]
     out += ["## Top And Bottom Rows\n", f"### Top Rows By {label(metric).title()}\n", md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
             f"### Bottom Rows By {label(metric).title()}\n", md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"])]
     out.append("## Figures\n")
