@@ -113,7 +113,8 @@ def _check_identities(row):
     def same(a, b):
         return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
     assert same(row["matched_router_score"], row["within_task_router_probe"] * row["strategy_match_rate"])
-    assert same(row["posterior_router_probe_gap"], row["posterior_probe"] - row["within_task_router_probe"])
+    if row.get("posterior_probe_task_list") == row.get("within_task_router_probe_task_list"):  # same tasks
+        assert same(row["posterior_router_probe_gap"], row["posterior_probe"] - row["within_task_router_probe"])
     assert same(row["inferred_zfree_reference_scale"],
                 row["reconstruction_loss"] / row["distribution_normalized_reconstruction_loss"])
     assert same(row["kl_over_active_reconstruction"], row["kl_prior_loss"] / row["active_reconstruction_objective"])
@@ -180,7 +181,8 @@ def test_write_cell_metrics_hand_computed(tmp_path):
 
     def prow(task, probe, acc, chance, shuf, status="ok"):
         return dict(cell_id=cid, task=task, probe=probe, accuracy=acc, chance=chance, shuffled_accuracy=shuf,
-                    n=10, n_classes=2, folds=2, status=status, reason="" if status == "ok" else "few")
+                    corrected=(acc - chance) / (1 - chance), n=10, n_classes=2, folds=2, n_dropped=0, dropped="",
+                    status=status, reason="" if status == "ok" else "few")
     p1 = pd.DataFrame([prow("t1", "within_task_router", 0.8, 0.5, 0.4), prow("t1", "posterior", 1.0, 0.5, 0.5)])
     p2 = pd.DataFrame([prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")])
     g = pd.DataFrame([prow("global", "global_router", 0.9, 0.25, 0.3)])
@@ -196,7 +198,12 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     assert row.posterior_probe == pytest.approx(1.0) and row.posterior_probe_tasks == 1  # the na task is left out
     assert row.global_router_probe == pytest.approx(0.9)
     assert row.matched_router_score == pytest.approx(0.7 * 0.75)
-    assert row.posterior_router_probe_gap == pytest.approx(0.3)
+    # chance-corrected: t1 (0.8 - 0.5) / 0.5 = 0.6, t2 (0.6 - 0.7) / 0.3 = -1/3 (below chance)
+    assert row.within_task_router_probe_corrected == pytest.approx((0.6 - 1 / 3) / 2)
+    assert row.chance_corrected_matched_router_score == pytest.approx((0.6 - 1 / 3) / 2 * 0.75)
+    assert row.within_task_router_probe_task_list == "t1,t2" and row.posterior_probe_task_list == "t1"
+    # the gap over the one task both probes cover (t1: 1.0 - 0.8), not 1.0 - mean(0.8, 0.6)
+    assert row.posterior_router_probe_gap == pytest.approx(0.2)
     assert row.reconstruction_loss == pytest.approx(5.0)
     assert row.inferred_zfree_reference_scale == pytest.approx(2.0)
     assert row.kl_over_active_reconstruction == pytest.approx(1.0 / 5.0)

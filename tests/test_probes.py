@@ -54,14 +54,37 @@ def test_deterministic_given_seed():
     assert linear_probe(X, y, seed=4) == linear_probe(X, y, seed=4)
 
 
-def test_na_too_few_per_class():
+def test_rare_class_is_dropped_not_the_task():
     rng = np.random.default_rng(4)
+    # two classes, one too rare for 5 folds: dropping it leaves one class -> na, named
     y = np.array(["a"] * 10 + ["b"] * 3)
     res = linear_probe(rng.standard_normal((13, 2)), y, folds=5)
-    assert res.status == "na"
-    assert "'b'" in res.reason and "3 examples" in res.reason and "folds=5" in res.reason
-    assert np.isnan(res.accuracy) and np.isnan(res.shuffled_accuracy)
-    assert res.chance == pytest.approx(10 / 13)
+    assert res.status == "na" and res.n_dropped == 3 and res.dropped == "b:3"
+    assert "b:3" in res.reason and "folds=5" in res.reason
+    assert np.isnan(res.accuracy) and np.isnan(res.shuffled_accuracy) and res.chance == 1.0
+    # three classes, one rare: the probe runs on the other two (chance from those), the drop recorded
+    y = np.array(["a"] * 30 + ["b"] * 20 + ["c"] * 4)
+    X = rng.standard_normal((54, 3))
+    X[y == "a", 0] += 4.0  # a is separable from b
+    res = linear_probe(X, y, folds=5)
+    assert res.status == "ok" and res.n == 50 and res.n_classes == 2 and res.dropped == "c:4"
+    assert res.chance == pytest.approx(0.6) and res.accuracy > 0.9
+    assert res.corrected == pytest.approx((res.accuracy - 0.6) / 0.4)
+
+
+def test_chance_corrected_score_separates_collapse_from_information():
+    """A collapsed cell: 295 of 300 generations follow one strategy; random z gets the chance
+    accuracy 0.983 but a corrected score near 0. An informative cell with balanced classes and
+    a lower raw accuracy (0.9) has the far higher corrected score."""
+    rng = np.random.default_rng(0)
+    y = np.array(["a"] * 295 + ["b"] * 5)
+    collapsed = linear_probe(rng.standard_normal((300, 8)), y, folds=5)
+    assert collapsed.accuracy > 0.95 and abs(collapsed.corrected) < 0.3
+    y2 = np.array(["a"] * 150 + ["b"] * 150)
+    X2 = rng.standard_normal((300, 8))
+    X2[:, 0] += np.where(y2 == "a", 1.3, -1.3)
+    informative = linear_probe(X2, y2, folds=5)
+    assert informative.accuracy < collapsed.accuracy and informative.corrected > collapsed.corrected + 0.5
 
 
 def test_na_single_class_and_empty():

@@ -80,8 +80,8 @@ def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     """Derived metrics (metrics.derive) where the inputs exist and the column is absent/NaN."""
     df = df.copy()
     rows = [derive(r) for r in df.to_dict("records")]
-    for name in ["matched_router_score", "posterior_router_probe_gap", "kl_over_active_reconstruction",
-                 "inferred_zfree_reference_scale"]:
+    for name in ["matched_router_score", "chance_corrected_matched_router_score", "posterior_router_probe_gap",
+                 "kl_over_active_reconstruction", "inferred_zfree_reference_scale"]:
         derived = pd.Series([r[name] for r in rows], index=df.index, dtype=float)
         if name in df.columns:
             df[name] = df[name].astype(float).fillna(derived)

@@ -17,6 +17,9 @@ class Metric:
 
 
 _M = [
+    Metric("chance_corrected_matched_router_score", "chance-corrected matched router score", True,
+           "within_task_router_probe_corrected x strategy_match_rate: 0 when router z predicts the followed "
+           "strategy no better than the majority class (a collapsed cell), the ranking metric"),
     Metric("matched_router_score", "matched router score", True,
            "within_task_router_probe x strategy_match_rate"),
     Metric("within_task_router_probe", "within-task router probe", True,
@@ -44,7 +47,7 @@ _M = [
     Metric("inferred_zfree_reference_scale", "inferred z-free reference scale", None,
            "reconstruction_loss / distribution_normalized_reconstruction_loss = S_ref"),
     Metric("posterior_router_probe_gap", "posterior-router probe gap", None,
-           "posterior_probe - within_task_router_probe"),
+           "mean over the tasks both probes cover of posterior_probe - within_task_router_probe"),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
 # the order of the seeds' "Metric Distributions" table
@@ -52,6 +55,9 @@ DISTRIBUTION_METRICS = list(METRICS)
 LOSS_METRICS = ["reconstruction_loss", "distribution_normalized_reconstruction_loss",
                 "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective"]
 PROBE_METRICS = ["within_task_router_probe", "global_router_probe", "posterior_probe"]
+# what stands next to every probe number: chance (majority-class rate), shuffled-label control,
+# chance-corrected accuracy (accuracy - chance) / (1 - chance), tasks covered
+PROBE_CONTROLS = ("chance", "shuffled", "corrected", "tasks")
 
 # diagnostics logged during training (weights default 0)
 DIAGNOSTICS = {
@@ -100,7 +106,10 @@ def derive(row: dict) -> dict:
     """
     out = dict(row)
     out["matched_router_score"] = _nan_if_missing(row.get("within_task_router_probe")) * _nan_if_missing(row.get("strategy_match_rate"))
-    out["posterior_router_probe_gap"] = _nan_if_missing(row.get("posterior_probe")) - _nan_if_missing(row.get("within_task_router_probe"))
+    out["chance_corrected_matched_router_score"] = (_nan_if_missing(row.get("within_task_router_probe_corrected"))
+                                                    * _nan_if_missing(row.get("strategy_match_rate")))
+    if math.isnan(_nan_if_missing(row.get("posterior_router_probe_gap"))):  # else: computed over shared tasks
+        out["posterior_router_probe_gap"] = _nan_if_missing(row.get("posterior_probe")) - _nan_if_missing(row.get("within_task_router_probe"))
     out["kl_over_active_reconstruction"] = safe_ratio(row.get("kl_prior_loss"), row.get("active_reconstruction_objective"))
     out["inferred_zfree_reference_scale"] = safe_ratio(row.get("reconstruction_loss"), row.get("distribution_normalized_reconstruction_loss"))
     return out
@@ -114,14 +123,27 @@ PROBE_METRIC = {"within_task_router": "within_task_router_probe", "posterior": "
 
 
 def _probe_summary(probes, name: str) -> dict:
-    """Mean accuracy / chance / shuffled over the probe's 'ok' rows (one per task, or the global
-    row); NaN when none is ok. `<metric>_tasks` counts the ok rows."""
+    """Mean accuracy / chance / shuffled / chance-corrected over the probe's 'ok' rows (one per
+    task, or the global row); NaN when none is ok. `<metric>_tasks` counts the ok rows and
+    `<metric>_task_list` names them."""
     m = PROBE_METRIC[name]
     ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
     if ok.empty:
-        return {m: math.nan, f"{m}_chance": math.nan, f"{m}_shuffled": math.nan, f"{m}_tasks": 0}
+        return {m: math.nan, f"{m}_chance": math.nan, f"{m}_shuffled": math.nan, f"{m}_corrected": math.nan,
+                f"{m}_tasks": 0, f"{m}_task_list": ""}
     return {m: float(ok["accuracy"].mean()), f"{m}_chance": float(ok["chance"].mean()),
-            f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()), f"{m}_tasks": int(len(ok))}
+            f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()), f"{m}_corrected": float(ok["corrected"].mean()),
+            f"{m}_tasks": int(len(ok)), f"{m}_task_list": ",".join(sorted(ok["task"]))}
+
+
+def shared_task_gap(probes) -> float:
+    """posterior - within-task router probe accuracy, averaged over the tasks where both probes
+    ran: two means over different task sets would compare different tasks."""
+    ok = probes[probes["status"] == "ok"]
+    post = ok[ok["probe"] == "posterior"].set_index("task")["accuracy"]
+    router = ok[ok["probe"] == "within_task_router"].set_index("task")["accuracy"]
+    shared = sorted(set(post.index) & set(router.index))
+    return float((post[shared] - router[shared]).mean()) if shared else math.nan
 
 
 def cell_metrics_row(cell: dict, records, probes) -> dict:
@@ -142,6 +164,7 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
         row[name] = float(records[name].astype(float).mean())
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
+    row["posterior_router_probe_gap"] = shared_task_gap(probes)
     row = derive(row)
     row["n_test"] = int(len(records))
     row["n_tasks"] = int(records["task"].nunique())

@@ -2,9 +2,12 @@
 
 A probe is a multinomial logistic regression on standardized features (the scaler is fitted
 inside each fold: a Pipeline), scored by stratified k-fold cross-validation. Next to every
-accuracy it reports the chance level (majority-class rate) and a shuffled-label control (the
-same CV on permuted labels). A probe that cannot be run honestly (fewer than 2 classes, or a
-class with fewer examples than folds) reports status 'na' with the reason instead of a number.
+accuracy it reports the chance level (majority-class rate of the probed examples), a
+shuffled-label control (the same CV on permuted labels) and the chance-corrected accuracy
+(accuracy - chance) / (1 - chance): 0 at the majority rate, 1 when perfect. A class with fewer
+examples than folds is dropped (named in `dropped`), not the whole task, so a probe's task set
+does not move with one rare class; a probe left with fewer than 2 classes reports status 'na'
+with the reason instead of a number.
 
 Probes on the evaluate records of a cell:
 - within_task_router: per task, router-sampled z -> the strategy the generation followed
@@ -31,8 +34,8 @@ from sklearn.preprocessing import StandardScaler
 from latentstrat.io import read_parquet, write_parquet
 
 PROBE_NAMES = ("within_task_router", "posterior", "global_router")
-PROBE_COLUMNS = ["cell_id", "task", "probe", "accuracy", "chance", "shuffled_accuracy", "n",
-                 "n_classes", "folds", "status", "reason"]
+PROBE_COLUMNS = ["cell_id", "task", "probe", "accuracy", "chance", "shuffled_accuracy", "corrected", "n",
+                 "n_classes", "folds", "n_dropped", "dropped", "status", "reason"]
 # the record columns the probes read
 PROBE_RECORD_COLUMNS = ["cell_id", "task", "strategy", "followed_strategy", "ambiguous",
                         "router_z", "posterior_mu"]
@@ -41,11 +44,14 @@ PROBE_RECORD_COLUMNS = ["cell_id", "task", "strategy", "followed_strategy", "amb
 @dataclass(frozen=True)
 class ProbeResult:
     accuracy: float  # mean CV accuracy (nan when na)
-    chance: float  # majority-class rate
+    chance: float  # majority-class rate of the probed examples
     shuffled_accuracy: float  # the same CV on permuted labels
-    n: int
+    corrected: float  # (accuracy - chance) / (1 - chance)
+    n: int  # examples probed (after dropping rare classes)
     n_classes: int
     folds: int
+    n_dropped: int  # examples of dropped classes
+    dropped: str  # "class:count, ..." of classes with fewer examples than folds
     status: str  # ok | na
     reason: str  # why na ('' when ok)
 
@@ -78,24 +84,33 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     if not np.isfinite(X).all():
         raise ValueError("linear_probe: features contain NaN or inf")
     counts = Counter(y.tolist())
-    n, k = len(y), len(counts)
+    small = {s: c for s, c in sorted(counts.items()) if c < folds}
+    dropped = ", ".join(f"{s}:{c}" for s, c in small.items())
+    if small:  # too rare to stratify: leave the class out, keep the task
+        keep = ~np.isin(y, list(small))
+        X, y = X[keep], y[keep]
+        counts = Counter(y.tolist())
+    n, k, n_dropped = len(y), len(counts), sum(small.values())
     chance = max(counts.values()) / n if n else float("nan")
 
     def na(reason: str) -> ProbeResult:
-        return ProbeResult(float("nan"), chance, float("nan"), n, k, folds, "na", reason)
+        return ProbeResult(float("nan"), chance, float("nan"), float("nan"), n, k, folds, n_dropped, dropped, "na", reason)
 
     if k < 2:
-        return na(f"{k} class{'es' if k != 1 else ''} among {n} examples (need at least 2)")
-    small = sorted((c, s) for s, c in counts.items() if c < folds)
-    if small:
-        c, s = small[0]
-        return na(f"class {s!r} has {c} example{'s' if c != 1 else ''}, fewer than folds={folds}")
+        why = f" after dropping classes with fewer than folds={folds} examples ({dropped})" if small else ""
+        return na(f"{k} class{'es' if k != 1 else ''} among {n} examples{why} (need at least 2)")
     acc = _cv_accuracy(X, y, folds, seed, max_iter)
     shuffled = float("nan")
     if shuffled_control:
         y_shuffled = np.random.default_rng(seed).permutation(y)
         shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)
-    return ProbeResult(acc, chance, shuffled, n, k, folds, "ok", "")
+    return ProbeResult(acc, chance, shuffled, chance_corrected(acc, chance), n, k, folds, n_dropped, dropped, "ok", "")
+
+
+def chance_corrected(accuracy: float, chance: float) -> float:
+    """(accuracy - chance) / (1 - chance): 0 at the majority-class rate, 1 when perfect; NaN
+    when chance is 1 (one class: nothing to predict)."""
+    return (accuracy - chance) / (1 - chance) if chance < 1 else float("nan")
 
 
 # ----------------------------------------------------------------------------- on records
@@ -113,7 +128,8 @@ def _features(rows: pd.DataFrame, column: str, records_path) -> np.ndarray:
 def _probe_row(cfg, cell_id, task, probe, X, y) -> dict:
     p = cfg["probes"]
     if len(y) == 0:
-        res = ProbeResult(float("nan"), float("nan"), float("nan"), 0, 0, p["folds"], "na", "no eligible examples")
+        res = ProbeResult(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0, p["folds"], 0, "", "na",
+                          "no eligible examples")
     else:
         res = linear_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
     return res.to_row(cell_id=cell_id, task=task, probe=probe)
