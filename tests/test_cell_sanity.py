@@ -100,3 +100,33 @@ def test_without_an_entangled_check_the_cell_is_not_fully_checked(tmp_path, monk
     A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     s = pd.read_parquet(tmp_path / "agg" / "cell_sanity.parquet")
     assert s.passed.isna().all() and s.failures.str.contains("not checked: answer accuracy, strategy match").all()
+
+
+def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path, monkeypatch):
+    """Raw probe accuracy would rank the collapsed cell first (0.98 against 0.85); the
+    chance-corrected matched router score ranks the informative one first."""
+    cfg = H.make_cfg(monkeypatch)
+    mp, hp = H.write_collection(cfg, tmp_path / "cells")
+    primary = [c.cell_id for c in expand_cells(cfg, validated=True) if c.role == "primary"]
+    collapsed, informative = primary[0], primary[1]
+    for cid, acc, chance, tv in ((collapsed, 0.98, 0.98, 0.48), (informative, 0.85, 0.5, 0.02)):
+        row = pd.read_parquet(mp[cid]).iloc[0].to_dict()
+        row.update(within_task_router_probe=acc, within_task_router_probe_chance=chance,
+                   within_task_router_probe_corrected=(acc - chance) / (1 - chance),
+                   matched_router_score=acc, chance_corrected_matched_router_score=(acc - chance) / (1 - chance),
+                   followed_strategy_tv_max=tv)
+        pd.DataFrame([row]).to_parquet(mp[cid])
+    (tmp_path / "q.json").write_text(__import__("json").dumps(quality()))
+    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "q.json")
+    top = t["top_rows"]
+    assert top.cell_id.iloc[0] == informative and top.cell_id.iloc[-1] != informative
+    assert {"within_task_router_probe_chance", "within_task_router_probe_shuffled",
+            "within_task_router_probe_corrected"} <= set(top.columns)
+    by_raw = t["summary"].sort_values("matched_router_score", ascending=False).cell_id.iloc[0]
+    assert by_raw == collapsed  # the control: raw accuracy gets it wrong
+    s = t["cell_sanity"].set_index("cell_id")
+    assert bool(s.loc[collapsed, "collapsed"]) is True
+    assert bool(s.loc[informative, "collapsed"]) is False
+    d = t["metric_distributions"].set_index("metric")
+    assert {"within_task_router_probe_chance", "within_task_router_probe_shuffled",
+            "within_task_router_probe_corrected"} <= set(d.index)

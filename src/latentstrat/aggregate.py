@@ -19,10 +19,12 @@ import pandas as pd
 
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, derive
+from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive, probe_label
 
 FAMILY_COL = "reconstruction_loss_family_label"
-DELTA_METRICS = ["matched_router_score", "final_answer_accuracy", "active_reconstruction_objective"]
+DELTA_METRICS = ["chance_corrected_matched_router_score", "matched_router_score", "final_answer_accuracy",
+                 "active_reconstruction_objective"]
+FALLBACK_METRIC = "matched_router_score"  # for summary tables that have no chance-corrected score
 SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]
 # dynamics summary: metric -> short name used in column names (seeds: base_relative_reconstruction)
 DYNAMICS_METRICS = {
@@ -159,7 +161,9 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
         return df
     keys = ["arm"] * ("arm" in df.columns) + setting_keys(df)
     metrics = [m for m in METRICS if m in df.columns]
-    extra = [c for c in df.columns if c.endswith("_chance") or c.endswith("_shuffled") or c == "n_test"]
+    extra = [c for c in df.columns if c.endswith(("_chance", "_shuffled", "_corrected", "_tasks", "followed_strategy_tv",
+                                                   "followed_strategy_tv_max")) or c in ("n_test", "n_tasks")]
+    extra = [c for c in extra if pd.api.types.is_numeric_dtype(df[c])]
     g = df.groupby(keys, sort=False, dropna=False)
     out = g[metrics + extra].mean().reset_index()
     std = g[metrics].std(ddof=1).reset_index(drop=True).add_suffix("_std")
@@ -175,13 +179,18 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
 def metric_distributions(rows: pd.DataFrame, metrics=None) -> pd.DataFrame:
     """min/mean/median/max/std (ddof=0) per metric over rows; metrics with no values are left out."""
     out = []
+    names = []
     for m in metrics or DISTRIBUTION_METRICS:
+        names.append(m)
+        if m in PROBE_METRICS:  # chance, shuffled-label control and chance-corrected next to it
+            names += [f"{m}_{c}" for c in ("chance", "shuffled", "corrected")]
+    for m in names:
         if m not in rows.columns:
             continue
         v = rows[m].astype(float).dropna()
         if v.empty:
             continue
-        out.append({"metric": m, "label": METRICS[m].label if m in METRICS else m, "n": len(v), "min": v.min(),
+        out.append({"metric": m, "label": probe_label(m), "n": len(v), "min": v.min(),
                     "mean": v.mean(), "median": v.median(), "max": v.max(), "std": v.std(ddof=0)})
     return pd.DataFrame(out, columns=["metric", "label", "n", "min", "mean", "median", "max", "std"])
 
@@ -358,8 +367,10 @@ def _labelled(rows: pd.DataFrame, cols) -> pd.DataFrame:
 
 
 def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    cols = ["matched_router_score", "within_task_router_probe", "strategy_match_rate", "final_answer_accuracy",
-            "reconstruction_loss", "kl_prior_loss"]
+    cols = ["chance_corrected_matched_router_score", "matched_router_score", "within_task_router_probe",
+            "within_task_router_probe_chance", "within_task_router_probe_shuffled", "within_task_router_probe_corrected",
+            "strategy_match_rate", "followed_strategy_tv_max", "final_answer_accuracy", "reconstruction_loss",
+            "kl_prior_loss"]
     cols = [metric] + [c for c in cols if c != metric]
     ranked = rows.dropna(subset=[metric]).sort_values(metric, ascending=False, kind="stable")
     bottom = rows.dropna(subset=[metric]).sort_values(metric, ascending=True, kind="stable")
@@ -430,7 +441,7 @@ def share_sums(dominance: pd.DataFrame) -> pd.DataFrame:
 SANITY_COLUMNS = ["cell_id", "arm", FAMILY_COL, "beta_label", "final_answer_accuracy", "entangled_answer_accuracy",
                   "strategy_match_rate", "entangled_strategy_match_rate", "step0_base_relative_reconstruction",
                   "final_base_relative_reconstruction", "router_probe_tasks", "posterior_probe_tasks", "n_tasks",
-                  "passed", "failures"]
+                  "followed_strategy_tv_max", "collapsed", "passed", "failures"]
 CELL_CHECK_COL = "cell_check"  # "ok" / "FAIL" / "" (not checked) in every table that names cells
 
 
@@ -497,6 +508,10 @@ def cell_sanity(summary: pd.DataFrame, history_all: pd.DataFrame, entangled: dic
         cover = rp / n_tasks if n_tasks and not math.isnan(n_tasks) else math.nan
         check("router probe coverage", (cover,), cover >= thr["sanity_min_probe_coverage"],
               f"within-task router probe usable on {fmt_num(rp)} of {fmt_num(n_tasks)} tasks")
+        tv = float(r.get("followed_strategy_tv_max", math.nan))
+        row["followed_strategy_tv_max"] = tv
+        # collapse is a finding about the cell, not a broken cell: flagged, not failed
+        row["collapsed"] = None if math.isnan(tv) else bool(tv >= thr["collapse_tv"])
         row["passed"] = False if fails else (None if unchecked else True)
         row["failures"] = "; ".join(fails + ([f"not checked: {', '.join(unchecked)}"] if unchecked else []))
         rows.append(row)
@@ -692,8 +707,17 @@ def report_settings(report_cfg: dict | None) -> dict:
     return {**{k: v.get("default") for k, v in props.items()}, **(report_cfg or {})}
 
 
+def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
+    """(the metric rows are ranked by, a note when it is not the one asked for)."""
+    if wanted in rows.columns and rows[wanted].notna().any():
+        return wanted, ""
+    if wanted != FALLBACK_METRIC and FALLBACK_METRIC in rows.columns:
+        return FALLBACK_METRIC, f"ranked by {FALLBACK_METRIC}: the rows have no {wanted}"
+    return wanted, ""
+
+
 def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dict, grid_axes, history: pd.DataFrame,
-                     out_dir: str | Path, top_k: int = 5, primary_metric: str = "matched_router_score",
+                     out_dir: str | Path, top_k: int = 5, primary_metric: str = "chance_corrected_matched_router_score",
                      meta: dict | None = None, entangle_quality: dict | None = None) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
@@ -724,6 +748,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["unmatched_rows"] = _concat(unmatched.values())
     t["reference_scale"] = scale_table(primary_rows, refs, commons)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)
+    primary_metric, ranking_note = ranking_metric(primary_rows, primary_metric)
     t["top_rows"], t["bottom_rows"] = top_bottom(primary_rows, primary_metric, top_k)
 
     cells_info = pd.concat([state[["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"]]],
@@ -751,6 +776,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
         write_text(with_text, out_dir / f"{name}.csv")
     import json
     write_text(json.dumps({"grid_axes": list(grid_axes), "top_k": top_k, "primary_metric": primary_metric,
+                           "ranking_note": ranking_note,
                            "reference_arms": list(refs), **(meta or {})}, indent=2, default=str) + "\n",
                out_dir / "aggregate_meta.json")
     return t
@@ -804,7 +830,7 @@ def grid_axes_from_rows(rows: pd.DataFrame) -> list[str]:
 
 
 def aggregate_from_tables(summary_path, reference_paths=(), history_path=None, out_dir=".", top_k: int = 5,
-                          primary_metric: str = "matched_router_score") -> dict:
+                          primary_metric: str = "chance_corrected_matched_router_score") -> dict:
     """Aggregate tables from a summary table (+ reference tables, + long history) alone."""
     summary = read_summary_table(summary_path)  # validate every input before any work
     references = {Path(p).stem: read_summary_table(p) for p in reference_paths}

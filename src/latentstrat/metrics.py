@@ -74,6 +74,16 @@ PER_TASK_HISTORY = {
 }
 
 
+def probe_label(name: str) -> str:
+    """Labels for a metric or a probe control (`within_task_router_probe_chance` ->
+    "within-task router probe: chance")."""
+    for m in PROBE_METRICS:
+        for c in PROBE_CONTROLS:
+            if name == f"{m}_{c}":
+                return f"{METRICS[m].label}: {'chance-corrected' if c == 'corrected' else c}"
+    return label(name)
+
+
 def label(name: str) -> str:
     if name in METRICS:
         return METRICS[name].label
@@ -136,6 +146,23 @@ def _probe_summary(probes, name: str) -> dict:
             f"{m}_tasks": int(len(ok)), f"{m}_task_list": ",".join(sorted(ok["task"]))}
 
 
+def followed_strategy_tv(records) -> tuple[float, float]:
+    """(mean, max) over tasks of the total variation between the strategies the generations
+    followed (those matching exactly one) and the true strategies of the same test examples:
+    0 when the cell follows the data's mix, near 1 - 1/k when it collapses onto one strategy."""
+    tvs = []
+    for _, g in records.groupby("task", sort=True):
+        followed = g["followed_strategy"].dropna()
+        if followed.empty:
+            tvs.append(1.0)  # nothing follows a strategy: as far from the data as it gets
+            continue
+        p = followed.value_counts(normalize=True)
+        q = g["strategy"].value_counts(normalize=True)
+        keys = set(p.index) | set(q.index)
+        tvs.append(0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in keys))
+    return (float(sum(tvs) / len(tvs)), float(max(tvs))) if tvs else (math.nan, math.nan)
+
+
 def shared_task_gap(probes) -> float:
     """posterior - within-task router probe accuracy, averaged over the tasks where both probes
     ran: two means over different task sets would compare different tasks."""
@@ -165,6 +192,7 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
     row["posterior_router_probe_gap"] = shared_task_gap(probes)
+    row["followed_strategy_tv"], row["followed_strategy_tv_max"] = followed_strategy_tv(records)
     row = derive(row)
     row["n_test"] = int(len(records))
     row["n_tasks"] = int(records["task"].nunique())

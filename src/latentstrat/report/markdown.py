@@ -61,11 +61,18 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
         verdict = f"No cell fails, but {len(unchecked)} of {len(s)} could not be fully checked (see `failures`)."
     else:
         verdict = f"All {len(s)} cells pass."
+    collapsed = s[s.collapsed.eq(True)] if "collapsed" in s.columns else s.iloc[:0]
+    if len(collapsed):
+        verdict += (f" {len(collapsed)} cell(s) collapsed onto fewer strategies than the data has (followed-strategy "
+                    f"total variation >= {thr['collapse_tv']} on some task): " + ", ".join(f"`{c}`" for c in collapsed.cell_id)
+                    + "; their raw probe accuracies sit near chance by construction, read the chance-corrected ones.")
     out += [rule + " " + verdict + "\n"]
     if len(bad):
         out += ["Failing cells:\n"] + [f"- `{r.cell_id}`: {r.failures}" for r in bad.itertuples()] + [""]
     cols = [c for c in s.columns if c not in ("cell_id", "failures")]
-    return out + [md_table(s.assign(passed=s.passed.map({True: "ok", False: "FAIL"}).fillna("NA")), cols)]
+    shown = s.assign(passed=s.passed.map({True: "ok", False: "FAIL"}).fillna("NA"),
+                     collapsed=s.collapsed.map({True: "yes", False: "no"}).fillna("NA"))
+    return out + [md_table(shown, cols)]
 
 
 def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
@@ -85,13 +92,21 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
         out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
     out.append("## Aggregate Metrics\n")
     p = t["top_rows"]
-    metric = meta.get("primary_metric", "matched_router_score")
+    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
+    if meta.get("ranking_note"):
+        out.append(f"Note: {meta['ranking_note']}.\n")
     if not p.empty:
         b = p.iloc[0]
-        extra = ", ".join(f"{label(m)} {fmt(b[m])}" for m in ("within_task_router_probe", "final_answer_accuracy")
-                          if m in b.index and pd.notna(b[m]))
+        extra = ", ".join(f"{label(m)} {fmt(b[m])}" for m in ("matched_router_score", "final_answer_accuracy")
+                          if m != metric and m in b.index and pd.notna(b[m]))
+        probe = ""
+        if "within_task_router_probe" in b.index and pd.notna(b["within_task_router_probe"]):
+            probe = (f", within-task router probe {fmt(b['within_task_router_probe'])} (chance "
+                     f"{fmt(b.get('within_task_router_probe_chance'))}, shuffled labels "
+                     f"{fmt(b.get('within_task_router_probe_shuffled'))}, chance-corrected "
+                     f"{fmt(b.get('within_task_router_probe_corrected'))})")
         out.append(f"Primary arm: {_primary_arm(t)}. The best row by {label(metric)} is {b[FAMILY_COL]} at {b.beta_label} with "
-                   f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + ".\n")
+                   f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + probe + ".\n")
     else:
         out.append(f"Primary arm: {_primary_arm(t)}. No complete primary row has a {label(metric)} (NA: its probes had too "
                    "few eligible examples, see the per-cell `*_tasks` counts), so there is no best row.\n")
