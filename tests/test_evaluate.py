@@ -182,7 +182,7 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     def prow(task, probe, acc, chance, shuf, status="ok"):
         return dict(cell_id=cid, task=task, probe=probe, accuracy=acc, chance=chance, shuffled_accuracy=shuf,
                     corrected=(acc - chance) / (1 - chance), n=10, n_classes=2, folds=2, n_dropped=0, dropped="",
-                    status=status, reason="" if status == "ok" else "few")
+                    status=status, reason="" if status == "ok" else "few", example_ids=[], labels=[], oof_correct=[])
     p1 = pd.DataFrame([prow("t1", "within_task_router", 0.8, 0.5, 0.4), prow("t1", "posterior", 1.0, 0.5, 0.5)])
     p2 = pd.DataFrame([prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")])
     g = pd.DataFrame([prow("global", "global_router", 0.9, 0.25, 0.3)])

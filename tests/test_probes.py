@@ -109,7 +109,8 @@ def _records(rng, n_per=20):
                 z = np.zeros(6)
                 z[s_i] = 3.0
                 followed = s if k % 4 else None  # a quarter did not follow one strategy
-                rows.append({"cell_id": "c1", "task": task, "strategy": s, "followed_strategy": followed,
+                rows.append({"cell_id": "c1", "task": task, "example_id": f"{task}-{s}-{k}", "strategy": s,
+                             "followed_strategy": followed,
                              "ambiguous": k % 5 == 0,
                              "router_z": list(z + 0.1 * rng.standard_normal(6)),
                              "posterior_mu": list(rng.standard_normal(6))})
@@ -133,6 +134,11 @@ def test_probe_task_and_global(tmp_path):
     assert abs(r.loc["posterior", "accuracy"] - 0.5) <= 0.25
     assert (back["cell_id"] == "c1").all() and (back["task"] == "sorting").all()
     assert len(out) == 2
+    # per probed example: its id, label and out-of-fold correctness (the bootstrap's input)
+    router = r.loc["within_task_router"]
+    assert len(router["example_ids"]) == len(router["labels"]) == len(router["oof_correct"]) == 30
+    assert np.mean(router["oof_correct"]) == pytest.approx(router["accuracy"], abs=0.02)
+    assert all(i.startswith("sorting-") for i in router["example_ids"])
 
     g = probes.probe_global(CFG, rec, tmp_path / "probes" / "global.parquet").iloc[0]
     assert (g["task"], g["probe"], g["n_classes"], g["n"]) == ("global", "global_router", 5, 75)
@@ -147,6 +153,7 @@ def test_probe_task_na_row_and_errors(tmp_path):
     back = probes.probe_task(CFG, rec, "addition", tmp_path / "a.parquet").set_index("probe")
     assert back.loc["within_task_router", "status"] == "na"
     assert "fewer than folds=5" in back.loc["within_task_router", "reason"]
+    assert back.loc["within_task_router", "dropped"] == "column:3, left:3, right:3"
     with pytest.raises(ValueError, match="no rows for task 'nope'"):
         probes.probe_task(CFG, rec, "nope", tmp_path / "b.parquet")
     with pytest.raises(FileNotFoundError, match="missing.parquet"):

@@ -35,9 +35,9 @@ from latentstrat.io import read_parquet, write_parquet
 
 PROBE_NAMES = ("within_task_router", "posterior", "global_router")
 PROBE_COLUMNS = ["cell_id", "task", "probe", "accuracy", "chance", "shuffled_accuracy", "corrected", "n",
-                 "n_classes", "folds", "n_dropped", "dropped", "status", "reason"]
+                 "n_classes", "folds", "n_dropped", "dropped", "status", "reason", "example_ids", "labels", "oof_correct"]
 # the record columns the probes read
-PROBE_RECORD_COLUMNS = ["cell_id", "task", "strategy", "followed_strategy", "ambiguous",
+PROBE_RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "followed_strategy", "ambiguous",
                         "router_z", "posterior_mu"]
 
 
@@ -54,21 +54,29 @@ class ProbeResult:
     dropped: str  # "class:count, ..." of classes with fewer examples than folds
     status: str  # ok | na
     reason: str  # why na ('' when ok)
+    kept: tuple = ()  # positions (in the input) of the probed examples
+    labels: tuple = ()  # their labels
+    oof_correct: tuple = ()  # out-of-fold prediction correct, per probed example (bootstrap intervals)
 
     def to_row(self, **keys) -> dict:
-        return {**keys, **asdict(self)}
+        d = asdict(self)
+        d.pop("kept")
+        return {**keys, **d, "labels": list(self.labels), "oof_correct": [bool(c) for c in self.oof_correct]}
 
 
-def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: int) -> float:
+def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: int) -> tuple[float, np.ndarray]:
+    """(mean fold accuracy, out-of-fold correctness per example)."""
     cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    accs = []
+    accs, correct = [], np.zeros(len(y), dtype=bool)
     for tr, te in cv.split(X, y):
         clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             clf.fit(X[tr], y[tr])
-        accs.append(float(np.mean(clf.predict(X[te]) == y[te])))
-    return float(np.mean(accs))
+        hit = clf.predict(X[te]) == y[te]
+        correct[te] = hit
+        accs.append(float(np.mean(hit)))
+    return float(np.mean(accs)), correct
 
 
 def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True) -> ProbeResult:
@@ -86,9 +94,10 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     counts = Counter(y.tolist())
     small = {s: c for s, c in sorted(counts.items()) if c < folds}
     dropped = ", ".join(f"{s}:{c}" for s, c in small.items())
+    kept = np.arange(len(y))
     if small:  # too rare to stratify: leave the class out, keep the task
         keep = ~np.isin(y, list(small))
-        X, y = X[keep], y[keep]
+        X, y, kept = X[keep], y[keep], kept[keep]
         counts = Counter(y.tolist())
     n, k, n_dropped = len(y), len(counts), sum(small.values())
     chance = max(counts.values()) / n if n else float("nan")
@@ -99,12 +108,13 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     if k < 2:
         why = f" after dropping classes with fewer than folds={folds} examples ({dropped})" if small else ""
         return na(f"{k} class{'es' if k != 1 else ''} among {n} examples{why} (need at least 2)")
-    acc = _cv_accuracy(X, y, folds, seed, max_iter)
+    acc, correct = _cv_accuracy(X, y, folds, seed, max_iter)
     shuffled = float("nan")
     if shuffled_control:
         y_shuffled = np.random.default_rng(seed).permutation(y)
-        shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)
-    return ProbeResult(acc, chance, shuffled, chance_corrected(acc, chance), n, k, folds, n_dropped, dropped, "ok", "")
+        shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)[0]
+    return ProbeResult(acc, chance, shuffled, chance_corrected(acc, chance), n, k, folds, n_dropped, dropped, "ok", "",
+                       tuple(int(i) for i in kept), tuple(y.tolist()), tuple(bool(c) for c in correct))
 
 
 def chance_corrected(accuracy: float, chance: float) -> float:
@@ -125,14 +135,15 @@ def _features(rows: pd.DataFrame, column: str, records_path) -> np.ndarray:
     return np.stack([np.asarray(v, dtype=np.float64) for v in rows[column]])
 
 
-def _probe_row(cfg, cell_id, task, probe, X, y) -> dict:
+def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
     p = cfg["probes"]
     if len(y) == 0:
         res = ProbeResult(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0, p["folds"], 0, "", "na",
                           "no eligible examples")
     else:
         res = linear_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
-    return res.to_row(cell_id=cell_id, task=task, probe=probe)
+    ids = [str(example_ids[i]) for i in res.kept]
+    return res.to_row(cell_id=cell_id, task=task, probe=probe, example_ids=ids)
 
 
 def _read_records(records_path) -> pd.DataFrame:
@@ -165,8 +176,10 @@ def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
     r = router_probe_rows(rows)
     q = posterior_probe_rows(rows)
     out = pd.DataFrame([
-        _probe_row(cfg, cid, task, "within_task_router", _features(r, "router_z", records_path), r["followed_strategy"].to_numpy()),
-        _probe_row(cfg, cid, task, "posterior", _features(q, "posterior_mu", records_path), q["strategy"].to_numpy()),
+        _probe_row(cfg, cid, task, "within_task_router", _features(r, "router_z", records_path), r["followed_strategy"].to_numpy(),
+                   r["example_id"].to_numpy()),
+        _probe_row(cfg, cid, task, "posterior", _features(q, "posterior_mu", records_path), q["strategy"].to_numpy(),
+                   q["example_id"].to_numpy()),
     ], columns=PROBE_COLUMNS)
     write_parquet(out, out_path)
     return out
@@ -178,7 +191,8 @@ def probe_global(cfg: dict, records_path, out_path) -> pd.DataFrame:
     r = router_probe_rows(df)
     labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
     out = pd.DataFrame([_probe_row(cfg, df["cell_id"].iloc[0], "global", "global_router",
-                                   _features(r, "router_z", records_path), labels)], columns=PROBE_COLUMNS)
+                                   _features(r, "router_z", records_path), labels, r["example_id"].to_numpy())],
+                       columns=PROBE_COLUMNS)
     write_parquet(out, out_path)
     return out
 
