@@ -19,7 +19,8 @@ import pandas as pd
 
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive, probe_label
+from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive,
+                                 interval, probe_label)
 
 FAMILY_COL = "reconstruction_loss_family_label"
 DELTA_METRICS = ["chance_corrected_matched_router_score", "matched_router_score", "final_answer_accuracy",
@@ -122,6 +123,17 @@ def load_cell_metrics(cfg: dict, metrics_paths: dict) -> tuple[pd.DataFrame, pd.
     return summary, pd.DataFrame(state)
 
 
+def load_bootstrap(paths: dict) -> dict:
+    """cell id -> its bootstrap replicates (a cell without a readable file has no intervals)."""
+    out = {}
+    for cid, p in paths.items():
+        try:
+            out[cid] = pd.read_parquet(p)
+        except Exception:  # noqa: BLE001 - missing or unreadable: that cell's intervals are NA
+            continue
+    return out
+
+
 def load_histories(history_paths: dict) -> tuple[pd.DataFrame, list[str]]:
     frames, bad = [], []
     for cid, path in history_paths.items():
@@ -164,6 +176,7 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
     extra = [c for c in df.columns if c.endswith(("_chance", "_shuffled", "_corrected", "_tasks", "followed_strategy_tv",
                                                    "followed_strategy_tv_max")) or c in ("n_test", "n_tasks")]
     extra = [c for c in extra if pd.api.types.is_numeric_dtype(df[c])]
+    ci = [c for c in df.columns if c.endswith(("_ci_low", "_ci_high"))]
     g = df.groupby(keys, sort=False, dropna=False)
     out = g[metrics + extra].mean().reset_index()
     std = g[metrics].std(ddof=1).reset_index(drop=True).add_suffix("_std")
@@ -171,9 +184,35 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
     out["n_seeds"] = g.size().values
     out["seeds"] = g["seed"].apply(lambda s: ",".join(format_value(v) for v in s)).values if "seed" in df.columns else ""
     out["cell_ids"] = g["cell_id"].apply(lambda s: ",".join(s)).values
+    for c in ci:  # exact for one seed; replaced from the replicates (setting_intervals) for several
+        out[c] = np.where(out["n_seeds"] == 1, g[c].first().values, np.nan)
     out["family_label"] = [family_label(f) for f in out["reconstruction_family"]]
     out["beta_label"] = [beta_label(b) for b in out["beta"]]
     return out
+
+
+def setting_intervals(rows: pd.DataFrame, bootstrap: dict | None) -> pd.DataFrame:
+    """For settings with several seeds: `<m>_ci_low/_ci_high` of the seed mean from the seeds'
+    replicates (test-set noise), and `<m>_seed_ci_low/_high`, a t interval across seeds (seed
+    noise)."""
+    from scipy import stats
+
+    rows = rows.copy()
+    if rows.empty or "n_seeds" not in rows.columns:
+        return rows
+    for i, r in rows.iterrows():
+        n = int(r["n_seeds"])
+        if n < 2:
+            continue
+        reps = setting_replicates(r, bootstrap)
+        for m in [m for m in METRICS if m in rows.columns]:
+            if reps is not None and m in reps[1]:
+                rows.loc[i, f"{m}_ci_low"], rows.loc[i, f"{m}_ci_high"] = interval(reps[0][:, reps[1].index(m)])
+            sd = r.get(f"{m}_std", math.nan)
+            if pd.notna(sd) and pd.notna(r[m]):
+                half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+                rows.loc[i, f"{m}_seed_ci_low"], rows.loc[i, f"{m}_seed_ci_high"] = r[m] - half, r[m] + half
+    return rows
 
 
 def metric_distributions(rows: pd.DataFrame, metrics=None) -> pd.DataFrame:
@@ -213,11 +252,25 @@ def arm_prefix(primary: pd.DataFrame, reference: pd.DataFrame) -> tuple[str, str
     return "primary", "reference"
 
 
+def setting_replicates(row, bootstrap: dict | None):
+    """Bootstrap replicates [n_boot, metric] of a setting row's metrics: its cell's, or the mean
+    over its seeds' cells replicate by replicate; None when a cell has none."""
+    if not bootstrap:
+        return None
+    ids = str(row.get("cell_ids", row.get("cell_id", ""))).split(",")
+    reps = [bootstrap.get(i) for i in ids if i]
+    if not reps or any(r is None for r in reps):
+        return None
+    return sum(r.to_numpy(dtype=float) for r in reps) / len(reps), list(reps[0].columns)
+
+
 def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm: str,
-                 metrics=DELTA_METRICS) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 metrics=DELTA_METRICS, bootstrap: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(common rows with reference/primary values and deltas, primary rows without a match).
 
-    Rows are setting-level (seed means). Delta = primary - reference.
+    Rows are setting-level (seed means). Delta = primary - reference, with a 95% paired
+    bootstrap interval (`delta_<m>_ci_low/_ci_high`) when both cells have replicates: the
+    replicates resample the same test examples in both cells (metrics.resample_counts).
     """
     keys = pair_keys(primary, reference, grid_axes)
     p_pre, r_pre = arm_prefix(primary, reference)
@@ -233,9 +286,15 @@ def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm:
                               "reason": f"no {arm} row with " + ", ".join(f"{k}={format_value(p[k])}" for k in keys)})
             continue
         row = {"reference_arm": arm, **ident}
+        pr, rr = setting_replicates(p, bootstrap), setting_replicates(r, bootstrap)
         for m in metrics:
             rv, pv = float(r.get(m, math.nan)), float(p.get(m, math.nan))
             row[f"{r_pre}_{m}"], row[f"{p_pre}_{m}"], row[f"delta_{m}"] = rv, pv, pv - rv
+            lo = hi = math.nan
+            if pr is not None and rr is not None and m in pr[1]:
+                k = pr[1].index(m)
+                lo, hi = interval(pr[0][:, k] - rr[0][:, k])
+            row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = lo, hi
             if f"{m}_std" in p.index and p.get("n_seeds", 1) > 1:
                 row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
         row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
@@ -718,12 +777,14 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
 
 def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dict, grid_axes, history: pd.DataFrame,
                      out_dir: str | Path, top_k: int = 5, primary_metric: str = "chance_corrected_matched_router_score",
-                     meta: dict | None = None, entangle_quality: dict | None = None) -> dict:
+                     meta: dict | None = None, entangle_quality: dict | None = None,
+                     bootstrap: dict | None = None) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
     references: external reference arm name -> validated table; run-here arms come from summary.
     entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
+    bootstrap: cell id -> its bootstrap replicates (metrics.bootstrap_replicates), for intervals.
     """
     out_dir = Path(out_dir)
     t: dict[str, pd.DataFrame] = {}
@@ -732,18 +793,18 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["summary"] = summary
     t["collection_state"] = state
     t["collection_state_counts"] = collection_state_counts(state)
-    by_setting = seed_means(summary)
+    by_setting = setting_intervals(seed_means(summary), bootstrap)
     t["summary_by_setting"] = by_setting
-    primary_rows = seed_means(primary_cells)
+    primary_rows = setting_intervals(seed_means(primary_cells), bootstrap)
     t["metric_distributions"] = metric_distributions(primary_rows)
     refs = dict(references)
     if "arm" in summary.columns:
         for arm in summary.loc[role != "primary", "arm"].unique():
-            refs[arm] = seed_means(summary[summary.arm == arm])
+            refs[arm] = setting_intervals(seed_means(summary[summary.arm == arm]), bootstrap)
     refs = {a: (seed_means(r) if "n_seeds" not in r.columns else r) for a, r in refs.items()}
     commons, unmatched = {}, {}
     for arm, ref in refs.items():
-        commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm)
+        commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm, bootstrap=bootstrap)
     t["mean_vs_sum_common_cells"] = _concat(commons.values())
     t["unmatched_rows"] = _concat(unmatched.values())
     t["reference_scale"] = scale_table(primary_rows, refs, commons)
@@ -808,11 +869,13 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     summary, state = load_cell_metrics(cfg, metrics_paths)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
+    bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete})
     grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
     meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
             "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad}
     return aggregate_tables(summary, state, references, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
-                            primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality)
+                            primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality,
+                            bootstrap=bootstrap)
 
 
 def state_from_summary(summary: pd.DataFrame, arm: str = "primary") -> pd.DataFrame:

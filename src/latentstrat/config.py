@@ -445,6 +445,7 @@ class Paths:
     @property
     def collection_dir(self) -> Path: return self.results / self.collection
     def metrics_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "metrics.parquet"
+    def bootstrap_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "bootstrap.parquet"
     @property
     def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
     @property

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def derive(row: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the per-cell row
 
+BOOTSTRAP_FILE = "bootstrap.parquet"  # beside a cell's metrics.parquet
 # probe table name -> metric name
 PROBE_METRIC = {"within_task_router": "within_task_router_probe", "posterior": "posterior_probe",
                 "global_router": "global_router_probe"}
@@ -173,6 +175,101 @@ def shared_task_gap(probes) -> float:
     return float((post[shared] - router[shared]).mean()) if shared else math.nan
 
 
+# ----------------------------------------------------------------------------- intervals
+
+N_BOOT = 1000  # bootstrap replicates per cell
+BOOT_SEED = 20261201
+# per-cell test metrics that get a 95% bootstrap interval (<metric>_ci_low / _ci_high)
+BOOTSTRAP_METRICS = ["final_answer_accuracy", "strategy_match_rate", *LOSS_METRICS,
+                     "within_task_router_probe", "within_task_router_probe_corrected", "posterior_probe",
+                     "posterior_probe_corrected", "matched_router_score", "chance_corrected_matched_router_score",
+                     "posterior_router_probe_gap"]
+
+
+def resample_counts(task_sizes: dict, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:
+    """Per task, a [n_boot, n_t] matrix: how often each of the task's test examples (in record
+    order) is drawn in each replicate, resampling within task. The draws depend only on (seed,
+    task, n_t), so every cell evaluated on the same test examples gets the same replicates, and
+    a difference of two cells' replicates is a paired bootstrap of their difference."""
+    import zlib
+
+    import numpy as np
+
+    out = {}
+    for task, n in task_sizes.items():
+        rng = np.random.default_rng([seed, zlib.crc32(task.encode()), n])
+        idx = rng.integers(0, n, size=(n_boot, n))
+        counts = np.zeros((n_boot, n))
+        np.add.at(counts, (np.arange(n_boot)[:, None], idx), 1)
+        out[task] = counts
+    return out
+
+
+def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+    """[n_boot, metric] replicates of the cell's test metrics (BOOTSTRAP_METRICS), test examples
+    resampled within task. Probe accuracies resample the probes' out-of-fold predictions (the
+    probes are not refit: the interval covers test-set sampling, not refitting); a replicate's
+    chance level is its majority-class share, so the chance-corrected values move with it."""
+    import numpy as np
+    import pandas as pd
+
+    tasks = sorted(records["task"].unique())
+    by_task = {t: records[records["task"] == t] for t in tasks}
+    C = resample_counts({t: len(g) for t, g in by_task.items()}, n_boot, seed)
+    N = sum(len(g) for g in by_task.values())
+    rep = {}
+
+    def mean_of(values_by_task):
+        return sum(C[t] @ np.asarray(v, dtype=float) for t, v in values_by_task.items()) / N
+
+    rep["final_answer_accuracy"] = mean_of({t: g["correct"].astype(bool) for t, g in by_task.items()})
+    rep["strategy_match_rate"] = mean_of({t: g["matched_strategies"].map(len).gt(0) for t, g in by_task.items()})
+    for m in LOSS_METRICS:
+        rep[m] = mean_of({t: g[m].astype(float) for t, g in by_task.items()})
+    per_task = {}
+    for name in ("within_task_router", "posterior"):
+        accs, corrs = {}, {}
+        ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
+        for _, pr in ok.iterrows():
+            t = pr["task"]
+            pos_of = {e: i for i, e in enumerate(by_task[t]["example_id"].astype(str))}
+            pos = np.array([pos_of[str(e)] for e in pr["example_ids"]], dtype=int)
+            if len(pos) == 0:
+                continue
+            w = C[t][:, pos]  # [B, n_probe]
+            total = w.sum(1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                acc = (w @ np.asarray(pr["oof_correct"], dtype=float)) / total
+                labels = np.asarray(pr["labels"]).astype(str)
+                chance = np.max([w[:, labels == c].sum(1) for c in np.unique(labels)], axis=0) / total
+                corr = np.where(chance < 1, (acc - chance) / (1 - chance), np.nan)
+            accs[t], corrs[t] = acc, corr
+        per_task[name] = accs
+        m = PROBE_METRIC[name]
+        stack = lambda d: np.nanmean(np.stack(list(d.values())), axis=0) if d else np.full(n_boot, np.nan)  # noqa: E731
+        with np.errstate(invalid="ignore"):
+            rep[m], rep[f"{m}_corrected"] = stack(accs), stack(corrs)
+    rep["matched_router_score"] = rep["within_task_router_probe"] * rep["strategy_match_rate"]
+    rep["chance_corrected_matched_router_score"] = rep["within_task_router_probe_corrected"] * rep["strategy_match_rate"]
+    shared = sorted(set(per_task["posterior"]) & set(per_task["within_task_router"]))
+    rep["posterior_router_probe_gap"] = (np.nanmean([per_task["posterior"][t] - per_task["within_task_router"][t]
+                                                     for t in shared], axis=0) if shared else np.full(n_boot, np.nan))
+    return pd.DataFrame({m: rep[m] for m in BOOTSTRAP_METRICS})
+
+
+def interval(replicates, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates (NaN replicates left out; NaN if none)."""
+    import numpy as np
+
+    v = np.asarray(replicates, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan
+    a = (1 - level) / 2 * 100
+    lo, hi = np.percentile(v, [a, 100 - a])
+    return float(lo), float(hi)
+
+
 def cell_metrics_row(cell: dict, records, probes) -> dict:
     """One cell's metrics row from its evaluate records and probe tables (design section 6, docs/design.md).
 
@@ -200,9 +297,11 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 
 
-def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path):
+def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None):
     """Check that records and probe tables belong to `cell` and cover its tasks, then write
-    the one-row metrics.parquet. Returns the row as a DataFrame."""
+    the one-row metrics.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
+    the bootstrap replicates (bootstrap.parquet beside it, or `bootstrap_path`). Returns the row
+    as a DataFrame."""
     import pandas as pd
 
     from latentstrat.evaluate import RECORD_COLUMNS
@@ -225,6 +324,11 @@ def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_pat
         missing = sorted(task_set - set(probes.loc[probes["probe"] == name, "task"]))
         if missing:
             raise ValueError(f"probe tables {[str(p) for p in probe_paths]} lack the {name} probe of {missing}")
-    df = pd.DataFrame([cell_metrics_row(cell, records, probes)])
+    row = cell_metrics_row(cell, records, probes)
+    reps = bootstrap_replicates(records, probes)
+    for m in BOOTSTRAP_METRICS:
+        row[f"{m}_ci_low"], row[f"{m}_ci_high"] = interval(reps[m])
+    df = pd.DataFrame([row])
+    write_parquet(reps.astype("float32"), bootstrap_path or Path(out_path).with_name(BOOTSTRAP_FILE))
     write_parquet(df, out_path)
     return df

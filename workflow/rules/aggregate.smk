@@ -6,6 +6,7 @@
 rule aggregate:
     input:
         metrics=metrics_files(),
+        bootstrap=[str(P.bootstrap_path(c)) for c in CELLS],
         history=history_files(),
         reference_tables=reference_tables(),
         quality=entangle_files()["quality"],

@@ -56,7 +56,8 @@ rule metrics:
         records=str(P.records_path("{cell}")),
         probes=lambda w: probe_files(w.cell),
     output:
-        str(P.metrics_path("{cell}")),
+        metrics=str(P.metrics_path("{cell}")),
+        bootstrap=str(P.bootstrap_path("{cell}")),
     log:
         str(LOGS / "metrics" / "{cell}.log"),
     benchmark:

@@ -5,5 +5,10 @@ from latentstrat import metrics
 with logged(snakemake):
     cfg = stage_config(snakemake)
     metrics.write_cell_metrics(
-        cfg, snakemake.params.cell, snakemake.input.records, list(snakemake.input.probes), snakemake.output[0]
+        cfg,
+        snakemake.params.cell,
+        snakemake.input.records,
+        list(snakemake.input.probes),
+        snakemake.output.metrics,
+        snakemake.output.bootstrap,
     )
