@@ -252,6 +252,22 @@ def arm_prefix(primary: pd.DataFrame, reference: pd.DataFrame) -> tuple[str, str
     return "primary", "reference"
 
 
+Z95 = 1.959963984540054
+
+
+def row_se(row, m: str) -> float:
+    """A row's standard error of metric m when no replicates are at hand: from its 95% interval
+    (`<m>_ci_low/_ci_high`, normal approximation), else from its seeds (`<m>_std` / sqrt(n));
+    NaN when the row carries neither."""
+    lo, hi = row.get(f"{m}_ci_low", math.nan), row.get(f"{m}_ci_high", math.nan)
+    if pd.notna(lo) and pd.notna(hi):
+        return (float(hi) - float(lo)) / (2 * Z95)
+    n, sd = row.get("n_seeds", 1), row.get(f"{m}_std", math.nan)
+    if pd.notna(sd) and pd.notna(n) and n >= 2:
+        return float(sd) / math.sqrt(float(n))
+    return math.nan
+
+
 def setting_replicates(row, bootstrap: dict | None):
     """Bootstrap replicates [n_boot, metric] of a setting row's metrics: its cell's, or the mean
     over its seeds' cells replicate by replicate; None when a cell has none."""
@@ -294,6 +310,10 @@ def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm:
             if pr is not None and rr is not None and m in pr[1]:
                 k = pr[1].index(m)
                 lo, hi = interval(pr[0][:, k] - rr[0][:, k])
+            else:  # tables without replicates: from each side's own interval or its seeds
+                se = math.hypot(row_se(p, m), row_se(r, m))
+                if math.isfinite(se):
+                    lo, hi = pv - rv - Z95 * se, pv - rv + Z95 * se
             row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = lo, hi
             if f"{m}_std" in p.index and p.get("n_seeds", 1) > 1:
                 row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
@@ -301,6 +321,55 @@ def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm:
         row["reference_cell"] = r.get("cell_ids", r.get("cell_id"))
         rows.append(row)
     return pd.DataFrame(rows), pd.DataFrame(unmatched, columns=["reference_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
+
+
+def verdict(lo: float, hi: float) -> str:
+    """The sign of an effect from its 95% interval: negative / positive when the interval
+    excludes 0, else cannot tell (also when there is no interval)."""
+    if pd.isna(lo) or pd.isna(hi):
+        return "cannot tell"
+    return "negative" if hi < 0 else ("positive" if lo > 0 else "cannot tell")
+
+
+def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) -> pd.DataFrame:
+    """Per comparison arm and metric: the mean common-cell delta (primary - arm), its 95% paired
+    bootstrap interval (replicates of the mean over cells) and the verdict from it; plus how
+    many single-cell deltas are negative / positive / cannot tell."""
+    rows = []
+    for arm, c in commons.items():
+        if c is None or c.empty:
+            continue
+        for m in metrics:
+            col = f"delta_{m}"
+            if col not in c.columns:
+                continue
+            reps = []
+            for _, r in c.iterrows():
+                pr = setting_replicates({"cell_ids": r.get("primary_cell", "")}, bootstrap)
+                rr = setting_replicates({"cell_ids": r.get("reference_cell", "")}, bootstrap)
+                if pr is None or rr is None or m not in pr[1]:
+                    reps = None
+                    break
+                reps.append(pr[0][:, pr[1].index(m)] - rr[0][:, rr[1].index(m)])
+            if reps:
+                lo, hi = interval(np.nanmean(np.stack(reps), axis=0))
+            else:  # independent cells: the mean's SE from each delta's interval
+                ses = ((c[f"{col}_ci_high"] - c[f"{col}_ci_low"]) / (2 * Z95)).dropna()
+                ok = c[col].notna() & c[f"{col}_ci_high"].notna()
+                if ok.any() and len(ses) == int(ok.sum()):
+                    se = math.sqrt(float((ses ** 2).sum())) / len(ses)
+                    mu = float(c.loc[ok, col].mean())
+                    lo, hi = mu - Z95 * se, mu + Z95 * se
+                else:
+                    lo = hi = math.nan
+            each = [verdict(a, b) for a, b in zip(c.get(f"{col}_ci_low", pd.Series(dtype=float)),
+                                                  c.get(f"{col}_ci_high", pd.Series(dtype=float)))]
+            rows.append({"reference_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
+                         "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi),
+                         "cells_negative": each.count("negative"), "cells_positive": each.count("positive"),
+                         "cells_cannot_tell": each.count("cannot tell")})
+    return pd.DataFrame(rows, columns=["reference_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict",
+                                       "cells_negative", "cells_positive", "cells_cannot_tell"])
 
 
 def differing_keys(p: pd.Series, r: pd.Series, ignore=("token_aggregation", "seed")) -> tuple[list[str], list[str]]:
@@ -806,6 +875,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     for arm, ref in refs.items():
         commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm, bootstrap=bootstrap)
     t["mean_vs_sum_common_cells"] = _concat(commons.values())
+    t["arm_contrasts"] = arm_contrasts(commons, bootstrap)
     t["unmatched_rows"] = _concat(unmatched.values())
     t["reference_scale"] = scale_table(primary_rows, refs, commons)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)

@@ -118,31 +118,83 @@ def q_accuracy_hides_gap(t, thr):
     return _f(q, NOT_SUPPORTED, "accuracy is not saturated: " + ev, th, nums)
 
 
+ALPHA = 0.05  # false-positive rate of a per-cell "rise then fall" call under no change
+
+
+def _permutations(k: int, rng):
+    """Every ordering of k checkpoints (k <= 8), else 5000 random ones (seeded)."""
+    import itertools
+
+    import numpy as np
+
+    if k <= 8:
+        return np.array(list(itertools.permutations(range(k))))
+    return np.array([rng.permutation(k) for _ in range(5000)])
+
+
+def rise_fall_pvalues(values, seed: int = 0) -> tuple[float, float]:
+    """(p of a rising trend, p of a rise-then-fall) of one cell's validation trajectory, by
+    permutation: under no change the checkpoints' values are exchangeable, so the rank of the
+    observed statistic among all orderings is its p-value. Rising trend = Kendall's S (sum over
+    pairs i < j of sign(v_j - v_i)); rise-then-fall = min(max - first, max - final), large only
+    when the peak is interior and both ends are low. A call at p <= ALPHA has a false-positive
+    rate <= ALPHA whatever the noise level."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 3:
+        return float("nan"), float("nan")
+    perms = v[_permutations(len(v), np.random.default_rng(seed))]
+    peak = perms.max(1)
+    i, j = np.triu_indices(len(v), 1)
+    rise = np.sign(perms[:, j] - perms[:, i]).sum(1)
+    both = np.minimum(peak - perms[:, 0], peak - perms[:, -1])
+    r_obs, b_obs = np.sign(v[j] - v[i]).sum(), min(v.max() - v[0], v.max() - v[-1])
+    eps = 1e-12
+    return float(np.mean(rise >= r_obs - eps)), float(np.mean(both >= b_obs - eps))
+
+
 def q_early_or_late(t, thr):
     q = "Do sum runs lose router structure early, or do they initially learn structure and collapse later?"
-    d = t["dynamics_summary"]
+    h = t.get("history_long", pd.DataFrame())
     st = t["collection_state"]
-    if d.empty or "max_matched_router_score" not in d.columns:
+    metric = "matched_router_score"
+    if h.empty or metric not in set(h.metric):
         return _f(q, CANNOT_TELL, "no validation history with matched router score", "")
+    h = h[h.metric == metric]
     if not st.empty:
-        d = d[d.cell_id.isin(st.loc[st.role == "primary", "cell_id"])]
-    learned = (d.max_matched_router_score - d.first_matched_router_score) > thr
-    collapsed = (d.max_matched_router_score - d.final_matched_router_score) > thr
-    n = len(d)
-    late, never = int((learned & collapsed).sum()), int((~learned).sum())
-    first = d.first_checkpoint.iloc[0] if "first_checkpoint" in d.columns else "first checkpoint"
-    nums = {"cells": n, "learned_then_collapsed": late, "never_learned": never,
-            "median_first": d.first_matched_router_score.median(), "median_max": d.max_matched_router_score.median(),
-            "median_final": d.final_matched_router_score.median()}
-    ev = (f"of {n} primary cells, {late} rise more than {thr} above their {first} value then fall more than {thr} by the end; "
-          f"{never} never rise more than {thr}; median matched router score first {fmt(nums['median_first'])}, "
-          f"max {fmt(nums['median_max'])}, final {fmt(nums['median_final'])}")
-    th = f"rise/fall > {thr} (near_zero_delta)"
+        h = h[h.cell_id.isin(st.loc[st.role == "primary", "cell_id"])]
+    calls = {}
+    for cid, g in h.groupby("cell_id", sort=True):
+        calls[cid] = rise_fall_pvalues(g.sort_values("step").value.to_numpy())
+    calls = {c: p for c, p in calls.items() if p[0] == p[0]}  # cells with >= 3 checkpoints
+    n = len(calls)
+    if not n:
+        return _f(q, CANNOT_TELL, "fewer than 3 validation checkpoints per cell", "")
+    late = sum(p[1] <= ALPHA for p in calls.values())
+    rose = sum(p[0] <= ALPHA for p in calls.values())
+    d = t["dynamics_summary"]
+    d = d[d.cell_id.isin(calls)] if not d.empty else d
+    nums = {"cells": n, "rise_then_fall": late, "rose": rose, "alpha": ALPHA}
+    if not d.empty and "max_matched_router_score" in d.columns:
+        nums.update(median_first=d.first_matched_router_score.median(), median_max=d.max_matched_router_score.median(),
+                    median_final=d.final_matched_router_score.median())
+    ev = (f"of {n} primary cells, {late} show a rise then a fall of the validation matched router score (scored "
+          f"proxy) beyond what reordering their own checkpoints produces (permutation p <= {ALPHA}), {rose} a rising "
+          f"trend; "
+          f"median first {fmt(nums.get('median_first'))}, max {fmt(nums.get('median_max'))}, "
+          f"final {fmt(nums.get('median_final'))}")
+    k = int(h.groupby("cell_id").step.nunique().min())
+    best_p = 2 / (k * (k - 1))  # the smallest rise-then-fall p-value k checkpoints allow
+    ev += f"; with {k} checkpoints the smallest possible rise-then-fall p-value is {fmt(best_p)}"
+    th = f"per-cell permutation test over checkpoint orderings, p <= {ALPHA}; a majority of cells decides"
     if late > n / 2:
         return _f(q, SUPPORTED, "learn then collapse: " + ev, th, nums)
-    if never > n / 2:
-        return _f(q, SUPPORTED, "lost early (never learned): " + ev, th, nums)
-    return _f(q, CANNOT_TELL, "mixed: " + ev, th, nums)
+    if rose > n / 2:
+        return _f(q, NOT_SUPPORTED, "most cells learn structure and do not lose it: " + ev, th, nums)
+    why = "too few checkpoints to call either pattern" if best_p > ALPHA else "neither pattern in a majority of cells"
+    return _f(q, CANNOT_TELL, f"{why}: " + ev, th, nums)
 
 
 def q_tokcc_narrow(t, thr_one, thr):

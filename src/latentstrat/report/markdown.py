@@ -172,25 +172,41 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     return "\n".join(out)
 
 
+def sign_sentences(t: dict, meta: dict) -> list[str]:
+    """Per comparison arm: the sign of the mean common-cell delta of the ranking metric, decided
+    by its 95% paired bootstrap interval (negative / positive / cannot tell), and the per-cell
+    verdicts."""
+    c, a = t["mean_vs_sum_common_cells"], t.get("arm_contrasts", pd.DataFrame())
+    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
+    out = []
+    for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
+        col = f"delta_{metric}" if f"delta_{metric}" in g.columns else "delta_matched_router_score"
+        m = col[len("delta_"):]
+        d = g[col].dropna() if col in g.columns else pd.Series(dtype=float)
+        if d.empty:
+            out.append(f"Against `{arm}`, the {len(g)} common-cell {label(m)} deltas are NA: no common cell has a "
+                       "router probe score on both sides (a within-task router probe needs generations that follow "
+                       "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n")
+            continue
+        row = a[(a.reference_arm == arm) & (a.metric == m)] if not a.empty else a
+        if row.empty or pd.isna(row.ci_low.iloc[0]):
+            out.append(f"Against `{arm}`, the mean of {len(d)} common-cell {label(m)} deltas is {fmt(d.mean())}: "
+                       "cannot tell its sign (no bootstrap interval: the cells have no replicates).\n")
+            continue
+        r = row.iloc[0]
+        na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
+        out.append(f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
+                   f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**. Per cell: "
+                   f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}.\n")
+    return out
+
+
 def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Analysis\n",
            f"Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = {thresholds['near_zero_delta']}, "
            f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n"]
-    c = t["mean_vs_sum_common_cells"]
-    if not c.empty:
-        for arm, g in c.groupby("reference_arm", sort=False):
-            d = g.delta_matched_router_score.dropna()
-            if d.empty:
-                out.append(f"Against `{arm}`, the {len(g)} common-cell matched-router deltas are NA: no common cell has a "
-                           "matched router score on both sides (a within-task router probe needs generations that follow "
-                           "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n")
-                continue
-            sign = "negative" if (d < -thresholds["near_zero_delta"]).all() else (
-                "positive" if (d > thresholds["near_zero_delta"]).all() else "mixed or near zero")
-            na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
-            out.append(f"Against `{arm}`, the {len(d)} common-cell matched-router deltas are {sign} (mean {fmt(d.mean())}, "
-                       f"range {fmt(d.min())} to {fmt(d.max())}{na}).\n")
+    out += sign_sentences(t, meta)
     s = t["reference_scale"]
     for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
