@@ -121,3 +121,28 @@ def test_diagnostics():
 def test_token_nll():
     logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]]))
     assert obj.token_nll(logits, torch.tensor([[1]])).item() == pytest.approx(math.log(4))
+
+
+@pytest.mark.parametrize("family", ["dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"])
+def test_sum_scaled_equals_sum_for_normalized_families_but_not_raw(family):
+    """The identity behind running sum_scaled for raw only: S_ref and T_ref are computed under
+    the same aggregation, so sum_scaled's 1 / n_bar cancels in every normalized family."""
+    from latentstrat.objective import reconstruction_per_example, reference_scales
+
+    g = torch.Generator().manual_seed(0)
+    lens = [3, 7, 12, 5]
+    b_val = [torch.rand(n, generator=g).tolist() for n in (4, 9, 6)]
+    L = max(lens)
+    mask = torch.zeros(len(lens), L)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    l, b = torch.rand(len(lens), L, generator=g) * 2, torch.rand(len(lens), L, generator=g)
+    n_bar = 6.5
+    out = {}
+    for agg in ("sum", "sum_scaled"):
+        s, t = reference_scales(b_val, agg, 0.25, n_bar)
+        out[agg] = reconstruction_per_example(l, b, mask, family, agg, {"S_ref": s, "T_ref": t, "n_bar": n_bar})
+    assert torch.allclose(out["sum"]["active"], out["sum_scaled"]["active"], rtol=1e-6)
+    # raw is not normalized: sum_scaled is sum / n_bar
+    assert torch.allclose(out["sum"]["raw"] / n_bar, out["sum_scaled"]["raw"])
+    assert not torch.allclose(out["sum"]["raw"], out["sum_scaled"]["raw"])

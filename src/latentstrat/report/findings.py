@@ -10,6 +10,7 @@ import pandas as pd
 
 from latentstrat.aggregate import FAMILY_COL
 from latentstrat.config import parse_family
+from latentstrat.metrics import label
 from latentstrat.report.tables import fmt
 
 SUPPORTED, NOT_SUPPORTED, CANNOT_TELL = "supported", "not supported", "cannot tell"
@@ -49,19 +50,60 @@ def q_scale_vs_weighting(t, thr):
     if not scaled or not means:
         return _f(q, CANNOT_TELL, "needs common cells with a `sum_scaled` arm and a matched `mean` arm (only token_aggregation differing); "
                   f"have arms: {', '.join(f'{a} ({g})' for a, g in aggs.items()) or 'none'}", f"near_zero_delta={thr}")
-    d_scale = _deltas(t, scaled[0]).mean()  # sum - sum_scaled: scale only
-    d_mean = _deltas(t, means[0]).mean()  # sum - mean: scale + weighting
+    metric = _ranking_metric(t)
+    ds, d_scale, se_s = _raw_delta(t, scaled[0], metric)  # sum - sum_scaled: scale only
+    dm, d_mean, se_m = _raw_delta(t, means[0], metric)  # sum - mean: scale + weighting
+    if ds.empty or dm.empty:
+        return _f(q, CANNOT_TELL, f"no `raw`-family common cells with {label(metric)} on both sides (sum_scaled differs "
+                  "from sum only for raw: the normalized families' reference scale cancels n_bar)", "")
     d_weight = d_mean - d_scale  # sum_scaled - mean: weighting only
-    nums = {"sum_minus_sum_scaled": d_scale, "sum_scaled_minus_mean": d_weight, "sum_minus_mean": d_mean}
-    ev = (f"mean matched-router delta sum - sum_scaled (scale only) = {fmt(d_scale)}; sum_scaled - mean (example weighting only) = "
-          f"{fmt(d_weight)}; sum - mean = {fmt(d_mean)}")
-    if abs(d_scale) >= thr and abs(d_weight) < thr:
-        return _f(q, SUPPORTED, "scale: " + ev, f"|delta| >= {thr} reads as an effect", nums)
-    if abs(d_weight) >= thr and abs(d_scale) < thr:
-        return _f(q, SUPPORTED, "example weighting: " + ev, f"|delta| >= {thr} reads as an effect", nums)
-    if abs(d_weight) < thr and abs(d_scale) < thr:
-        return _f(q, NOT_SUPPORTED, "neither changes the matched router score: " + ev, f"|delta| < {thr} reads as no difference", nums)
-    return _f(q, CANNOT_TELL, "both scale and weighting move the score: " + ev, f"|delta| >= {thr} reads as an effect", nums)
+    # conservative: the two deltas share the sum cell (positively correlated), so this SE is too wide, never too narrow
+    se_w = (se_m ** 2 + se_s ** 2) ** 0.5
+    v_scale, v_weight = _verdict_se(d_scale, se_s), _verdict_se(d_weight, se_w)
+    nums = {"sum_minus_sum_scaled": d_scale, "sum_scaled_minus_mean": d_weight, "sum_minus_mean": d_mean,
+            "scale_verdict": v_scale, "weighting_verdict": v_weight, "metric": metric, "cells": int(len(ds))}
+    ev = (f"{label(metric)}, mean over {len(ds)} raw-family settings: sum - sum_scaled (scale only) = {fmt(d_scale)} "
+          f"(95% interval {fmt(d_scale - Z * se_s)} to {fmt(d_scale + Z * se_s)}: {v_scale}); sum_scaled - mean "
+          f"(example weighting only) = {fmt(d_weight)} ({fmt(d_weight - Z * se_w)} to {fmt(d_weight + Z * se_w)}: "
+          f"{v_weight}); sum - mean = {fmt(d_mean)}")
+    th = "an effect is a 95% interval that excludes 0"
+    if v_scale != CANNOT_TELL and v_weight == CANNOT_TELL:
+        return _f(q, SUPPORTED, "scale: " + ev, th, nums)
+    if v_weight != CANNOT_TELL and v_scale == CANNOT_TELL:
+        return _f(q, SUPPORTED, "example weighting: " + ev, th, nums)
+    if v_weight != CANNOT_TELL and v_scale != CANNOT_TELL:
+        return _f(q, CANNOT_TELL, "both scale and weighting move the score: " + ev, th, nums)
+    return _f(q, CANNOT_TELL, "neither effect is distinguishable from noise: " + ev, th, nums)
+
+
+Z = 1.959963984540054
+
+
+def _ranking_metric(t) -> str:
+    c = t["mean_vs_sum_common_cells"]
+    for m in ("chance_corrected_matched_router_score", "matched_router_score"):
+        if f"delta_{m}" in c.columns and c[f"delta_{m}"].notna().any():
+            return m
+    return "matched_router_score"
+
+
+def _raw_delta(t, arm, metric):
+    """(raw-family common cells of `arm`, their mean delta, its SE from the cells' intervals)."""
+    c = t["mean_vs_sum_common_cells"]
+    col = f"delta_{metric}"
+    if c.empty or col not in c.columns:
+        return c, float("nan"), float("nan")
+    g = c[(c.reference_arm == arm) & (c[FAMILY_COL] == "raw")].dropna(subset=[col])
+    if g.empty:
+        return g, float("nan"), float("nan")
+    se = (g[f"{col}_ci_high"] - g[f"{col}_ci_low"]) / (2 * Z) if f"{col}_ci_high" in g.columns else pd.Series(float("nan"))
+    return g, float(g[col].mean()), float((se ** 2).sum() ** 0.5 / len(g)) if se.notna().all() else float("nan")
+
+
+def _verdict_se(d: float, se: float) -> str:
+    if pd.isna(d) or pd.isna(se):
+        return CANNOT_TELL
+    return "negative" if d + Z * se < 0 else ("positive" if d - Z * se > 0 else CANNOT_TELL)
 
 
 def _attribution_ok(t, arm) -> bool:
