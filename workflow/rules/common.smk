@@ -59,6 +59,10 @@ validate(copy.deepcopy(CFG), schema="../schemas/config.schema.yaml", set_default
 
 P = Paths.from_config(CFG)
 CELLS = {c.cell_id: c for c in expand_cells(CFG, validated=True)}
+logger.info(
+    f"collection {CFG['collection']}: {len(CELLS)} cells on base {CFG['base']}; "
+    f"data stage tokenizer: {tokenizer_identity(CFG['backbone'])}"
+)
 TASKS = list(CFG["data"]["tasks"])
 RES = CFG["resources"]
 # entangle and reference run alone, before any cell: they may take more threads than a cell

@@ -17,8 +17,6 @@ rule data:
         **SLURM,
         mem_mb=RES["mem_mb"],
         runtime=30,
-    message:
-        f"data: {len(CFG['data']['tasks'])} tasks, tokenizer {tokenizer_identity(CFG['backbone'])} -> {P.data_dir}"
     params:
         settings=sections(*BASE_SECTIONS),
     script:
