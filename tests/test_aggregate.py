@@ -110,7 +110,7 @@ def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     d = t["dynamics_summary"]
     assert set(d.first_checkpoint) == {"initialization"}
     assert d.first_base_relative_reconstruction.iloc[0] == 1.0 and d.final_base_relative_reconstruction.iloc[0] == 0.98
-    assert d.max_matched_router_score.iloc[0] == pytest.approx(0.7) and d.final_matched_router_score.iloc[0] == pytest.approx(0.5)
+    assert d.max_val_scored_matched_router_score.iloc[0] == pytest.approx(0.7) and d.final_val_scored_matched_router_score.iloc[0] == pytest.approx(0.5)
     dom = t["token_dominance"]
     assert set(dom.checkpoint) == {"initialization", "final"}
     sums = t["token_dominance_sums"]

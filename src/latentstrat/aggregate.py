@@ -33,9 +33,11 @@ DYNAMICS_METRICS = {
     "active_reconstruction_objective": "active_reconstruction_objective",
     "kl_prior_loss": "kl_prior_loss",
     "kl_over_active_reconstruction": "kl_over_active_reconstruction",
-    "within_task_router_probe": "within_task_router_probe",
-    "posterior_probe": "posterior_probe",
-    "matched_router_score": "matched_router_score",
+    # validation proxies get their own names: the router probe there scores which strategy the
+    # generator follows by likelihood instead of decoding (train.validate), on a small subset
+    "within_task_router_probe": "val_scored_router_probe",
+    "posterior_probe": "val_posterior_probe",
+    "matched_router_score": "val_scored_matched_router_score",
 }
 INIT_LABEL = "initialization"
 
@@ -467,14 +469,16 @@ def per_task_checkpoints(history_task: pd.DataFrame, top_k: int) -> pd.DataFrame
         if r.empty:
             continue
         acc = g[g.metric == "final_answer_accuracy"].sort_values("step")
-        rows.append({"task_name": task, "cell_id": cid, "final_matched_router_score": r.value.iloc[-1],
-                     "max_matched_router_score": r.value.max(), "step_of_max": int(r.step.iloc[int(np.argmax(r.value.values))]),
-                     "final_final_answer_accuracy": acc.value.iloc[-1] if len(acc) else math.nan})
-    df = pd.DataFrame(rows, columns=["task_name", "cell_id", "final_matched_router_score", "max_matched_router_score",
-                                     "step_of_max", "final_final_answer_accuracy"])
+        rows.append({"task_name": task, "cell_id": cid, "final_val_scored_matched_router_score": r.value.iloc[-1],
+                     "max_val_scored_matched_router_score": r.value.max(),
+                     "step_of_max": int(r.step.iloc[int(np.argmax(r.value.values))]),
+                     "final_val_decoded_answer_accuracy": acc.value.iloc[-1] if len(acc) else math.nan})
+    df = pd.DataFrame(rows, columns=["task_name", "cell_id", "final_val_scored_matched_router_score",
+                                     "max_val_scored_matched_router_score", "step_of_max",
+                                     "final_val_decoded_answer_accuracy"])
     if df.empty:
         return df
-    df = df.sort_values(["task_name", "max_matched_router_score"], ascending=[True, False])
+    df = df.sort_values(["task_name", "max_val_scored_matched_router_score"], ascending=[True, False])
     return df.groupby("task_name", sort=False).head(top_k).reset_index(drop=True)
 
 

@@ -75,6 +75,22 @@ PER_TASK_HISTORY = {
 }
 
 
+# how the trainer's validation history names its proxies when shown (dynamics tables, figures):
+# the router probe there scores the followed strategy by likelihood, on a small subset
+VALIDATION_LABELS = {
+    "within_task_router_probe": "validation router probe (likelihood-scored)",
+    "matched_router_score": "validation matched router score (likelihood-scored)",
+    "posterior_probe": "validation posterior probe",
+    "final_answer_accuracy": "validation answer accuracy (decoded subset)",
+    "strategy_match_rate": "validation strategy-match rate (decoded subset)",
+}
+
+
+def history_label(name: str) -> str:
+    """The label of a training-history metric: validation proxies by their own names."""
+    return VALIDATION_LABELS.get(name, label(name))
+
+
 def probe_label(name: str) -> str:
     """Labels for a metric or a probe control (`within_task_router_probe_chance` ->
     "within-task router probe: chance")."""

@@ -13,7 +13,7 @@ import seaborn as sns  # noqa: E402
 
 from latentstrat.aggregate import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
 from latentstrat.io import atomic_path  # noqa: E402
-from latentstrat.metrics import label  # noqa: E402
+from latentstrat.metrics import history_label, label  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 FAM, BETA = "family", "beta"
@@ -42,11 +42,23 @@ def _need(df: pd.DataFrame, *cols) -> bool:
     return not df.empty and all(c in df.columns and df[c].notna().any() for c in cols)
 
 
+def _err(df, col):
+    """Error bars of a column: its 95% interval (`<col>_ci_low/_ci_high`, asymmetric) when
+    recorded, else the std across seeds; None when neither."""
+    lo, hi = f"{col}_ci_low", f"{col}_ci_high"
+    if lo in df.columns and df[lo].notna().any():
+        return np.vstack([(df[col] - df[lo]).clip(lower=0).fillna(0), (df[hi] - df[col]).clip(lower=0).fillna(0)])
+    std = f"{col}_std"
+    if std in df.columns and df[std].notna().any():
+        return df[std].fillna(0).to_numpy()
+    return None
+
+
 def _errorbars(ax, df, x, y):
     for axis, col in (("x", x), ("y", y)):
-        std = f"{col}_std"
-        if std in df.columns and df[std].notna().any():
-            kw = {"xerr": df[std]} if axis == "x" else {"yerr": df[std]}
+        err = _err(df, col)
+        if err is not None:
+            kw = {"xerr": err} if axis == "x" else {"yerr": err}
             ax.errorbar(df[x], df[y], fmt="none", ecolor="0.4", elinewidth=0.8, capsize=2, **kw)
 
 
@@ -97,11 +109,12 @@ def kl_vs_reconstruction(t):
 def _bar(df, y, title):
     fig, ax = plt.subplots(figsize=(7, 4))
     sns.barplot(data=df, x=FAM, y=y, hue=BETA, ax=ax, errorbar=None)
-    std = f"{y}_std"
-    if std in df.columns and df[std].notna().any():
+    if _err(df, y) is not None:
         for cont, (_, g) in zip(ax.containers, df.groupby(BETA, sort=False)):
             xs = [b.get_x() + b.get_width() / 2 for b in cont]
-            ax.errorbar(xs, [b.get_height() for b in cont], yerr=g[std].values[:len(xs)], fmt="none", ecolor="0.2", capsize=2)
+            err = _err(g, y)
+            err = err[..., :len(xs)] if err is not None else None
+            ax.errorbar(xs, [b.get_height() for b in cont], yerr=err, fmt="none", ecolor="0.2", capsize=2)
     ax.set(xlabel="reconstruction family", ylabel=label(y), title=title)
     ax.legend(title="", fontsize=8)
     fig.tight_layout()
@@ -124,8 +137,11 @@ def base_relative_vs_router(t):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
     fig = _scatter(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe",
-                   "Base-relative reconstruction vs router probe")
+                   "Base-relative reconstruction vs router probe (grey ticks: each cell's chance level)")
     fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
+    if "within_task_router_probe_chance" in df.columns:  # the probe's chance level under each point
+        fig.axes[0].scatter(df["distribution_normalized_reconstruction_loss"], df["within_task_router_probe_chance"],
+                            marker="_", s=120, color="0.5", label="chance")
     return fig
 
 
@@ -173,7 +189,7 @@ def dynamics(t, metrics: list[str], title: str):
     for i, (ax, m) in enumerate(zip(axes[0], metrics)):
         sns.lineplot(data=h[h.metric == m], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
                      legend=i == len(metrics) - 1)
-        ax.set(ylabel=label(m), title=label(m), xlabel="step (0 = initialization)")
+        ax.set(ylabel=history_label(m), title=history_label(m), xlabel="step (0 = initialization)")
     axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
@@ -195,7 +211,7 @@ def trajectory(t):
     ax.scatter(start.distribution_normalized_reconstruction_loss, start.matched_router_score, marker="x", color="k",
                label="first checkpoint", zorder=5)
     ax.set_xscale("log")
-    ax.set(xlabel=label("distribution_normalized_reconstruction_loss") + " (log)", ylabel=label("matched_router_score"),
+    ax.set(xlabel=label("distribution_normalized_reconstruction_loss") + " (log)", ylabel=history_label("matched_router_score"),
            title="Reconstruction-router trajectory")
     ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
@@ -216,7 +232,7 @@ def per_task_router(t):
         ax = axes[i // cols][i % cols]
         sns.lineplot(data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
                      legend=i == 0)
-        ax.set(title=task, ylabel=label("matched_router_score"), xlabel="step")
+        ax.set(title=task, ylabel=history_label("matched_router_score"), xlabel="step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize=8, frameon=False)

@@ -219,9 +219,10 @@ def q_early_or_late(t, thr):
     d = t["dynamics_summary"]
     d = d[d.cell_id.isin(calls)] if not d.empty else d
     nums = {"cells": n, "rise_then_fall": late, "rose": rose, "alpha": ALPHA}
-    if not d.empty and "max_matched_router_score" in d.columns:
-        nums.update(median_first=d.first_matched_router_score.median(), median_max=d.max_matched_router_score.median(),
-                    median_final=d.final_matched_router_score.median())
+    if not d.empty and "max_val_scored_matched_router_score" in d.columns:
+        nums.update(median_first=d.first_val_scored_matched_router_score.median(),
+                    median_max=d.max_val_scored_matched_router_score.median(),
+                    median_final=d.final_val_scored_matched_router_score.median())
     ev = (f"of {n} primary cells, {late} show a rise then a fall of the validation matched router score (scored "
           f"proxy) beyond what reordering their own checkpoints produces (permutation p <= {ALPHA}), {rose} a rising "
           f"trend; "

@@ -145,7 +145,8 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     pt = t["per_task_checkpoints"]
     if not pt.empty:
         out += ["### Top Per-Task Validation Router Checkpoints\n",
-                md_table(pt, ["task_name", *ID, "final_matched_router_score", "max_matched_router_score", "step_of_max", "final_final_answer_accuracy", CELL_CHECK_COL])]
+                md_table(pt, ["task_name", *ID, "final_val_scored_matched_router_score", "max_val_scored_matched_router_score",
+                              "step_of_max", "final_val_decoded_answer_accuracy", CELL_CHECK_COL])]
     dom = t["token_dominance"]
     out.append("## Token-Count Dominance\n")
     if dom.empty:
