@@ -503,7 +503,9 @@ def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, p
             "within_task_router_probe_chance", "within_task_router_probe_shuffled", "within_task_router_probe_corrected",
             "strategy_match_rate", "followed_strategy_tv_max", "final_answer_accuracy", "reconstruction_loss",
             "kl_prior_loss"]
-    cols = [metric] + [c for c in cols if c != metric]
+    cols = [metric, f"{metric}_ci_low", f"{metric}_ci_high"] + [c for c in cols if c != metric]
+    cols += ["final_answer_accuracy_ci_low", "final_answer_accuracy_ci_high"]
+    cols = [c for c in cols if c in rows.columns or not c.endswith(("_ci_low", "_ci_high"))]
     ranked = rows.dropna(subset=[metric]).sort_values(metric, ascending=False, kind="stable")
     bottom = rows.dropna(subset=[metric]).sort_values(metric, ascending=True, kind="stable")
     return _labelled(ranked.head(k), cols), _labelled(bottom.head(k), cols)
