@@ -405,3 +405,34 @@ def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypa
     assert report["training"]["final_validation_loss"] == pytest.approx(ema_val.to_dict())
     iterate_val = hist[(hist.metric == "validation_loss") & (hist.step == 4)].set_index("task").value
     assert report["training"]["final_validation_loss_iterate"] == pytest.approx(iterate_val.to_dict())
+
+
+def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkeypatch):
+    """auto on a CPU without native bf16 (the Intel Xeon case, where bf16 runs at 0.66x of
+    float32) keeps float32; with native bf16 the bf16 step is timed against plain float32 and
+    chosen only if it beats it by MIN_GAIN; the record names the host and the measured rates."""
+    from latentstrat import entangle as E, host
+    from latentstrat.model import build_backbone
+
+    cfg = smoke_cfg(autocast="auto", attention="auto", compile="auto", processes="auto")
+    tok = data.load_tokenizer(data_dir)
+    train_df = data.load_split(data_dir, "train")
+    enc = data.encode(train_df, tok)
+    lengths = data.strategy_free_lengths(train_df)
+    model = build_backbone(cfg["backbone"], tok)
+    monkeypatch.setattr(host, "has_cxx_compiler", lambda: False)
+    monkeypatch.setattr(host, "native_bf16", lambda: False)
+    cpu = torch.device("cpu")
+    assert E.step_candidates(cfg["entangle"], cpu) == [E.PLAIN]  # nothing to try
+    resolved, rec = E.choose_step_settings(cfg["entangle"], model, enc, lengths, cpu, 2, torch.float32, log=lambda m: None)
+    assert {k: resolved[k] for k in E.PLAIN} == E.PLAIN and resolved["processes"] == 2
+    assert rec["trial"] == [] and rec["host"]["native_bf16"] is not None
+    monkeypatch.setattr(host, "native_bf16", lambda: True)
+    resolved, rec = E.choose_step_settings(cfg["entangle"], model, enc, lengths, cpu, 1, torch.float32, log=lambda m: None)
+    assert [r["autocast"] for r in rec["trial"]] == ["none", "bfloat16"] and resolved["processes"] == 1
+    plain, bf16 = (r["tokens_per_s"] for r in rec["trial"])
+    want = "bfloat16" if bf16 >= E.MIN_GAIN * plain else "none"
+    assert resolved["autocast"] == want and rec["speedup_vs_plain"] >= 1.0
+    # an explicit setting is kept, not tried
+    pinned = {**cfg["entangle"], "autocast": "none"}
+    assert all(c["autocast"] == "none" for c in E.step_candidates(pinned, cpu))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import time
 from pathlib import Path
@@ -155,6 +156,107 @@ def step_settings(ecfg: dict, backbone_dtype: torch.dtype = torch.float32):
     amp_dtype = torch.bfloat16 if ecfg["autocast"] == "bfloat16" else backbone_dtype
     step_nll = torch.compile(zfree_token_nll, dynamic=True) if ecfg["compile"] else zfree_token_nll
     return step_nll, amp_dtype
+
+
+SPEED_KEYS = ("autocast", "attention", "compile", "processes")
+PLAIN = {"autocast": "none", "attention": "sdpa", "compile": False}
+TRIAL_BUDGET_S = 60.0
+TRIAL_WARMUP, TRIAL_STEPS = 3, 8
+MIN_GAIN = 1.05  # a candidate must beat the plain float32 step by this factor to be chosen
+
+
+def step_candidates(ecfg: dict, device: torch.device) -> list[dict]:
+    """The step settings worth timing on this host, plain float32 first. Settings the config
+    gives explicitly (not `auto`) are kept in every candidate."""
+    from latentstrat import host
+
+    fixed = {k: ecfg[k] for k in PLAIN if ecfg[k] != "auto"}
+    if device.type != "cpu":  # on a GPU: SDPA (flash) attention, no compile; a bf16 backbone autocasts anyway
+        return [{**PLAIN, **fixed}]
+    fast = None
+    compiler = host.has_cxx_compiler()
+    if host.native_bf16():  # bf16 matmuls in hardware: bf16 autocast, eager attention (SDPA's bf16 backward is slow)
+        fast = {"autocast": "bfloat16", "attention": "eager", "compile": compiler}
+    elif compiler:  # no native bf16: emulated bf16 runs at ~0.66x of float32, so only compile is worth a try
+        fast = {"autocast": "none", "attention": "sdpa", "compile": True}
+    out = [{**PLAIN, **fixed}]
+    if fast is not None and {**fast, **fixed} not in out:
+        out.append({**fast, **fixed})
+    return out
+
+
+def time_step(model, enc: data.Encoded, batches: list[list[int]], settings: dict, ecfg: dict,
+              backbone_dtype: torch.dtype, world: int) -> float:
+    """Tokens/s of rank 0's share of `batches` with `settings`, on a copy of `model` (the model
+    itself is untouched), after TRIAL_WARMUP untimed steps (compilation happens there)."""
+    import copy
+
+    trial = copy.deepcopy(model)
+    trial.set_attn_implementation(settings["attention"])
+    trial.train()
+    opt = make_optimizer(trial, ecfg["lr"], ecfg["weight_decay"])
+    step_nll, amp = step_settings({**ecfg, **settings}, backbone_dtype)
+    dev = device_of(trial)
+    tokens, elapsed = 0, 0.0
+    for k, idx in enumerate(batches):
+        batch, _, _ = rank_share(enc, idx, 0, world, dev)
+        t0 = time.perf_counter()
+        train_step(trial, opt, batch, step_nll, amp)
+        if k >= TRIAL_WARMUP:
+            elapsed += time.perf_counter() - t0
+            tokens += int(batch.gen_mask.sum())
+    torch._dynamo.reset()
+    return tokens / max(elapsed, 1e-9)
+
+
+def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, device: torch.device, threads: int,
+                         backbone_dtype: torch.dtype, alternatives=None, log=print) -> tuple[dict, dict]:
+    """Resolve `auto` speed settings (autocast, attention, compile, processes) for this host.
+
+    processes: 2 one-thread processes on a CPU with >= 2 threads (bit-reproducible, and on 2
+    cores as fast as one 2-thread process or faster), else 1. The rest: the candidates of
+    `step_candidates` (a capability probe: bf16 only with native bf16), each timed for a few
+    steps on real batches within TRIAL_BUDGET_S; a candidate is chosen only when it beats plain
+    float32 by MIN_GAIN, so the choice is never slower than plain float32. Returns (the
+    resolved entangle settings, a record of the choice and its measured tokens/s)."""
+    from latentstrat import host
+
+    auto = [k for k in SPEED_KEYS if ecfg[k] == "auto"]
+    resolved = dict(ecfg)
+    record = {"auto": auto, "host": host.describe(), "trial": []}
+    if ecfg["processes"] == "auto":
+        resolved["processes"] = 2 if device.type == "cpu" and threads >= 2 else 1
+    world = resolved["processes"]
+    candidates = step_candidates(ecfg, device)
+    if len(candidates) == 1 or not [k for k in auto if k != "processes"]:
+        resolved.update(candidates[0] if [k for k in auto if k != "processes"] else {})
+        record["chosen"] = {k: resolved[k] for k in SPEED_KEYS}
+        return resolved, record
+    rng = np.random.default_rng(ecfg["seed"] + 1)
+    batches = list(itertools.islice(epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives),
+                                    TRIAL_WARMUP + TRIAL_STEPS))
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // world))  # one rank's share of the cores, as in training
+    t0 = time.time()
+    try:
+        for cand in candidates:
+            if record["trial"] and time.time() - t0 > TRIAL_BUDGET_S:
+                log(f"entangle: step trial budget ({TRIAL_BUDGET_S:.0f} s) spent; not timing {cand}")
+                break
+            tps = time_step(model, enc, batches, cand, ecfg, backbone_dtype, world)
+            record["trial"].append({**cand, "tokens_per_s": tps})
+            log(f"entangle: step trial {cand}: {tps:,.0f} tokens/s per process")
+    finally:
+        torch.set_num_threads(prev_threads)
+    plain = record["trial"][0]["tokens_per_s"]
+    best = max(record["trial"], key=lambda r: r["tokens_per_s"])
+    pick = best if best["tokens_per_s"] >= MIN_GAIN * plain else record["trial"][0]
+    resolved.update({k: pick[k] for k in PLAIN})
+    record.update(chosen={k: resolved[k] for k in SPEED_KEYS}, speedup_vs_plain=pick["tokens_per_s"] / plain,
+                  trial_s=time.time() - t0)
+    log(f"entangle: step settings {record['chosen']} ({record['speedup_vs_plain']:.2f}x the plain float32 step, "
+        f"{host.cpu_model()}, native bf16: {host.native_bf16()})")
+    return resolved, record
 
 
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -489,10 +591,10 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         return report
     _check_inputs(data_dir)
     device = pick_device()
-    if ecfg["processes"] > 1 and device.type != "cpu":
+    if ecfg["processes"] != "auto" and ecfg["processes"] > 1 and device.type != "cpu":
         raise ValueError(f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
                          f"the CPU step; on {device.type} set entangle.processes: 1")
-    if ecfg["compile"]:
+    if ecfg["compile"] is True:
         _check_compiler(device)
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
@@ -511,6 +613,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     torch.manual_seed(ecfg["seed"])
     dtype = DTYPES[cfg["backbone"]["dtype"]]
     model = build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir)).to(device=device, dtype=torch.float32)
+    ecfg, choice = choose_step_settings(ecfg, model, train_enc, group_lengths, device, int(threads), dtype,
+                                        alternatives, log)
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
@@ -525,7 +629,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         rank0_kwargs=dict(val_enc=val_enc, log=log))
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
-                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"])
+                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice)
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")

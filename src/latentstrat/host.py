@@ -1,0 +1,59 @@
+"""What this machine can do: CPU model, native bf16 support, a C++ compiler for torch.compile.
+
+The training step's `auto` settings start from these facts and are then checked by a short
+timed trial (entangle.choose_step_settings): on a CPU without native bf16 (no AVX512_BF16 or
+AMX), bf16 autocast emulates bf16 and runs slower than float32, so it is never a candidate
+there.
+"""
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def native_bf16() -> bool:
+    """bf16 matmuls in hardware (AVX512_BF16 or AMX-BF16)."""
+    return any(f in cpu_flags() for f in BF16_FLAGS)
+
+
+def has_cxx_compiler() -> bool:
+    """torch.compile's CPU backend (inductor) needs a C++ compiler."""
+    try:
+        from torch._inductor import cpp_builder
+
+        cpp_builder.get_cpp_compiler()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to find one means the same thing
+        return False
+
+
+def describe() -> dict:
+    """The host facts recorded next to every step-speed choice and benchmark number."""
+    return {"cpu": cpu_model(), "native_bf16": native_bf16(),
+            "bf16_flags": sorted(f for f in BF16_FLAGS if f in cpu_flags())}
