@@ -233,8 +233,8 @@ def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, de
         record["chosen"] = {k: resolved[k] for k in SPEED_KEYS}
         return resolved, record
     rng = np.random.default_rng(ecfg["seed"] + 1)
-    batches = list(itertools.islice(epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives),
-                                    TRIAL_WARMUP + TRIAL_STEPS))
+    epochs = (b for _ in itertools.count() for b in epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives))
+    batches = list(itertools.islice(epochs, TRIAL_WARMUP + TRIAL_STEPS))
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // world))  # one rank's share of the cores, as in training
     t0 = time.time()

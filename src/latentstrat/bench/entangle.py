@@ -1,4 +1,5 @@
-"""Entangle-step benchmark: the default config's step against the plain float32 step, in one process.
+"""Entangle-step benchmark: the config's step (its `auto` settings resolved on this host, as the
+stage resolves them) against the plain float32 step, with the CPU model and its bf16 support.
 
     python -m latentstrat.bench entangle [--config config/config.yaml] [--steps 40] [--threads 2] ...
 
@@ -68,16 +69,25 @@ def run(args) -> dict:
     enc = data.encode(df, tok)
     batches = list(data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size,
                                                np.random.default_rng(0)))
+    from latentstrat import host
     from latentstrat.config import load_config
+    from latentstrat.entangle import SPEED_KEYS, choose_step_settings
     ecfg = load_config(args.config)["entangle"]
-    fast_cfg = {k: ecfg[k] for k in ("autocast", "attention", "compile", "processes")}
+    choice = None
+    if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
+        torch.manual_seed(0)
+        model = build_backbone(bcfg, tok).to(device)
+        ecfg, choice = choose_step_settings(ecfg, model, enc, data.strategy_free_lengths(df), device, args.threads,
+                                            torch.float32, log=lambda m: None)
+    fast_cfg = {k: ecfg[k] for k in SPEED_KEYS}
     plain = time_variant(bcfg, tok, enc, batches, device, args, {"autocast": "none", "attention": "sdpa", "compile": False})
     # as the stage runs it: with processes > 1, the threads split between processes
     fast = parallel.run(fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg))
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
     peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
-    return {"params": n, "device": str(device), "threads": args.threads, "batch_size": args.batch_size,
+    return {"params": n, "device": str(device), "host": host.describe(), "auto_choice": choice,
+            "threads": args.threads, "batch_size": args.batch_size,
             "steps": args.steps, "configured": fast_cfg, "plain": plain, "fast": fast,
             "speedup": fast["tokens_per_s"] / plain["tokens_per_s"],
             "matmul_peak_float32": peak32, "matmul_peak_bfloat16": peak16,
@@ -103,8 +113,13 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=2))
         return 0
     p, f = res["plain"], res["fast"]
+    print(f"host: {res['host']['cpu']}, native bf16: {res['host']['native_bf16']} ({', '.join(res['host']['bf16_flags']) or 'no bf16 flags'})")
     print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
           f"batch {res['batch_size']}, {res['steps']} timed steps")
+    if res["auto_choice"]:
+        trial = ", ".join(f"{r['autocast']}/{r['attention']}/compile {r['compile']}: {r['tokens_per_s']:,.0f}"
+                          for r in res["auto_choice"]["trial"])
+        print(f"auto: chose {res['auto_choice']['chosen']} (trial tokens/s per process: {trial or 'none needed'})")
     c = res["configured"]
     print(f"plain step (float32, sdpa):   {p['tokens_per_s']:9.0f} tokens/s  {p['ms_per_step']:6.1f} ms/step")
     print(f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}, "
