@@ -130,3 +130,20 @@ def test_extends_missing_parent_names_the_key(tmp_path):
     p.write_text("extends: config/nope.yaml\ncollection: x\n")
     with pytest.raises(C.ConfigError, match="extends"):
         C.load_config(p)
+
+
+def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
+    """A second checkout's configs extend their own siblings, whatever the working directory and
+    wherever the package is installed."""
+    other = tmp_path / "checkout2" / "config"
+    other.mkdir(parents=True)
+    (other / "config.yaml").write_text((ROOT / "config" / "smoke.yaml").read_text().replace("collection: smoke", "collection: theirs"))
+    (other / "followup.yaml").write_text("extends: config.yaml\nbase: theirs-base\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = C.load_config(other / "followup.yaml")
+    assert cfg["collection"] == "theirs" and cfg["base"] == "theirs-base"
+    # a config given as a dict (as Snakemake hands it over) with the folder it came from
+    cfg = C.load_config(cfg={"extends": "config.yaml", "base": "b2"}, here=other)
+    assert cfg["collection"] == "theirs"
+    with pytest.raises(C.ConfigError, match="extends"):
+        C.load_config(cfg={"extends": "config.yaml"})  # the working directory has no config.yaml

@@ -174,8 +174,10 @@ def _family_values(cfg: dict):
         yield f"reference_arms[{i}].grid.reconstruction_family", arm.get("grid", {}).get("reconstruction_family", [])
 
 
-def load_config(path: str | Path | None = None, overrides: dict | None = None, cfg: dict | None = None) -> dict:
-    """Read a YAML config (or take `cfg`), deep-merge `overrides`, validate, fill defaults."""
+def load_config(path: str | Path | None = None, overrides: dict | None = None, cfg: dict | None = None,
+                here: str | Path | None = None) -> dict:
+    """Read a YAML config (or take `cfg`, read from a file in folder `here`), deep-merge
+    `overrides`, validate, fill defaults. `extends:` resolves relative to the config's folder."""
     if cfg is None:
         path = Path(path)
         if not path.exists():
@@ -185,26 +187,25 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None, c
                 cfg = yaml.safe_load(f)
             except yaml.YAMLError as e:
                 raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
-    cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else None)
+    cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else (Path(here) if here else None))
     if overrides:
         _deep_merge(cfg, overrides)
     return validate(cfg)
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 def resolve_extends(cfg: dict, here: Path | None = None, _seen: tuple = ()) -> dict:
-    """`extends: config/config.yaml` deep-merges this config over another one.
+    """`extends: config.yaml` deep-merges this config over another one.
 
-    The path is relative to the repository root (or to the extending file's folder). One
-    place for shared sections: a follow-up collection extends the default one and changes
-    only what differs (the shared `base` then matches by construction).
+    A relative path is relative to the extending file's folder (`here`; the working directory
+    when the config came without a file), never to wherever the package is installed: a
+    second checkout sharing an environment reads its own parent config. One place for shared
+    sections: a follow-up collection extends the default one and changes only what differs
+    (the shared `base` then matches by construction).
     """
     parent = cfg.pop("extends", None)
     if parent is None:
         return cfg
-    candidates = [Path(parent)] if Path(parent).is_absolute() else [REPO_ROOT / parent] + ([here / parent] if here else [])
+    candidates = [Path(parent)] if Path(parent).is_absolute() else [(here or Path.cwd()) / parent]
     for cand in candidates:
         if cand.exists():
             break

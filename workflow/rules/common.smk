@@ -50,8 +50,10 @@ def _deep_update(dst, src):
 
 _deep_update(config, _typed(dict(workflow.config_settings.config)))
 
+# `extends:` resolves relative to the folder of the config file that says it
+CONFIG_FILE = Path((list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1])
 try:
-    CFG = load_config(cfg=config)
+    CFG = load_config(cfg=config, here=CONFIG_FILE.resolve().parent)
 except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
 # Second check with Snakemake's own validator on the resolved config (same schema).
