@@ -51,8 +51,9 @@ def slurm_env():
 
 
 def slurm_run(wd, env, *args):
-    cmd = [SNAKEMAKE, "--profile", "slurm", "--configfile", "config/smoke.yaml",
-           "--config", f"results_dir={wd / 'results'}", *GRID, *args]
+    # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct
+    cmd = [SNAKEMAKE, "--profile", "slurm", "--cores", "2", "--slurm-status-command", "squeue",
+           "--configfile", "config/smoke.yaml", "--config", f"results_dir={wd / 'results'}", *GRID, *args]
     return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

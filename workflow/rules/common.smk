@@ -160,18 +160,29 @@ def cell_work_json(wildcards):
 # ----------------------------------------------------------------------------- resources
 
 
-def slurm_resources():
-    """Partition/account from the config's `resources` section (the one place to set them)."""
-    out = {}
-    if RES["slurm_partition"]:
-        out["slurm_partition"] = RES["slurm_partition"]
-    if RES["slurm_account"]:
-        out["slurm_account"] = RES["slurm_account"]
-    return out
-
-
-SLURM = slurm_resources()
 GPU = RES["gpu"]
+MODEL_JOB = "gpu" if GPU > 0 else "cpu"  # entangle, reference, train, evaluate
+
+
+def job_resources(kind, mem_mb, runtime):
+    """A job's resources: Slurm partition / account / qos / constraint (and GPUs, GPU model)
+    from the config's `resources.slurm.<kind>` (falling back to `resources.slurm_partition` /
+    `slurm_account`): the one place to set them; memory and runtime grow with each retry."""
+    s = RES["slurm"][kind]
+    out = {
+        "slurm_partition": s["partition"] or RES["slurm_partition"],
+        "slurm_account": s["account"] or RES["slurm_account"],
+        "qos": s["qos"],
+        "constraint": s["constraint"],
+    }
+    out = {k: v for k, v in out.items() if v}
+    if kind == "gpu":
+        out["gpu"] = GPU
+        if s.get("gpu_model"):
+            out["gpu_model"] = s["gpu_model"]
+    out["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
+    out["runtime"] = lambda wildcards, attempt: runtime * attempt
+    return out
 
 
 # ----------------------------------------------------------------------------- paths

@@ -14,9 +14,7 @@ rule data:
         "../../envs/latentstrat.yaml"
     threads: 1
     resources:
-        **SLURM,
-        mem_mb=RES["mem_mb"],
-        runtime=30,
+        **job_resources("cpu", RES["mem_mb"], 30),
     params:
         settings=sections(*BASE_SECTIONS),
     script:

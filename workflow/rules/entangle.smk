@@ -14,10 +14,7 @@ rule entangle:
         "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
-        **SLURM,
-        mem_mb=RES["mem_mb"],
-        runtime=RES["runtime_entangle"],
-        gpu=GPU,
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),
     params:
         settings=sections(*BASE_SECTIONS),
     script:

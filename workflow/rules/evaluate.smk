@@ -18,10 +18,7 @@ rule evaluate:
         "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
-        **SLURM,
-        mem_mb=RES["mem_mb"],
-        runtime=RES["runtime_evaluate"],
-        gpu=GPU,
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         cell=cell_work_json,
         settings=sections(*EVALUATE_SECTIONS),

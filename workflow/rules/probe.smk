@@ -18,9 +18,7 @@ rule probe_task:
         "../../envs/latentstrat.yaml"
     threads: 1
     resources:
-        **SLURM,
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
     script:
@@ -42,9 +40,7 @@ rule probe_global:
         "../../envs/latentstrat.yaml"
     threads: 1
     resources:
-        **SLURM,
-        mem_mb=2000,
-        runtime=15,
+        **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
     script:
@@ -68,9 +64,7 @@ rule metrics:
         "../../envs/latentstrat.yaml"
     threads: 1
     resources:
-        **SLURM,
-        mem_mb=2000,
-        runtime=10,
+        **job_resources("cpu", 2000, 10),
     params:
         cell=cell_json,
         settings=sections("probes"),

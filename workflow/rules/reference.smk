@@ -15,10 +15,7 @@ rule reference:
         "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
-        **SLURM,
-        mem_mb=RES["mem_mb"],
-        runtime=RES["runtime_evaluate"],
-        gpu=GPU,
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         settings=sections(*BASE_SECTIONS),
     script:

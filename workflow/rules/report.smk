@@ -27,9 +27,7 @@ rule report:
         "../../envs/latentstrat.yaml"
     threads: 1
     resources:
-        **SLURM,
-        mem_mb=4000,
-        runtime=15,
+        **job_resources("cpu", 4000, 15),
     params:
         settings=COLLECTION_SETTINGS,
     script:

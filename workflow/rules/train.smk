@@ -17,10 +17,7 @@ rule train:
         "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
-        **SLURM,
-        mem_mb=RES["mem_mb"],
-        runtime=RES["runtime_train"],
-        gpu=GPU,
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),
     params:
         cell=cell_work_json,
         settings=sections(*TRAIN_SECTIONS),
