@@ -50,10 +50,13 @@ def _deep_update(dst, src):
 
 _deep_update(config, _typed(dict(workflow.config_settings.config)))
 
-# `extends:` resolves relative to the folder of the config file that says it
+# `extends:` resolves relative to the folder of the config file that says it; made absolute
+# here, so the rule scripts (which see `config` as is) resolve the same file
 CONFIG_FILE = Path((list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1])
+if config.get("extends") and not Path(config["extends"]).is_absolute():
+    config["extends"] = str((CONFIG_FILE.resolve().parent / config["extends"]).resolve())
 try:
-    CFG = load_config(cfg=config, here=CONFIG_FILE.resolve().parent)
+    CFG = load_config(cfg=config)
 except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
 # Second check with Snakemake's own validator on the resolved config (same schema).
