@@ -182,3 +182,18 @@ def test_three_seeds_draw_error_bars(monkeypatch, tmp_path, seeds, expect_bars):
         assert fig is not None
         bars = [c for ax in fig.axes for c in ax.containers if isinstance(c, ErrorbarContainer)]
         assert bool(bars) == expect_bars, make.__name__
+
+
+def test_collection_metadata_names_dates_code_versions_and_stale_cells():
+    summary = pd.DataFrame({"train_code_version": ["abc123", "abc123", "def456+dirty"],
+                            "train_started_at": ["2026-12-01T00:10:00Z", "2026-12-01T00:05:00Z", "2026-12-01T00:20:00Z"],
+                            "train_finished_at": ["2026-12-01T00:12:00Z", "2026-12-01T00:07:00Z", "2026-12-01T00:30:00Z"],
+                            "train_host": "n1", "train_device": "cpu"})
+    state = pd.DataFrame({"cell_id": list("abcd"), "status": ["complete"] * 3 + ["incomplete"]})
+    m = A.collection_metadata(summary, state, code_now="abc123").set_index("field").value
+    assert m["planned cells"] == "4" and m["observed cells (with final metrics)"] == "3"
+    assert m["first cell started"] == "2026-12-01T00:05:00Z" and m["last cell finished"] == "2026-12-01T00:30:00Z"
+    assert m["code versions"] == "abc123 (2 cells), def456+dirty (1 cells)"
+    assert m["cells trained with other code than now"].startswith("1 ")
+    empty = A.collection_metadata(pd.DataFrame({"x": [1]}), state).set_index("field").value
+    assert empty["code versions"] == "NA (not recorded)"

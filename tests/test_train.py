@@ -235,3 +235,28 @@ def test_grad_clip_per_aggregation_is_explicit():
         grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}}, "sum_scaled")
     cfg, _ = tiny_cfg(grad_clip={"mean": 1.0, "sum": 30.0})
     assert cfg["train"]["grad_clip"] == {"mean": 1.0, "sum": 30.0}
+
+
+def test_corrupt_checkpoint_is_moved_aside_and_the_cell_restarts(base, tmp_path, capsys):
+    cfg, cell = tiny_cfg(steps=2, eval_every=2)
+    ck = tmp_path / "out" / "checkpoints" / "last.pt"
+    ck.parent.mkdir(parents=True)
+    ck.write_bytes(os.urandom(4096))  # random bytes, as after a disk fault
+    summary = run(cfg, cell, base, tmp_path / "out")
+    out = capsys.readouterr().out
+    assert "is unreadable" in out and "moved aside" in out and "starting from step 0" in out
+    assert "weights_only=False" not in out  # never the advice to unpickle untrusted data
+    assert summary["steps"] == 2 and list(ck.parent.glob("last.pt.corrupt-*"))
+    # provenance: the code, host and times the cell ran with
+    assert summary["code_version"] and summary["host"] and summary["started_at"] <= summary["finished_at"]
+
+
+def test_progress_lines_name_step_loss_rate_and_eta():
+    from latentstrat.train import Progress
+
+    lines = []
+    p = Progress("c", 4, every=0.0, log=lambda m, flush=True: lines.append(m))
+    for s in range(1, 5):
+        p.update(s, 2.0, 100)
+    assert len(lines) == 4 and lines[-1].startswith("[c] step 4/4 loss 2.0000")
+    assert "tokens/s" in lines[0] and "ETA" in lines[0]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from latentstrat import host
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive,
@@ -678,6 +679,34 @@ def mark_cells(tables: dict, sanity: pd.DataFrame) -> None:
         df[CELL_CHECK_COL] = [mark(r, cols) for _, r in df.iterrows()]
 
 
+# ----------------------------------------------------------------------------- metadata
+
+
+def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: str | None = None) -> pd.DataFrame:
+    """field | value: when the collection's cells were trained (first start, last finish), the
+    code versions they record (with counts), hosts and devices, planned vs observed cells, and
+    how many cells ran with code other than `code_now` (the working tree's version)."""
+    rows = [("planned cells", str(len(state))),
+            ("observed cells (with final metrics)", str(int((state.status == "complete").sum())) if len(state) else "0")]
+
+    def counts(col):
+        if col not in summary.columns or summary[col].isna().all():
+            return "NA (not recorded)"
+        return ", ".join(f"{v} ({n} cells)" for v, n in summary[col].fillna("NA").astype(str).value_counts().items())
+
+    if "train_started_at" in summary.columns and summary.train_started_at.notna().any():
+        rows += [("first cell started", str(summary.train_started_at.dropna().min())),
+                 ("last cell finished", str(summary.train_finished_at.dropna().max()))]
+    else:
+        rows += [("first cell started", "NA (not recorded)"), ("last cell finished", "NA (not recorded)")]
+    rows += [("code versions", counts("train_code_version")), ("hosts", counts("train_host")),
+             ("devices", counts("train_device"))]
+    if code_now and "train_code_version" in summary.columns:
+        other = summary[summary.train_code_version.notna() & (summary.train_code_version != code_now)]
+        rows.append(("cells trained with other code than now", f"{len(other)} (now: {code_now})"))
+    return pd.DataFrame(rows, columns=["field", "value"])
+
+
 # ----------------------------------------------------------------------------- fairness
 
 
@@ -900,6 +929,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["token_dominance"] = token_dominance(h_task) if len(h_task) else pd.DataFrame()
     t["token_dominance_sums"] = share_sums(t["token_dominance"])
     t["gradient_clipping"] = gradient_clipping(h_all) if len(h_all) else gradient_clipping(pd.DataFrame(columns=["metric"]))
+    t["collection_metadata"] = collection_metadata(summary, state, host.code_version()["code_version"])
     t["cell_sanity"] = cell_sanity(summary, h_all, entangled_reference(entangle_quality),
                                    report_settings((meta or {}).get("report")))
     t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task,

@@ -57,3 +57,31 @@ def describe() -> dict:
     """The host facts recorded next to every step-speed choice and benchmark number."""
     return {"cpu": cpu_model(), "native_bf16": native_bf16(),
             "bf16_flags": sorted(f for f in BF16_FLAGS if f in cpu_flags())}
+
+
+@functools.cache
+def code_version() -> dict:
+    """The code a job ran: the git commit of the package's checkout and whether it had
+    uncommitted changes, or the installed package version outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+        return {"code_commit": commit, "code_dirty": bool(status.strip()), "code_version": commit[:12] + ("+dirty" if status.strip() else "")}
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("latentstrat")
+        except PackageNotFoundError:
+            v = "unknown"
+        return {"code_commit": None, "code_dirty": None, "code_version": f"latentstrat {v}"}
+
+
+def provenance(device: str | None = None) -> dict:
+    """Who ran a job where: code version, host, CPU, device (recorded in a cell's summary)."""
+    return {**code_version(), "host": platform.node(), "cpu": cpu_model(), "device": device}

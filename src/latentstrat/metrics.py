@@ -313,7 +313,11 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 
 
-def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None):
+PROVENANCE = ["code_version", "code_commit", "code_dirty", "started_at", "finished_at", "host", "device"]
+
+
+def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None,
+                       train_summary_path=None):
     """Check that records and probe tables belong to `cell` and cover its tasks, then write
     the one-row metrics.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
     the bootstrap replicates (bootstrap.parquet beside it, or `bootstrap_path`). Returns the row
@@ -341,6 +345,11 @@ def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_pat
         if missing:
             raise ValueError(f"probe tables {[str(p) for p in probe_paths]} lack the {name} probe of {missing}")
     row = cell_metrics_row(cell, records, probes)
+    if train_summary_path is not None:  # provenance: the code, host and times the cell trained with
+        import json
+
+        summary = json.loads(Path(train_summary_path).read_text())
+        row.update({f"train_{k}": summary.get(k) for k in PROVENANCE})
     reps = bootstrap_replicates(records, probes)
     for m in BOOTSTRAP_METRICS:
         row[f"{m}_ci_low"], row[f"{m}_ci_high"] = interval(reps[m])

@@ -360,6 +360,34 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
 
 
+# ----------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """A flushed progress line at least every `every` seconds: step / total, mean loss since the
+    last line, tokens/s, elapsed, ETA (what a Slurm log shows while the job runs)."""
+
+    def __init__(self, name: str, total: int, start: int = 0, every: float = 30.0, log=print):
+        self.name, self.total, self.every, self.log = name, total, every, log
+        self.t0 = self.t_last = time.time()
+        self.start = start
+        self.loss, self.n, self.tokens = 0.0, 0, 0
+        if start:
+            log(f"[{name}] resuming at step {start}/{total}", flush=True)
+
+    def update(self, step: int, loss: float, tokens: int) -> None:
+        self.loss, self.n, self.tokens = self.loss + loss, self.n + 1, self.tokens + tokens
+        now = time.time()
+        if now - self.t_last < self.every and step < self.total:
+            return
+        elapsed = now - self.t0
+        eta = elapsed / max(step - self.start, 1) * (self.total - step)
+        self.log(f"[{self.name}] step {step}/{self.total} loss {self.loss / self.n:.4f} "
+                 f"{self.tokens / max(now - self.t_last, 1e-9):,.0f} tokens/s elapsed {elapsed:.0f}s ETA {eta:.0f}s",
+                 flush=True)
+        self.t_last, self.loss, self.n, self.tokens = now, 0.0, 0, 0
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -374,6 +402,23 @@ def save_checkpoint(path, model, opt, step: int, history: list[dict], extra: dic
 
 def load_checkpoint(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_checkpoint(path: Path, log=print) -> dict | None:
+    """The checkpoint at `path`, or None. An unreadable one (truncated, random bytes, not a
+    weights-only checkpoint) is named, moved aside to `<name>.corrupt-<time>` and the cell
+    starts from step 0: it is never unpickled with arbitrary code allowed, and a rerun does not
+    fail on it again."""
+    if not path.exists():
+        return None
+    try:
+        return load_checkpoint(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is handled the same way
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+        path.rename(aside)
+        log(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            f"moved aside to {aside.name}, starting from step 0")
+        return None
 
 
 def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
@@ -400,6 +445,9 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None) -> dict:
     """Train one cell; write model.safetensors, history.parquet, summary.json. Resumes from
     out_dir/checkpoints/last.pt. Returns the summary."""
+    from latentstrat import host
+
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     out_dir = Path(out_dir)
     cid = cell["cell_id"]
@@ -424,7 +472,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     step, history, wall, tokens = 0, [], 0.0, 0
     grad_norms: list[float] = []  # pre-clip gradient norm of every step taken (checkpointed)
     clip = grad_clip_for(tcfg, cell["token_aggregation"])
-    ck = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
+    ck = read_checkpoint(ckpt_path, log=lambda m: print(f"[{cid}] {m}", flush=True))
     if ck is not None and ck.get("cell_id") != cid:
         raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
     if ck is not None and ck.get("fingerprint") != fingerprint:
@@ -447,6 +495,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
                         {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": wall, "train_tokens": tokens,
                          "grad_norms": grad_norms})
 
+    progress = Progress(cid, tcfg["steps"], step)
     try:
         model.train()
         if step == 0 and not history:
@@ -465,7 +514,9 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
             opt.step()
             step += 1
             wall += time.perf_counter() - t0
-            tokens += int(batch.gen_mask.sum() + batch.post_mask.sum())
+            n_tok = int(batch.gen_mask.sum() + batch.post_mask.sum())
+            tokens += n_tok
+            progress.update(step, float(losses["total"].detach()), n_tok)
             if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
                 history += validate(model, tokenizer, cfg, cell, scales, val, step)
                 history += batch_stats(cid, enc, tcfg["batch_size"], seed, grad_norms, clip, step, history)
@@ -479,8 +530,9 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     model.save_trainable(out_dir / "model.safetensors")
     write_parquet(pd.DataFrame(history, columns=HISTORY_COLUMNS), out_dir / "history.parquet")
     summary = {"cell_id": cid, "steps": step, "wall_time_s": wall, "train_tokens": tokens,
-               "tokens_per_s": tokens / wall if wall > 0 else math.nan, "device": str(dev),
-               "threads": torch.get_num_threads(), **scales}
+               "tokens_per_s": tokens / wall if wall > 0 else math.nan, "threads": torch.get_num_threads(), **scales,
+               "config_hash": fingerprint[:16], "started_at": started_at,
+               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **host.provenance(str(dev))}
     dump_json(summary, out_dir / "summary.json")
     checkpoint()  # the final state, so a rerun after a lost output resumes at the end
     return summary

@@ -51,6 +51,7 @@ rule metrics:
     input:
         records=str(P.records_path("{cell}")),
         probes=lambda w: probe_files(w.cell),
+        summary=lambda w: train_files(w.cell)["summary"],
     output:
         metrics=str(P.metrics_path("{cell}")),
         bootstrap=str(P.bootstrap_path("{cell}")),

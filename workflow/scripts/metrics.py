@@ -11,4 +11,5 @@ with logged(snakemake):
         list(snakemake.input.probes),
         snakemake.output.metrics,
         snakemake.output.bootstrap,
+        train_summary_path=snakemake.input.summary,
     )

@@ -84,6 +84,9 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     out += entangle_quality_md(meta.get("entangle_quality"))
     st, counts = t["collection_state"], t["collection_state_counts"]
     n_ok = int((st.status == "complete").sum()) if not st.empty else 0
+    meta_t = t.get("collection_metadata", pd.DataFrame())
+    if not meta_t.empty:
+        out += ["## Collection Metadata\n", md_table(meta_t)]
     out += ["## Collection State\n",
             f"The collection has {len(st)} expected cells: {n_ok} have final metrics and {len(st) - n_ok} remain without final metrics.\n",
             md_table(counts)]
