@@ -57,6 +57,21 @@ def slurm_run(wd, env, *args):
     return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def status_of(wd, env):
+    """`python -m latentstrat.status` as a user would run it (the smoke config, this run's
+    results folder and grid): cell -> stage -> (state, Slurm job id)."""
+    import json
+
+    cfg = wd / "status.yaml"
+    cfg.write_text(f"extends: {wd / 'config' / 'smoke.yaml'}\nresults_dir: {wd / 'results'}\n"
+                   "grid: {reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}\nreference_arms: []\n")
+    r = subprocess.run([sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--json"], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=wd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    st = json.loads(r.stdout)
+    return {c["cell_id"]: {s: (v["state"], v["job"]) for s, v in c["stages"].items()} for c in st["cells"]}
+
+
 def jobs_of(env, rule, cell):
     r = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"], env=env, capture_output=True, text=True)
     return [line.split("|")[:2] for line in r.stdout.splitlines() if f"rule_{rule}" in line and cell in line]
@@ -83,9 +98,11 @@ def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tm
     p = slurm_run(wd, env, "--retries", "0")
     deadline = time.time() + 600
     cancelled = None
+    seen_running = None
     while time.time() < deadline and cancelled is None:
         for jid, state in jobs_of(env, "train", CELL):
             if state == "RUNNING":
+                seen_running = status_of(wd, env)  # the status command, mid-run
                 subprocess.run(["scancel", jid], env=env, check=True)
                 cancelled = jid
         time.sleep(1)
@@ -94,6 +111,12 @@ def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tm
     assert p.returncode != 0, out[-3000:]
     brief = (report / "brief.yaml").read_text()
     assert CELL in brief  # listed as incomplete by the onerror partial report
+    assert seen_running[CELL]["train"] == ("running", cancelled)
+    others = {c: s for c, s in seen_running.items() if c != CELL}
+    assert all(s["train"][0] == "done" for s in others.values()), others
+    after = status_of(wd, env)
+    assert after[CELL]["train"] == ("failed", cancelled)  # CANCELLED in the queue
+    assert all(s["metrics"][0] == "done" for c, s in after.items() if c != CELL)
 
     # 3. the next run does only that cell (+ collection jobs), to completion
     rc, jobs, dout = dry_run(wd, config=GRID)

@@ -448,6 +448,15 @@ class Paths:
     def metrics_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "metrics.parquet"
     def bootstrap_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "bootstrap.parquet"
     @property
+    def logs_dir(self) -> Path: return self.collection_dir / "logs"
+
+    def log_path(self, stage: str, cid: str) -> Path:
+        """A cell stage's job log (probes: the global probe's)."""
+        return {"train": self.logs_dir / "train" / f"{cid}.log", "evaluate": self.logs_dir / "evaluate" / f"{cid}.log",
+                "probes": self.logs_dir / "probe" / cid / "global.log",
+                "metrics": self.logs_dir / "metrics" / f"{cid}.log"}[stage]
+
+    @property
     def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
     @property
     def report_dir(self) -> Path: return self.collection_dir / "report"

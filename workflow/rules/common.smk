@@ -72,7 +72,7 @@ TASKS = list(CFG["data"]["tasks"])
 RES = CFG["resources"]
 # entangle and reference run alone, before any cell: they may take more threads than a cell
 THREADS_BASE = RES["threads_base"] or RES["threads"]
-LOGS = P.collection_dir / "logs"
+LOGS = P.logs_dir
 BENCH = P.collection_dir / "benchmarks"
 BASE_LOGS = P.base_dir / "logs"
 BASE_BENCH = P.base_dir / "benchmarks"
