@@ -10,7 +10,13 @@ import sys
 import traceback
 from pathlib import Path
 
-from latentstrat.config import load_config
+# the package from this checkout's src/, also in a conda env that does not install it
+# (`snakemake --sdm conda`); with the package installed in editable mode it is the same code
+_SRC = Path(__file__).resolve().parents[2] / "src"
+if (_SRC / "latentstrat" / "__init__.py").exists():
+    sys.path.insert(0, str(_SRC))
+
+from latentstrat.config import load_config  # noqa: E402
 
 
 def stage_config(snakemake) -> dict:
