@@ -120,3 +120,19 @@ def test_learn_then_collapse_is_found_when_it_happens():
     h = _history({f"c{i}": np.linspace(0.3, 0.8, 7) + rng.normal(0, 0.01, 7) for i in range(12)})
     t["history_long"] = h
     assert q_early_or_late(t, 0.01)["status"] == "not supported"
+
+
+def test_router_scores_without_signal_above_chance_are_cannot_tell():
+    """Two arms whose router probes are both at or below chance differ in raw accuracy because
+    their class balance differs, not because z carries strategy: never a sign."""
+    from latentstrat.aggregate import arm_contrasts
+
+    c = pd.DataFrame({"primary_cell": ["p1", "p2"], "reference_cell": ["r1", "r2"],
+                      "delta_matched_router_score": [-0.08, -0.09],
+                      "delta_matched_router_score_ci_low": [-0.10, -0.11], "delta_matched_router_score_ci_high": [-0.05, -0.06]})
+    noise = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],
+                          above={"p1": False, "p2": False, "r1": False, "r2": False}).iloc[0]
+    assert noise.verdict == "cannot tell" and "above chance" in noise.why and noise.cells_cannot_tell == 2
+    signal = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],
+                           above={"p1": True, "p2": False, "r1": True, "r2": True}).iloc[0]
+    assert signal.verdict == "negative" and signal.cells_negative == 2 and signal.why == ""

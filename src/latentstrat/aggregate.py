@@ -334,10 +334,25 @@ def verdict(lo: float, hi: float) -> str:
     return "negative" if hi < 0 else ("positive" if lo > 0 else "cannot tell")
 
 
-def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) -> pd.DataFrame:
+ROUTER_SCORES = ("matched_router_score", "chance_corrected_matched_router_score")
+
+
+def router_signal(row, above: dict | None) -> bool | None:
+    """Does either cell of a common-cell row carry router structure above chance (its
+    chance-corrected within-task router probe's 95% interval above 0)? None when unknown."""
+    if above is None:
+        return None
+    ids = [i for col in ("primary_cell", "reference_cell") for i in str(row.get(col, "")).split(",") if i]
+    known = [above[i] for i in ids if i in above]
+    return any(known) if known else None
+
+
+def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, above: dict | None = None) -> pd.DataFrame:
     """Per comparison arm and metric: the mean common-cell delta (primary - arm), its 95% paired
     bootstrap interval (replicates of the mean over cells) and the verdict from it; plus how
-    many single-cell deltas are negative / positive / cannot tell."""
+    many single-cell deltas are negative / positive / cannot tell. A router-score delta between
+    cells none of which has a router probe above chance (`above`: cell id -> bool) compares
+    noise with noise: cannot tell, whatever its interval."""
     rows = []
     for arm, c in commons.items():
         if c is None or c.empty:
@@ -365,14 +380,21 @@ def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) 
                     lo, hi = mu - Z95 * se, mu + Z95 * se
                 else:
                     lo = hi = math.nan
-            each = [verdict(a, b) for a, b in zip(c.get(f"{col}_ci_low", pd.Series(dtype=float)),
-                                                  c.get(f"{col}_ci_high", pd.Series(dtype=float)))]
+            signal = [router_signal(r, above) for _, r in c.iterrows()] if m in ROUTER_SCORES else [None] * len(c)
+            each = [verdict(a, b) if s is not False else "cannot tell"
+                    for a, b, s in zip(c.get(f"{col}_ci_low", pd.Series(dtype=float)),
+                                       c.get(f"{col}_ci_high", pd.Series(dtype=float)), signal)]
+            v, why = verdict(lo, hi), ""
+            if m in ROUTER_SCORES and signal and all(s is False for s in signal):
+                v, why = "cannot tell", "no cell of either arm has a router probe above chance"
             rows.append({"reference_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
-                         "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": verdict(lo, hi),
+                         "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": v, "why": why,
+                         "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
                          "cells_negative": each.count("negative"), "cells_positive": each.count("positive"),
                          "cells_cannot_tell": each.count("cannot tell")})
     return pd.DataFrame(rows, columns=["reference_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict",
-                                       "cells_negative", "cells_positive", "cells_cannot_tell"])
+                                       "why", "router_signal_cells", "cells_negative", "cells_positive",
+                                       "cells_cannot_tell"])
 
 
 def differing_keys(p: pd.Series, r: pd.Series, ignore=("token_aggregation", "seed")) -> tuple[list[str], list[str]]:
@@ -910,7 +932,10 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     for arm, ref in refs.items():
         commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm, bootstrap=bootstrap)
     t["mean_vs_sum_common_cells"] = _concat(commons.values())
-    t["arm_contrasts"] = arm_contrasts(commons, bootstrap)
+    above = None
+    if "within_task_router_probe_corrected_ci_low" in summary.columns:
+        above = dict(zip(summary.cell_id, summary.within_task_router_probe_corrected_ci_low.astype(float) > 0))
+    t["arm_contrasts"] = arm_contrasts(commons, bootstrap, above=above)
     t["unmatched_rows"] = _concat(unmatched.values())
     t["reference_scale"] = scale_table(primary_rows, refs, commons)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)

@@ -137,6 +137,10 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     thr = f"|ratio - 1| < {thr_one} reads as comparable magnitude; |delta| < {thr_near_zero} as no behavioural difference"
     if pd.isna(d_router) or pd.isna(rel):
         return _f(q, CANNOT_TELL, "matched router score or active objective missing (probes NA): " + ev, thr, nums)
+    a = t.get("arm_contrasts", pd.DataFrame())
+    noise = a[(a.reference_arm == arm) & (a.metric == "matched_router_score")] if not a.empty and "why" in a.columns else a
+    if not noise.empty and noise.why.iloc[0]:
+        return _f(q, CANNOT_TELL, f"{noise.why.iloc[0]}, so the behavioural half cannot be compared: " + ev, thr, nums)
     if abs(rel - 1) < thr_one and abs(d_router) < thr_near_zero:
         return _f(q, SUPPORTED, "cancels: " + ev, thr, nums)
     if abs(rel - 1) < thr_one:

@@ -199,8 +199,9 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
             continue
         r = row.iloc[0]
         na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
+        why = f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
         out.append(f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
-                   f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**. Per cell: "
+                   f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
                    f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}.\n")
     return out
 
