@@ -212,6 +212,13 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> 
            f"Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = {thresholds['near_zero_delta']}, "
            f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n"]
     out += sign_sentences(t, meta)
+    st = t["collection_state"]
+    if not st.empty and "token_aggregation" in st.columns and (st.token_aggregation == "sum_scaled").any():
+        out.append("`sum_scaled` (sum / n_bar) differs from `sum` only for the `raw` family: the normalized families "
+                   "divide by a reference scale computed under the same aggregation, which carries the same n_bar, so "
+                   "their `sum_scaled` cells would repeat the `sum` cells exactly. What `sum_scaled` isolates is the "
+                   "per-example weighting n_i / n_bar at the scale of `mean`; the scale-versus-weighting question is "
+                   "answered on `raw` cells only.\n")
     s = t["reference_scale"]
     for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
