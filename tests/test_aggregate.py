@@ -197,3 +197,25 @@ def test_collection_metadata_names_dates_code_versions_and_stale_cells():
     assert m["cells trained with other code than now"].startswith("1 ")
     empty = A.collection_metadata(pd.DataFrame({"x": [1]}), state).set_index("field").value
     assert empty["code versions"] == "NA (not recorded)"
+
+
+def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch):
+    """After evaluate records are rewritten (or corrupted) the old metrics describe outputs that
+    are gone: the partial report's aggregate lists the cell as incomplete, with the reason."""
+    import os
+
+    from aggregate_helpers import make_cfg, write_collection
+    from latentstrat.config import expand_cells
+
+    cfg = make_cfg(monkeypatch)
+    mp, hp = write_collection(cfg, tmp_path / "cells")
+    cid = expand_cells(cfg, validated=True)[0].cell_id
+    records = tmp_path / "records.parquet"
+    records.write_bytes(b"garbage")
+    t = os.path.getmtime(mp[cid])
+    os.utime(records, (t + 10, t + 10))
+    summary, state = A.load_cell_metrics(cfg, mp, upstream={cid: [records]})
+    row = state.set_index("cell_id").loc[cid]
+    assert row.status == "incomplete" and "older than" in row.reason and "records.parquet" in row.reason
+    assert cid not in set(summary.cell_id)
+    assert (state.status == "complete").sum() == len(state) - 1

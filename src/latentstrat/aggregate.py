@@ -96,15 +96,23 @@ def _fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def load_cell_metrics(cfg: dict, metrics_paths: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summary of complete cells, collection_state of every expected cell)."""
+def load_cell_metrics(cfg: dict, metrics_paths: dict, upstream: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary of complete cells, collection_state of every expected cell). With `upstream`
+    (cell id -> the files its metrics are computed from), a metrics file older than one of them
+    (say evaluate records rewritten, or corrupted, after it) is not complete: its numbers
+    describe outputs that are gone."""
     cells = expand_cells(cfg, validated=True)
     rows, state = [], []
     for c in cells:
         path = metrics_paths.get(c.cell_id)
         status, reason = "complete", ""
+        newer = [Path(u) for u in (upstream or {}).get(c.cell_id, [])
+                 if path is not None and Path(path).exists() and Path(u).exists()
+                 and Path(u).stat().st_mtime > Path(path).stat().st_mtime]
         if path is None:
             status, reason = "incomplete", "no metrics path given"
+        elif newer:
+            status, reason = "incomplete", f"metrics file {path} is older than {newer[0]} (rerun the cell's jobs)"
         else:
             try:
                 df = pd.read_parquet(path)
@@ -990,14 +998,16 @@ def load_entangle_quality(path) -> dict:
         raise ValueError(f"entangle quality report {p} is unreadable ({e}); rerun the entangle stage") from None
 
 
-def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir, quality_path=None) -> dict:
+def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir, quality_path=None,
+                         upstream: dict | None = None) -> dict:
     """The aggregate job: per-cell metrics + histories of a collection (+ the entangle stage's
-    quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir."""
+    quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir.
+    `upstream`: see load_cell_metrics (the partial report after a failed run passes it)."""
     quality = load_entangle_quality(quality_path) if quality_path else None
     references = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
         references[arm["name"]] = read_summary_table(arm["table"])
-    summary, state = load_cell_metrics(cfg, metrics_paths)
+    summary, state = load_cell_metrics(cfg, metrics_paths, upstream)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
     bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete})

@@ -322,6 +322,7 @@ def partial_report(log):
             dict(zip(CELLS, history_files())),
             str(P.aggregate_dir),
             quality_path=quality,
+            upstream={c: [str(P.records_path(c))] + probe_files(c) for c in CELLS},
         )
         meta = {
             "collection": CFG["collection"],
