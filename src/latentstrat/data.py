@@ -341,7 +341,7 @@ def strategy_free_lengths(df: pd.DataFrame) -> list[float]:
     task's strategies for that x. It depends on the input, never on the strategy the row
     follows. Grouped by a row's own length, strategies whose traces differ in length (base
     conversion, sorting, reversal) land in separate batches, and single-strategy batches tilt
-    the strategy prior (docs/entangle.md, "Batches that sort strategies apart")."""
+    the strategy prior (docs/entangle.md)."""
     cache: dict[tuple[str, str], float] = {}
     out = []
     for task, x in zip(df.task, df.x):

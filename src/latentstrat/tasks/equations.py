@@ -7,7 +7,7 @@ d - b, each written next to its operands (`1 2 - 3 = 9`), in a different order.
 `constants_first` moves the constant first:
 `1 2 - 3 = 9 ; 5 x = 2 x + 9 ; 5 x - 2 x = 3 x ; 3 x = 9 ; x = 9 / 3 ; answer 3`.
 (Data version 1 wrote `3 x = 1 2 - 3 ; 3 x = 9`, the difference several tokens after its
-operands; the entangled model got it wrong in ~20% of temperature-1 samples, docs/entangle.md.)
+operands; the entangled model got it wrong in ~20% of temperature-1 samples.)
 The second token (`x` vs a digit or `-`) decides the strategy; traces never coincide.
 """
 from __future__ import annotations
