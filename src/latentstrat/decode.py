@@ -17,6 +17,7 @@ forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
@@ -24,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentstrat import data
+from latentstrat.progress import Progress
 
 
 @dataclass
@@ -176,7 +178,10 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
             order = sorted(range(N), key=lambda i: len(prompts.prompt[i]))
             gen = torch.Generator().manual_seed(seed + 1) if temperature > 0 else None
             token_ids: list[list[int]] = [[] for _ in range(N)]
-            bar = tqdm(total=N, desc=desc, unit="ex", disable=not progress, mininterval=5)
+            # a terminal gets a bar; a log file (a job's) a line every 30 s
+            tty = progress and sys.stderr.isatty()
+            bar = tqdm(total=N, desc=desc, unit="ex", disable=not tty, mininterval=5)
+            lines = Progress(desc, N, unit="example") if progress and not tty else None
             for s in range(0, N, batch_size):
                 idx = order[s:s + batch_size]
                 out = decode_batch(model, tokenizer, [prompts.prompt[i] for i in idx],
@@ -184,6 +189,8 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
                 for i, ids in zip(idx, out):
                     token_ids[i] = ids
                 bar.update(len(idx))
+                if lines:
+                    lines.update(min(s + batch_size, N), tokens=sum(len(ids) for ids in out))
             bar.close()
     finally:
         model.train(was_training)

@@ -381,8 +381,9 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
                                   ("lr", cur_lr), ("tokens_per_s", tokens_window / max(dt, 1e-9)),
                                   ("elapsed_s", time.time() - t0)):
                 history.append(dict(step=done, task="all", metric=metric, value=float(value)))
+            elapsed = time.time() - t0
             log(f"entangle step {done}/{steps}: loss {loss_window / n_window:.4f} lr {cur_lr:.2e} "
-                f"{tokens_window / max(dt, 1e-9):.0f} tok/s, {time.time() - t0:.0f}s")
+                f"{tokens_window / max(dt, 1e-9):.0f} tok/s, elapsed {elapsed:.0f}s ETA {elapsed / done * (steps - done):.0f}s")
             loss_window, gnorm_window, n_window, tokens_window, t_window = 0.0, 0.0, 0, 0, time.time()
         if done in eval_steps:
             record_validation(done)

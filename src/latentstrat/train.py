@@ -37,6 +37,7 @@ from latentstrat.config import dump_json, parse_family
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import derive
 from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+from latentstrat.progress import Progress
 from latentstrat.reference import load_b
 
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
@@ -358,34 +359,6 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
             "eps": eps, "router_eps": router_eps,
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
-
-
-# ----------------------------------------------------------------------------- progress
-
-
-class Progress:
-    """A flushed progress line at least every `every` seconds: step / total, mean loss since the
-    last line, tokens/s, elapsed, ETA (what a Slurm log shows while the job runs)."""
-
-    def __init__(self, name: str, total: int, start: int = 0, every: float = 30.0, log=print):
-        self.name, self.total, self.every, self.log = name, total, every, log
-        self.t0 = self.t_last = time.time()
-        self.start = start
-        self.loss, self.n, self.tokens = 0.0, 0, 0
-        if start:
-            log(f"[{name}] resuming at step {start}/{total}", flush=True)
-
-    def update(self, step: int, loss: float, tokens: int) -> None:
-        self.loss, self.n, self.tokens = self.loss + loss, self.n + 1, self.tokens + tokens
-        now = time.time()
-        if now - self.t_last < self.every and step < self.total:
-            return
-        elapsed = now - self.t0
-        eta = elapsed / max(step - self.start, 1) * (self.total - step)
-        self.log(f"[{self.name}] step {step}/{self.total} loss {self.loss / self.n:.4f} "
-                 f"{self.tokens / max(now - self.t_last, 1e-9):,.0f} tokens/s elapsed {elapsed:.0f}s ETA {eta:.0f}s",
-                 flush=True)
-        self.t_last, self.loss, self.n, self.tokens = now, 0.0, 0, 0
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -41,6 +41,9 @@ def logged(snakemake):
     with open(log, "w") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
+        # every line reaches the log as it is printed: a running job's log can be followed
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
         try:
