@@ -41,6 +41,7 @@ from latentstrat import data, parallel
 from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
 from latentstrat.objective import token_nll
+from latentstrat.quality import quality_table  # noqa: F401 (the table of quality.json; tests import it here)
 from latentstrat.tasks import TASKS
 
 # check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
@@ -528,13 +529,6 @@ def quality_report(samples: pd.DataFrame, data_dist: dict[str, dict[str, float]]
                            followed_distribution=followed, data_distribution=data_dist[name])
     return dict(passed=bool(tasks) and all(t["passed"] for t in tasks.values()),
                 thresholds={k: float(thresholds[k]) for k, _ in CHECKS.values()}, tasks=tasks)
-
-
-def quality_table(report: dict) -> pd.DataFrame:
-    rows = [dict(task=t, check=c, value=v["value"], threshold=v["threshold"], direction=v["direction"],
-                 passed=v["passed"], n=r["n"])
-            for t, r in report["tasks"].items() for c, v in r["checks"].items()]
-    return pd.DataFrame(rows, columns=["task", "check", "value", "threshold", "direction", "passed", "n"])
 
 
 def check_quality(model, tokenizer, val_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict,

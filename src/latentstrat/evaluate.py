@@ -7,7 +7,7 @@ z is sampled from the router (seeded by `evaluate.seed`, the same noise for ever
 y is greedy-decoded conditioned on z (decode.generate: batched, KV cache), the task's verifier
 and matcher score the generation, the posterior adapter gives mu_q(x, y_true), and the
 test-split losses of every reconstruction family and the KL are computed per example exactly
-as training computes them (train.forward_losses, z ~ q with seeded noise). The per-cell
+as training computes them (objective.forward_losses, z ~ q with seeded noise). The per-cell
 metrics are means of these columns (metrics.write_cell_metrics); the probes read router_z and
 posterior_mu (probes.probe_task / probe_global).
 
@@ -40,6 +40,8 @@ from latentstrat import data, decode
 from latentstrat.config import parse_family
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRICS
+from latentstrat.model import build_model, device_for
+from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
 from latentstrat.tasks import TASKS
 
@@ -63,10 +65,8 @@ def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
 
 
 def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
-    """The cell's model (train.build_model) with its trained weights; a missing or unreadable
+    """The cell's model (model.build_model) with its trained weights; a missing or unreadable
     weights file gives an error naming it."""
-    from latentstrat.train import build_model
-
     path = Path(train_dir) / WEIGHTS
     if not path.exists():
         raise FileNotFoundError(f"evaluate: trained weights {path} do not exist (run the train stage for cell {cell['cell_id']})")
@@ -87,8 +87,6 @@ def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, n
 def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, batch_size: int, seed: int,
                    step: int) -> dict[str, np.ndarray]:
     """Per-example losses of every family + KL, mu_q, with z ~ q (noise seeded per example)."""
-    from latentstrat.train import forward_losses
-
     n = len(encoded)
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
     out = {k: np.zeros(n) for k in LOSS_KEYS}
@@ -130,8 +128,6 @@ def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
 def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, train_dir, out_path,
                   threads: int | None = None, log=print) -> pd.DataFrame:
     """Write the cell's records.parquet (RECORD_COLUMNS) and return it."""
-    from latentstrat.train import device_for
-
     data_dir, reference_dir, train_dir = Path(data_dir), Path(reference_dir), Path(train_dir)
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     _check_inputs(data_dir, reference_dir, train_dir)

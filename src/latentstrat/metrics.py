@@ -313,6 +313,9 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 
 
+# the evaluate record columns the metrics read (evaluate.RECORD_COLUMNS has them all)
+METRIC_RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "correct", "matched_strategies",
+                         "followed_strategy", *LOSS_METRICS]
 PROVENANCE = ["code_version", "code_commit", "code_dirty", "started_at", "finished_at", "host", "device"]
 
 
@@ -324,11 +327,10 @@ def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_pat
     as a DataFrame."""
     import pandas as pd
 
-    from latentstrat.evaluate import RECORD_COLUMNS
     from latentstrat.io import read_parquet, write_parquet
     from latentstrat.probes import read_probes
 
-    records = read_parquet(records_path, "evaluate records", columns=RECORD_COLUMNS)
+    records = read_parquet(records_path, "evaluate records", columns=METRIC_RECORD_COLUMNS)
     if records.empty:
         raise ValueError(f"evaluate records {records_path} have no rows")
     cid = cell["cell_id"]

@@ -342,3 +342,22 @@ class LatentStrategyModel(nn.Module):
                 if params[n].shape != t.shape:
                     raise ValueError(f"{where}: {n} has shape {tuple(t.shape)}, model has {tuple(params[n].shape)}")
                 params[n].copy_(t.to(params[n].dtype))
+
+
+# ----------------------------------------------------------------------------- a cell's model
+
+
+def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()) -> LatentStrategyModel:
+    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config, with
+    the tokens the data stage added, `data.added_token_ids`, at the mean embedding), wrapped
+    with the cell's latent settings. Seeded: the same cell builds the same model."""
+    torch.manual_seed(int(cell["seed"]))
+    if cell["init"] == "entangled":
+        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"])
+    else:
+        backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
+    return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
+
+
+def device_for(cfg: dict) -> torch.device:
+    return torch.device("cuda") if cfg["resources"]["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")

@@ -116,3 +116,27 @@ def reference_scales(b_lists, aggregation: str, alpha: float = 0.25, n_bar: floa
     if not (math.isfinite(s) and math.isfinite(t)) or s <= 0 or t <= 0:
         raise ValueError(f"reference_scales: non-positive or non-finite scales S_ref={s}, T_ref={t} ({aggregation})")
     return s, t
+
+
+def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
+    """The objective J of a batch (design section 4), the one definition train, validation and
+    evaluate call: one posterior pass (z ~ q with the given noise `eps`) + one router/generator
+    pass. Per-example [B] tensors for every family and the KL, and scalars for the
+    diagnostics, beta_t and J (`total`)."""
+    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
+    z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
+    logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos,
+                                             batch.z_slot_pos, sup_pos=batch.gen_sup_pos)
+    l = token_nll(logits, batch.sup_ids)
+    rec = reconstruction_per_example(l, batch.b, batch.sup_mask, cell["reconstruction_family"],
+                                         cell["token_aggregation"], scales)
+    kl = gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
+    out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
+           "posterior_variance": posterior_variance(logvar_q),
+           "router_marginal_kl_to_prior": router_marginal_kl_to_prior(mu_r, logvar_r)}
+    beta_t = beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    out["beta_t"] = beta_t
+    out["total"] = (rec["active"].mean() + beta_t * kl.mean()
+                    + float(cell["posterior_variance_weight"]) * out["posterior_variance"]
+                    + float(cell["router_marginal_kl_weight"]) * out["router_marginal_kl_to_prior"])
+    return out

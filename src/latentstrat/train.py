@@ -36,7 +36,8 @@ from latentstrat import objective as obj
 from latentstrat.config import dump_json, parse_family
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import derive
-from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+from latentstrat.model import build_model, device_for  # noqa: F401 (the cell's model; evaluate uses the same)
+from latentstrat.objective import forward_losses
 from latentstrat.progress import Progress
 from latentstrat.reference import load_b
 
@@ -66,45 +67,7 @@ def cell_scales(b_val, train_df: pd.DataFrame, aggregation: str, family: str) ->
     return {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
 
 
-def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()) -> LatentStrategyModel:
-    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config, with
-    the tokens the data stage added, `data.added_token_ids`, at the mean embedding), wrapped
-    with the cell's latent settings. Seeded: the same cell builds the same model."""
-    torch.manual_seed(int(cell["seed"]))
-    if cell["init"] == "entangled":
-        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"])
-    else:
-        backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
-    return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
-
-
-def device_for(cfg: dict) -> torch.device:
-    return torch.device("cuda") if cfg["resources"]["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")
-
-
 # ----------------------------------------------------------------------------- losses
-
-
-def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
-    """One posterior pass + one router/generator pass. Per-example [B] tensors for every
-    family, KL, and scalars for the diagnostics, beta_t and the total loss J."""
-    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
-    z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
-    logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos,
-                                             batch.z_slot_pos, sup_pos=batch.gen_sup_pos)
-    l = obj.token_nll(logits, batch.sup_ids)
-    rec = obj.reconstruction_per_example(l, batch.b, batch.sup_mask, cell["reconstruction_family"],
-                                         cell["token_aggregation"], scales)
-    kl = obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
-    out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
-           "posterior_variance": obj.posterior_variance(logvar_q),
-           "router_marginal_kl_to_prior": obj.router_marginal_kl_to_prior(mu_r, logvar_r)}
-    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    out["beta_t"] = beta_t
-    out["total"] = (rec["active"].mean() + beta_t * kl.mean()
-                    + float(cell["posterior_variance_weight"]) * out["posterior_variance"]
-                    + float(cell["router_marginal_kl_weight"]) * out["router_marginal_kl_to_prior"])
-    return out
 
 
 def check_finite(losses: dict, cell_id: str, step: int) -> None:

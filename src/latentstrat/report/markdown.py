@@ -5,6 +5,7 @@ import pandas as pd
 
 from latentstrat.aggregate import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
+from latentstrat.quality import quality_table
 from latentstrat.report.tables import fmt, md_table
 
 ID = [FAMILY_COL, "beta_label"]
@@ -23,8 +24,6 @@ def entangle_quality_md(quality: dict | None) -> list[str]:
         return out + ["Not recorded for this report (the entangle stage's quality.json was not read).\n"]
     if quality.get("mode") == "skip":
         return out + ["The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"]
-    from latentstrat.entangle import quality_table  # the stage's own flattening: one row per task x check
-
     q = quality_table(quality).sort_values(["task", "check"], kind="stable")
     op = q.direction.map({"min": ">=", "max": "<="})
     q["cell"] = [f"{fmt(v)} ({'ok' if ok else 'FAIL'}, {o} {fmt(th)})"

@@ -1,0 +1,81 @@
+"""The package's imports follow the data flow: no cycle between its modules (a module imported
+inside a function counts too), and the report does not pull in torch."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> package modules it imports (subpackages tasks/, report/, bench/ as one node)."""
+    def node(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for f in (SRC / "latentstrat").rglob("*.py"):
+        name = node(".".join(f.relative_to(SRC).with_suffix("").parts))
+        deps = graph.setdefault(name, set())
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("latentstrat"):
+                targets = [f"latentstrat.{a.name}" for a in n.names] if n.module == "latentstrat" else [n.module]
+            elif isinstance(n, ast.Import):
+                targets = [a.name for a in n.names if a.name.startswith("latentstrat")]
+            else:
+                continue
+            deps.update(node(t) for t in targets if node(t) != name)
+    return graph
+
+
+def cycles(graph) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_control_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_nothing_imports_train():
+    users = sorted(m for m, deps in import_graph().items() if "latentstrat.train" in deps)
+    assert users == ["latentstrat.bench"]  # the trainer benchmark times the trainer's step
+
+
+def test_the_report_imports_no_torch():
+    code = "import sys, latentstrat.report, latentstrat.report.markdown, latentstrat.report.findings; " \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
