@@ -120,6 +120,7 @@ def run_workflow(tmp_path: Path, overrides: dict) -> Path:
     return tmp_path / "results"
 
 
+@pytest.mark.slow
 def test_local_pretrained_collection_end_to_end(pretrained_dir, tmp_path):
     res = run_workflow(tmp_path, {"backbone": backbone(pretrained_dir)})
     base = res / "base" / "smoke-pretrained"
@@ -137,6 +138,7 @@ def test_local_pretrained_collection_end_to_end(pretrained_dir, tmp_path):
         assert data.decode_y(tok, data.text_ids(tok, [y])[0]) == " ".join(y.split())
 
 
+@pytest.mark.slow
 def test_direct_mode_without_entangle_stage(pretrained_dir, tmp_path):
     res = run_workflow(tmp_path, {"backbone": backbone(pretrained_dir), "entangle": {"mode": "skip"},
                                   "cell": {"init": "direct"}})
