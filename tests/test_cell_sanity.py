@@ -67,7 +67,7 @@ def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
     assert all(f"`{c}`" in head for c in broken) and f"{len(broken)} of {len(cells)} cells fail" in head
     # marked in the tables (the top rows and the common cells carry the cell_check column)
     agg = tmp_path / "agg"
-    common = pd.read_parquet(agg / "mean_vs_sum_common_cells.parquet")
+    common = pd.read_parquet(agg / "common_cells.parquet")
     assert set(common.cell_check) == {"FAIL", "ok"}
     assert common.loc[common.primary_cell.isin(broken), "cell_check"].eq("FAIL").all()
     fair = pd.read_parquet(agg / "fairness.parquet").set_index("claim")

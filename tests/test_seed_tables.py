@@ -24,7 +24,7 @@ def test_metric_distributions_match_seed(tables):
 
 
 def test_common_cell_deltas_match_seed(tables):
-    got = tables["mean_vs_sum_common_cells"]
+    got = tables["common_cells"]
     want = pd.read_csv(FIX / "seed001_expected_common_cells.csv")
     assert len(got) == 8
     assert list(got.reconstruction_loss_family_label) == list(want.reconstruction_loss_family_label)

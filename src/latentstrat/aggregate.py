@@ -869,7 +869,7 @@ def availability_table(primary_rows: pd.DataFrame, references: dict, commons: di
     add("Sum scale vs mean scale", has(primary_rows, "inferred_zfree_reference_scale") and ref_scale,
         "summary + reference arm", "no reference arm with reconstruction_loss and distribution_normalized_reconstruction_loss")
     n_common = sum(len(c) for c in commons.values() if c is not None)
-    add("Mean-vs-sum objective scale", n_common > 0, "mean_vs_sum_common_cells", "no common cells with a reference arm")
+    add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a reference arm")
     add("Posterior-router gap", has(primary_rows, "posterior_router_probe_gap"), "summary", "no posterior / router probes")
     add("KL dynamics over training", hist_has(history_all, "kl_prior_loss"), "history_long", "no history with kl_prior_loss")
     add("Reconstruction dynamics", hist_has(history_all, "distribution_normalized_reconstruction_loss"), "history_long",
@@ -939,7 +939,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     commons, unmatched = {}, {}
     for arm, ref in refs.items():
         commons[arm], unmatched[arm] = common_cells(primary_rows, ref, grid_axes, arm, bootstrap=bootstrap)
-    t["mean_vs_sum_common_cells"] = _concat(commons.values())
+    t["common_cells"] = _concat(commons.values())
     above = None
     if "within_task_router_probe_corrected_ci_low" in summary.columns:
         above = dict(zip(summary.cell_id, summary.within_task_router_probe_corrected_ci_low.astype(float) > 0))

@@ -73,7 +73,7 @@ def _scatter(df, x, y, title):
 
 
 def objective_scale_heatmap(t):
-    c = t.get("mean_vs_sum_common_cells", pd.DataFrame())
+    c = t.get("common_cells", pd.DataFrame())
     if c.empty:
         return None
     cols = [f"delta_{m}" for m in DELTA_METRICS if f"delta_{m}" in c.columns]

@@ -26,7 +26,7 @@ def _arm_aggs(t) -> dict:
     out = {}
     if not s.empty and "arm" in s.columns:
         out.update({a: g.token_aggregation.iloc[0] for a, g in s.groupby("arm")})
-    c = t["mean_vs_sum_common_cells"]
+    c = t["common_cells"]
     for arm in (c.reference_arm.unique() if not c.empty else []):
         if arm not in out:
             pre = [col[: -len("_matched_router_score")] for col in c.columns if col.endswith("_matched_router_score")
@@ -36,7 +36,7 @@ def _arm_aggs(t) -> dict:
 
 
 def _deltas(t, arm, metric="matched_router_score") -> pd.Series:
-    c = t["mean_vs_sum_common_cells"]
+    c = t["common_cells"]
     if c.empty or f"delta_{metric}" not in c.columns:
         return pd.Series(dtype=float)
     return c.loc[c.reference_arm == arm, f"delta_{metric}"].dropna()
@@ -80,7 +80,7 @@ Z = 1.959963984540054
 
 
 def _ranking_metric(t) -> str:
-    c = t["mean_vs_sum_common_cells"]
+    c = t["common_cells"]
     for m in ("chance_corrected_matched_router_score", "matched_router_score"):
         if f"delta_{m}" in c.columns and c[f"delta_{m}"].notna().any():
             return m
@@ -89,7 +89,7 @@ def _ranking_metric(t) -> str:
 
 def _raw_delta(t, arm, metric):
     """(raw-family common cells of `arm`, their mean delta, its SE from the cells' intervals)."""
-    c = t["mean_vs_sum_common_cells"]
+    c = t["common_cells"]
     col = f"delta_{metric}"
     if c.empty or col not in c.columns:
         return c, float("nan"), float("nan")
@@ -114,7 +114,7 @@ def _attribution_ok(t, arm) -> bool:
 
 def q_scale_cancels(t, thr_near_zero, thr_one):
     q = "Does the z-free reference scale fully cancel the aggregation-scale change for normalized objectives, or only make final scalar magnitudes comparable?"
-    c = t["mean_vs_sum_common_cells"]
+    c = t["common_cells"]
     s = t["reference_scale"]
     ratio = s.loc[s.aggregation_mode.str.contains("_ratio"), "mean"] if not s.empty else pd.Series(dtype=float)
     if c.empty or "delta_active_reconstruction_objective" not in c.columns:

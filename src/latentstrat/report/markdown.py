@@ -119,8 +119,8 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
         out += ["Mean and std (sample) across seeds:\n", md_table(by, cols)]
     out += ["## Metric Distributions\n", "Over the complete primary-arm settings (population std).\n",
             md_table(t["metric_distributions"], ["label", "n", "min", "mean", "median", "max", "std"])]
-    c = t["mean_vs_sum_common_cells"]
-    out.append("## Mean-Versus-Sum Common Cells\n")
+    c = t["common_cells"]
+    out.append("## Common Cells\n")
     if c.empty:
         out.append("No common cells with a reference arm.\n")
     for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
@@ -179,7 +179,7 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
     """Per comparison arm: the sign of the mean common-cell delta of the ranking metric, decided
     by its 95% paired bootstrap interval (negative / positive / cannot tell), and the per-cell
     verdicts."""
-    c, a = t["mean_vs_sum_common_cells"], t.get("arm_contrasts", pd.DataFrame())
+    c, a = t["common_cells"], t.get("arm_contrasts", pd.DataFrame())
     metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     out = []
     for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
