@@ -3,7 +3,7 @@
     python -m latentstrat.bench train [--steps 10] [--batch-size 32] [--threads 2] ...
     python -m latentstrat.bench train --config-json qwen2.5-0.5b/config.json --dtype bfloat16 --device cuda
 
-Trainer step (latentstrat.train.forward_losses): one posterior pass + one router/generator
+Trainer step (latentstrat.objective.forward_losses): one posterior pass + one router/generator
 pass, b read from a table computed once, length-grouped batches, logits only at supervised
 positions. Naive step: three separate passes (posterior, generator with full logits, and a
 z-free reference pass recomputing b every step), every batch padded to the longest sequence of
