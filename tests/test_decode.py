@@ -89,9 +89,9 @@ def test_temperature_sampling_seeded(tiny):
 def test_y_text_cut_at_end_tokens(tiny):
     _, tok, _ = tiny
     ids = [tok.convert_tokens_to_ids(w) for w in ["answer", "1", "2", "</y>", "<eos>"]]
-    assert decode.ids_to_y_text(tok, ids) == "answer 1 2"
-    assert decode.ids_to_y_text(tok, ids[:3]) == "answer 1 2"
-    assert decode.ids_to_y_text(tok, []) == ""
+    assert data.decode_y(tok, ids) == "answer 1 2"
+    assert data.decode_y(tok, ids[:3]) == "answer 1 2"
+    assert data.decode_y(tok, []) == ""
 
 
 def test_bad_arguments(tiny):

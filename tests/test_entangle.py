@@ -10,7 +10,8 @@ import torch
 
 from latentstrat import data
 from latentstrat.config import load_config
-from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, quality_report, quality_table,
+from latentstrat.quality import quality_table
+from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, quality_report,
                                   prompts_from, run_entangle, sample_y, strategy_alternatives, strategy_distribution,
                                   total_variation)
 from latentstrat.tasks import TASKS

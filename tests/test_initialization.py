@@ -14,7 +14,9 @@ from latentstrat import objective as obj
 from latentstrat.config import expand_cells, load_config
 from latentstrat.entangle import run_entangle
 from latentstrat.reference import load_b, run_reference, scales_for
-from latentstrat.train import build_model, forward_losses, train_cell
+from latentstrat.model import build_model
+from latentstrat.objective import forward_losses
+from latentstrat.train import train_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]

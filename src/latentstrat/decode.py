@@ -145,11 +145,6 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
     return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
 
 
-def ids_to_y_text(tokenizer, ids: list[int]) -> str:
-    """The generated y text (data.decode_y: tokens before the first </y> / <eos>, decoded)."""
-    return data.decode_y(tokenizer, ids)
-
-
 @torch.no_grad()
 def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None, sample_z_from: str = "router",
              max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
@@ -194,5 +189,5 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
             bar.close()
     finally:
         model.train(was_training)
-    texts = [ids_to_y_text(tokenizer, ids) for ids in token_ids]
+    texts = [data.decode_y(tokenizer, ids) for ids in token_ids]
     return Generation(texts, z, mu, logvar, [len(t) for t in token_ids], token_ids)

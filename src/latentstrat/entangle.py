@@ -37,11 +37,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, parallel
+from latentstrat import data, host, parallel
 from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
 from latentstrat.objective import token_nll
-from latentstrat.quality import quality_table  # noqa: F401 (the table of quality.json; tests import it here)
+from latentstrat.quality import quality_table
 from latentstrat.tasks import TASKS
 
 # check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
@@ -169,8 +169,6 @@ MIN_GAIN = 1.05  # a candidate must beat the plain float32 step by this factor t
 def step_candidates(ecfg: dict, device: torch.device) -> list[dict]:
     """The step settings worth timing on this host, plain float32 first. Settings the config
     gives explicitly (not `auto`) are kept in every candidate."""
-    from latentstrat import host
-
     fixed = {k: ecfg[k] for k in PLAIN if ecfg[k] != "auto"}
     if device.type != "cpu":  # on a GPU: SDPA (flash) attention, no compile; a bf16 backbone autocasts anyway
         return [{**PLAIN, **fixed}]
@@ -220,8 +218,6 @@ def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, de
     steps on real batches within TRIAL_BUDGET_S; a candidate is chosen only when it beats plain
     float32 by MIN_GAIN, so the choice is never slower than plain float32. Returns (the
     resolved entangle settings, a record of the choice and its measured tokens/s)."""
-    from latentstrat import host
-
     auto = [k for k in SPEED_KEYS if ecfg[k] == "auto"]
     resolved = dict(ecfg)
     record = {"auto": auto, "host": host.describe(), "trial": []}
@@ -559,15 +555,10 @@ def _check_inputs(data_dir: Path) -> None:
 def _check_compiler(device: torch.device) -> None:
     """entangle.compile on CPU needs the C++ compiler torch.compile's inductor builds with: say so
     before any training, not at the first step."""
-    if device.type != "cpu":
-        return
-    from torch._inductor import cpp_builder
-
-    try:
-        cpp_builder.get_cpp_compiler()
-    except Exception as e:  # noqa: BLE001 - any failure to find one means the same thing
+    error = host.cxx_compiler_error() if device.type == "cpu" else None
+    if error:
         raise RuntimeError(f"config key entangle.compile: true, but torch.compile finds no C++ compiler on this "
-                           f"machine ({e}); install one (apt install g++) or set entangle.compile: false") from e
+                           f"machine ({error}); install one (apt install g++) or set entangle.compile: false")
 
 
 def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> dict:

@@ -42,15 +42,19 @@ def native_bf16() -> bool:
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
 
-def has_cxx_compiler() -> bool:
-    """torch.compile's CPU backend (inductor) needs a C++ compiler."""
+def cxx_compiler_error() -> str | None:
+    """Why torch.compile's CPU backend (inductor) finds no C++ compiler, or None when it does."""
     try:
         from torch._inductor import cpp_builder
 
         cpp_builder.get_cpp_compiler()
-        return True
-    except Exception:  # noqa: BLE001 - any failure to find one means the same thing
-        return False
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure to find one means the same thing
+        return str(e) or type(e).__name__
+
+
+def has_cxx_compiler() -> bool:
+    return cxx_compiler_error() is None
 
 
 def describe() -> dict:

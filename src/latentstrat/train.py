@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import data, host
 from latentstrat import objective as obj
 from latentstrat.config import dump_json, parse_family
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import derive
-from latentstrat.model import build_model, device_for  # noqa: F401 (the cell's model; evaluate uses the same)
+from latentstrat.model import build_model, device_for
 from latentstrat.objective import forward_losses
 from latentstrat.progress import Progress
 from latentstrat.reference import load_b
@@ -106,24 +106,21 @@ def grad_clip_for(tcfg: dict, aggregation: str) -> float:
     return float(c)
 
 
-def batch_stats(cell_id: str, enc: data.Encoded, batch_size: int, seed: int, grad_norms: list[float], clip: float,
-                step: int, history: list[dict]) -> list[dict]:
-    """History rows for the training steps since the previous checkpoint row: the batches' task
-    mix (share of rows per task, recomputed from the batch order, a pure function of seed and
-    step), the mean pre-clip gradient norm, the fraction of steps whose norm was clipped, and
-    the threshold itself."""
+def batch_stats(cell_id: str, tasks: list[str], steps: list[dict], clip: float, step: int,
+                history: list[dict]) -> list[dict]:
+    """History rows for the training steps since the previous checkpoint row, from the per-step
+    records the loop keeps (`steps`: the pre-clip gradient norm and the batch's rows per task):
+    the batches' task mix, the mean pre-clip gradient norm, the fraction of steps whose norm was
+    clipped, and the threshold itself."""
     prev = max([h["step"] for h in history if h["metric"] == "clipped_fraction"] + [0])
-    window = range(prev, step)
-    counts = np.zeros(len(enc.tasks))
-    for s in window:
-        np.add.at(counts, [enc.task_idx[i] for i in batch_at(enc.task_idx, batch_size, seed, s)], 1)
-    norms = np.asarray(grad_norms[prev:step])
+    counts = np.sum([s["task_rows"] for s in steps[prev:step]], axis=0)
+    norms = np.asarray([s["grad_norm"] for s in steps[prev:step]])
     rows = [dict(cell_id=cell_id, step=step, task="all", metric="grad_norm_preclip", value=float(norms.mean())),
             dict(cell_id=cell_id, step=step, task="all", metric="clipped_fraction",
                  value=float((norms > clip).mean()) if clip > 0 else 0.0),
             dict(cell_id=cell_id, step=step, task="all", metric="grad_clip", value=clip)]
     rows += [dict(cell_id=cell_id, step=step, task=t, metric="batch_task_share", value=float(counts[k] / counts.sum()))
-             for k, t in enumerate(enc.tasks)]
+             for k, t in enumerate(tasks)]
     return rows
 
 
@@ -381,8 +378,6 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None) -> dict:
     """Train one cell; write model.safetensors, history.parquet, summary.json. Resumes from
     out_dir/checkpoints/last.pt. Returns the summary."""
-    from latentstrat import host
-
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     out_dir = Path(out_dir)
@@ -406,7 +401,8 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
     fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
     step, history, wall, tokens = 0, [], 0.0, 0
-    grad_norms: list[float] = []  # pre-clip gradient norm of every step taken (checkpointed)
+    # per step taken (checkpointed): pre-clip gradient norm and the batch's rows per task
+    step_records: list[dict] = []
     clip = grad_clip_for(tcfg, cell["token_aggregation"])
     ck = read_checkpoint(ckpt_path, log=lambda m: print(f"[{cid}] {m}", flush=True))
     if ck is not None and ck.get("cell_id") != cid:
@@ -420,7 +416,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
         opt.load_state_dict(ck["optimizer"])
         torch.set_rng_state(ck["torch_rng"])
         step, wall, tokens = ck["step"], ck["wall_time_s"], ck["train_tokens"]
-        grad_norms = list(ck.get("grad_norms", []))
+        step_records = list(ck.get("step_records", []))
         history = [dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))]
         print(f"[{cid}] resumed from step {step}")
     stop = {"flag": False}
@@ -429,7 +425,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     def checkpoint():
         save_checkpoint(ckpt_path, model, opt, step, history,
                         {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": wall, "train_tokens": tokens,
-                         "grad_norms": grad_norms})
+                         "step_records": step_records})
 
     progress = Progress(cid, tcfg["steps"], step)
     try:
@@ -446,7 +442,8 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
             losses["total"].backward()
             # the norm before clipping (inf = no clipping: the norm is measured, never applied)
             gnorm = torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), clip if clip > 0 else math.inf)
-            grad_norms.append(float(gnorm))
+            step_records.append({"grad_norm": float(gnorm),
+                                 "task_rows": np.bincount(batch.task_idx.cpu().numpy(), minlength=len(enc.tasks)).tolist()})
             opt.step()
             step += 1
             wall += time.perf_counter() - t0
@@ -455,7 +452,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
             progress.update(step, float(losses["total"].detach()), n_tok)
             if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
                 history += validate(model, tokenizer, cfg, cell, scales, val, step)
-                history += batch_stats(cid, enc, tcfg["batch_size"], seed, grad_norms, clip, step, history)
+                history += batch_stats(cid, enc.tasks, step_records, clip, step, history)
             if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
                 checkpoint()
             if stop["flag"]:

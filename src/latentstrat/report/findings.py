@@ -6,6 +6,7 @@ hard-coded conclusion.
 """
 from __future__ import annotations
 
+import functools
 import pandas as pd
 
 from latentstrat.aggregate import FAMILY_COL
@@ -167,14 +168,17 @@ def q_accuracy_hides_gap(t, thr):
 ALPHA = 0.05  # false-positive rate of a per-cell "rise then fall" call under no change
 
 
-def _permutations(k: int, rng):
-    """Every ordering of k checkpoints (k <= 8), else 5000 random ones (seeded)."""
+@functools.cache
+def _permutations(k: int, seed: int = 0):
+    """Every ordering of k checkpoints (k <= 8), else 5000 random ones (seeded); built once per
+    k, since every cell of a collection has the same number of checkpoints."""
     import itertools
 
     import numpy as np
 
     if k <= 8:
         return np.array(list(itertools.permutations(range(k))))
+    rng = np.random.default_rng(seed)
     return np.array([rng.permutation(k) for _ in range(5000)])
 
 
@@ -191,7 +195,7 @@ def rise_fall_pvalues(values, seed: int = 0) -> tuple[float, float]:
     v = v[np.isfinite(v)]
     if len(v) < 3:
         return float("nan"), float("nan")
-    perms = v[_permutations(len(v), np.random.default_rng(seed))]
+    perms = v[_permutations(len(v), seed)]
     peak = perms.max(1)
     i, j = np.triu_indices(len(v), 1)
     rise = np.sign(perms[:, j] - perms[:, i]).sum(1)
