@@ -78,6 +78,45 @@ def test_padding_does_not_change_outputs(tok):
         assert torch.allclose(q1[0], q2[0], atol=1e-5)
 
 
+def test_length_buckets_equal_one_padded_pass(tok, monkeypatch):
+    """A task-mixed batch (short and long rows) runs in length buckets; its losses, heads and
+    gradients equal the single padded pass (buckets switched off) to float rounding."""
+    from latentstrat import model as model_module
+    from latentstrat.objective import forward_losses
+
+    short, long_ = ("d e 4 5", "5 4"), ("a b c 1 2 3 a b c 1 2 3 a b c 1 2 3", "3 1 2 3 1 2")
+    rows = [short if k % 3 else long_ for k in range(24)]
+    b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
+    b.b = torch.rand(b.sup_ids.shape)
+    assert b.gen_ids.numel() > model_module.PAD_TOLERANCE * int(b.gen_mask.sum())  # buckets apply
+    cell = {"reconstruction_family": "dist_tokcc_0.05_0.95", "token_aggregation": "sum", "beta": 0.1,
+            "beta_schedule": "constant", "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+    scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
+    eps = torch.randn(len(rows), 4)
+
+    def run(buckets):
+        monkeypatch.setattr(model_module, "LENGTH_BUCKETS", buckets)
+        m = model(tok)
+        _move_from_init(m)
+        calls = []
+        inner = m.lm.model.forward
+        m.lm.model.forward = lambda *a, **k: calls.append(k["attention_mask"].shape) or inner(*a, **k)
+        out = forward_losses(m, b, cell, scales, 3, eps)
+        out["total"].backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        return out, grads, calls
+
+    ref, ref_grads, ref_calls = run(1)
+    got, grads, calls = run(4)
+    assert len(ref_calls) == 2 and len(calls) == 8  # two passes, four buckets each
+    assert max(c[1] for c in calls[:4]) == ref_calls[0][1] and min(c[1] for c in calls[:4]) < ref_calls[0][1]
+    for k in ("raw", "tokcc", "kl", "mu_q", "mu_r", "logvar_r"):
+        assert torch.allclose(got[k], ref[k], atol=1e-5, rtol=1e-5), k
+    assert set(grads) == set(ref_grads)
+    for n in grads:
+        assert torch.allclose(grads[n], ref_grads[n], atol=1e-5, rtol=1e-4), n
+
+
 @pytest.mark.parametrize("P", [1, 2])
 def test_z_changes_generator_logits_once_its_projection_is_trained(tok, P):
     m = model(tok, P=P).eval()
