@@ -465,8 +465,11 @@ class Paths:
 def base_settings(cfg: dict) -> dict:
     """The config sections that define the shared base (data, backbone, entangle) and the
     tokenizer the data is encoded with: a base built with one tokenizer is never reused with
-    another."""
-    return {**{k: cfg[k] for k in ("data", "backbone", "entangle")}, "tokenizer": tokenizer_identity(cfg["backbone"])}
+    another. `entangle.mode` is left out: it says how the entangled model is obtained (trained
+    here or shipped, latentstrat.shipped), not what it is."""
+    entangle = {k: v for k, v in cfg["entangle"].items() if k != "mode"}
+    return {"data": cfg["data"], "backbone": cfg["backbone"], "entangle": entangle,
+            "tokenizer": tokenizer_identity(cfg["backbone"])}
 
 
 def pretrained_source(backbone_cfg: dict) -> tuple[str, str | None]:

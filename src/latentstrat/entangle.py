@@ -615,7 +615,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
         rank0_kwargs=dict(val_enc=val_enc, log=log))
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
-                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice)
+                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice,
+                   code=host.code_version())
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")

@@ -1,0 +1,192 @@
+"""Shipped entangled models: a base's entangled model trained once, kept in the repository
+with its provenance and checksums, so a collection on that base does not train it again.
+
+    python -m latentstrat.shipped --config config/config.yaml     # ship the config's base
+
+A shipped base is a folder `resources/bases/<base>/` (docs/performance.md, "Shipped base"):
+
+| file | what |
+|---|---|
+| model/ | the entangled model (save_pretrained: config.json, model.safetensors, ...) |
+| history.parquet, quality.json | the entangle stage's training history and quality report |
+| provenance.json | the recipe (config.base_settings), the data fingerprint, the code version, host and step settings it was trained with, when |
+| SHA256SUMS | sha256 of every other file (`sha256sum -c` format) |
+
+With `entangle.mode: shipped` the entangle stage installs it (`install`): every checksum is
+verified, the recipe must equal the config's and the data fingerprint the data stage's, each
+mismatch an error naming the file or the keys; then the model is copied into the base and the
+quality checks run again on this host. `entangle.mode: train` retrains it from the same recipe.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+from latentstrat import data, host
+from latentstrat.config import base_settings, dump_json
+
+MANIFEST = "SHA256SUMS"
+PROVENANCE = "provenance.json"
+COPIED = ("history.parquet", "quality.json")  # from the entangle stage's folder, besides model/
+
+
+class ShippedBaseError(RuntimeError):
+    """A shipped base that is missing, corrupt, or not the one this config describes."""
+
+
+def bases_root(repo_root: str | Path) -> Path:
+    return Path(repo_root) / "resources" / "bases"
+
+
+def recipe(cfg: dict) -> dict:
+    """What the entangled model is a function of: the base settings (config.base_settings)."""
+    return json.loads(json.dumps(base_settings(cfg), default=str))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flat(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def settings_diff(stored: dict, current: dict) -> list[str]:
+    """Dotted keys whose values differ between two nested settings dicts."""
+    a, b = _flat(stored), _flat(json.loads(json.dumps(current, default=str)))
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
+
+
+def data_fingerprint(data_dir: str | Path) -> str:
+    """sha256 of the data stage's content: every split's examples (task, id, strategy, x, y) and
+    the tokenizer's vocabulary. Independent of the parquet writer, so equal data on two hosts
+    gives equal fingerprints."""
+    h = hashlib.sha256()
+    for split in data.SPLITS:
+        df = data.load_split(data_dir, split)[["task", "example_id", "strategy", "x", "y"]]
+        h.update(split.encode())
+        h.update(df.to_json(orient="values").encode())
+    vocab = data.load_tokenizer(data_dir).get_vocab()
+    h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode())
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str | Path) -> dict:
+    """Write the shipped base `out_dir` from a trained base (its data and entangle folders).
+    Refuses a base whose quality checks failed. Returns the provenance."""
+    data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
+    quality = json.loads((entangle_dir / "quality.json").read_text())
+    if quality.get("mode") != "train" or not quality.get("passed"):
+        raise ShippedBaseError(f"ship: the entangled model in {entangle_dir} was not trained here with passing quality checks "
+                               f"(mode {quality.get('mode')!r}, passed {quality.get('passed')!r}); only a checked model is shipped")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(entangle_dir / "model", tmp / "model")
+    for name in COPIED:
+        shutil.copy2(entangle_dir / name, tmp / name)
+    training = quality.get("training", {})
+    provenance = {
+        "base": cfg["base"], "recipe": recipe(cfg), "data_fingerprint": data_fingerprint(data_dir),
+        "trained": {**training.get("code", {"code_version": "unknown"}),
+                    "cpu": training.get("step_choice", {}).get("host", {}).get("cpu", host.cpu_model()),
+                    "step_settings": training.get("step_choice", {}).get("chosen"),
+                    "wall_s": training.get("wall_s"), "train_tokens": training.get("train_tokens")},
+        "quality_passed": True, "shipped_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    dump_json(provenance, tmp / PROVENANCE)
+    (tmp / MANIFEST).write_text("".join(f"{_sha256(tmp / f)}  {f}\n" for f in _files(tmp)))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return provenance
+
+
+def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path) -> dict:
+    """Check a shipped base against its checksums, the config's recipe and the data stage's
+    output; return its provenance. Every failure names the file or the keys and how to go on."""
+    d = Path(shipped_dir)
+    retrain = "or retrain the base with `--config entangle='{mode: train}'`"
+    if not (d / MANIFEST).is_file():
+        raise ShippedBaseError(f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
+                               f"ship one with `python -m latentstrat.shipped --config ...` {retrain}")
+    listed = {}
+    for n, line in enumerate((d / MANIFEST).read_text().splitlines(), 1):
+        digest, _, name = line.partition("  ")
+        if len(digest) != 64 or not name:
+            raise ShippedBaseError(f"shipped base {d}: {MANIFEST} line {n} is not '<sha256>  <file>'")
+        listed[name] = digest
+    for name in sorted(set(_files(d)) | set(listed)):
+        if name not in listed:
+            raise ShippedBaseError(f"shipped base {d}: {name} is not in {MANIFEST} (an unchecked file)")
+        if not (d / name).is_file():
+            raise ShippedBaseError(f"shipped base {d}: {name} is listed in {MANIFEST} but missing; "
+                                   f"restore it (git checkout -- {d}) {retrain}")
+        got = _sha256(d / name)
+        if got != listed[name]:
+            raise ShippedBaseError(f"shipped base {d}: {name} fails its checksum (sha256 {got[:12]}..., "
+                                   f"{MANIFEST} says {listed[name][:12]}...): the file is corrupt or was edited; "
+                                   f"restore it (git checkout -- {d}) {retrain}")
+    for name in ("model/config.json", PROVENANCE, *COPIED):
+        if name not in listed:
+            raise ShippedBaseError(f"shipped base {d}: {name} is missing")
+    prov = json.loads((d / PROVENANCE).read_text())
+    diff = settings_diff(prov["recipe"], recipe(cfg))
+    if diff:
+        raise ShippedBaseError(f"shipped base {d} was trained from another recipe than this config's base "
+                               f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
+                               f"entangle.mode train for the new settings, {retrain}")
+    fp = data_fingerprint(data_dir)
+    if fp != prov["data_fingerprint"]:
+        raise ShippedBaseError(f"shipped base {d} was trained on other data than the data stage wrote to {data_dir} "
+                               f"(data fingerprint {fp[:12]}... != {prov['data_fingerprint'][:12]}...); {retrain}")
+    return prov
+
+
+def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: str | Path) -> dict:
+    """Verify the shipped base and copy its model and history into the entangle stage's folder
+    (the model folder swapped in whole). Returns the provenance."""
+    prov = verify(shipped_dir, cfg, data_dir)
+    d, out_dir = Path(shipped_dir), Path(out_dir)
+    tmp = out_dir / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(d / "model", tmp)
+    final = out_dir / "model"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    shutil.copy2(d / "history.parquet", out_dir / "history.parquet")
+    return {**prov, "shipped_dir": str(d), "trained_quality": json.loads((d / "quality.json").read_text())}
+
+
+def main(argv=None) -> None:
+    from latentstrat.config import Paths, load_config
+
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.shipped", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
+    ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    paths = Paths.from_config(cfg)
+    out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[2]) / cfg["base"]
+    prov = ship(cfg, paths.data_dir, paths.entangle_dir, out)
+    print(f"shipped base {cfg['base']} -> {out} (code {prov['trained']['code_version']}, data {prov['data_fingerprint'][:12]})")
+
+
+if __name__ == "__main__":
+    main()
