@@ -7,7 +7,9 @@ Records are the latent layout with a neutral slot, `<bos> <x> .. </x> <z> [Z]*P 
 <eos>` (P = entangle.z_slots; no z is written into the slot), so the slot tokens are the
 entangled model's own and a cell starts as this model (docs/design.md, "Initialization"); the
 loss is the mean NLL over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded default trains from
-scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is.
+scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the backbone as is; `entangle.mode: shipped` installs the
+entangled model shipped in the repository for this base (latentstrat.shipped) and reruns the
+quality checks on this host.
 AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
 length-grouped batches, seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
@@ -37,9 +39,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, host, parallel
+from latentstrat import data, host, parallel, shipped
 from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
+from latentstrat.model import DTYPES, build_backbone, count_params, load_entangled
 from latentstrat.objective import token_nll
 from latentstrat.quality import quality_table
 from latentstrat.tasks import TASKS
@@ -561,13 +564,13 @@ def _check_compiler(device: torch.device) -> None:
                            f"machine ({error}); install one (apt install g++) or set entangle.compile: false")
 
 
-def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> dict:
+def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, shipped_dir=None) -> dict:
     """The entangle stage (see module doc). Returns the quality report."""
-    from latentstrat.model import DTYPES, build_backbone, count_params
-
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     ecfg = cfg["entangle"]
     torch.set_num_threads(int(threads))
+    if ecfg["mode"] == "shipped":
+        return install_shipped(cfg, data_dir, out_dir, shipped_dir, log)
     if ecfg["mode"] == "skip":
         report = dict(mode="skip", passed=None, backbone=cfg["backbone"],
                       note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
@@ -621,9 +624,34 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print) -> d
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
 
+    return write_quality(model, tokenizer, val_df, train_df, ecfg, out_dir, log, mode="train", training=summary)
+
+
+def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=print) -> dict:
+    """entangle.mode shipped: verify and install the shipped entangled model (latentstrat.shipped),
+    then run the quality checks on this host."""
+    if shipped_dir is None:
+        raise ValueError("entangle.mode shipped: no shipped base folder given")
+    _check_inputs(data_dir)
+    t0 = time.time()
+    prov = shipped.install(shipped_dir, cfg, data_dir, out_dir)
+    log(f"entangle: installed the shipped entangled model {shipped_dir} (trained with code "
+        f"{prov['trained'].get('code_version')} on {prov['trained'].get('cpu')}; checksums, recipe and data "
+        f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:")
+    model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(pick_device())
+    tokenizer = data.load_tokenizer(data_dir)
+    train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
+    prov.pop("trained_quality", None)
+    return write_quality(model, tokenizer, val_df, train_df, cfg["entangle"], out_dir, log, mode="shipped",
+                         shipped=prov, host=host.describe())
+
+
+def write_quality(model, tokenizer, val_df, train_df, ecfg: dict, out_dir: Path, log=print, **record) -> dict:
+    """Run the quality checks, write quality.json / quality.parquet / quality_samples.parquet
+    (with `record` in quality.json), log them, and fail when they fail and are enforced."""
     t0 = time.time()
     report, samples = check_quality(model, tokenizer, val_df, train_df, ecfg, batch_size=2 * ecfg["batch_size"])
-    report.update(mode="train", quality_s=time.time() - t0, training=summary)
+    report.update(quality_s=time.time() - t0, **record)
     dump_json(report, out_dir / "quality.json")
     write_parquet(quality_table(report), out_dir / "quality.parquet")
     write_parquet(samples, out_dir / "quality_samples.parquet")

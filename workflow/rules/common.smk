@@ -21,6 +21,7 @@ from latentstrat.config import (
     load_config,
     tokenizer_identity,
 )
+from latentstrat.shipped import MANIFEST, bases_root
 
 
 def _typed(value, nested=False):
@@ -215,6 +216,24 @@ def entangle_files():
         files["entangle_config"] = str(d / "model" / "config.json")
         files["entangle_weights"] = str(d / "model" / "model.safetensors")
     return files
+
+
+# `entangle.mode: shipped`: the base's entangled model shipped in this repository
+SHIPPED = bases_root(workflow.basedir) / CFG["base"]
+
+
+def shipped_files():
+    """The entangle stage's input with `entangle.mode: shipped`: the shipped base's manifest."""
+    if CFG["entangle"]["mode"] != "shipped":
+        return {}
+    if not (SHIPPED / MANIFEST).is_file():
+        have = sorted(p.name for p in SHIPPED.parent.glob("*/")) if SHIPPED.parent.is_dir() else []
+        raise WorkflowError(
+            f"entangle.mode is 'shipped' but this repository ships no base {CFG['base']!r} "
+            f"({SHIPPED} has no {MANIFEST}; shipped bases: {', '.join(have) or 'none'}). "
+            f"Train it with --config entangle='{{mode: train}}'."
+        )
+    return {"shipped": str(SHIPPED / MANIFEST)}
 
 
 def reference_files():

@@ -1,9 +1,11 @@
 # Stage 2: the z-free (entangled) model on the task mixture; the reference for every cell.
+# Trained here (entangle.mode train) or installed from the repository (shipped).
 
 
 rule entangle:
     input:
         **data_files(),
+        **shipped_files(),
     output:
         **entangle_files(),
     log:
