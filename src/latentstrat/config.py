@@ -472,6 +472,33 @@ def base_settings(cfg: dict) -> dict:
             "tokenizer": tokenizer_identity(cfg["backbone"])}
 
 
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flatten(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def settings_diff(stored: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two nested settings dicts (`ignore`: dotted keys
+    left out, e.g. ones an older version recorded)."""
+    a, b = _flatten(json.loads(json.dumps(stored, default=str))), _flatten(json.loads(json.dumps(current, default=str)))
+    return sorted(k for k in set(a) | set(b) if k not in ignore and a.get(k, "<unset>") != b.get(k, "<unset>"))
+
+
+def base_guard(stored: dict, cfg: dict) -> str | None:
+    """Why the base folder built with `stored` settings (its data/base_config.json) cannot serve
+    this config, or None. Bases written before `entangle.mode` left the base settings carry it:
+    it is ignored."""
+    diff = settings_diff(stored, base_settings(cfg), ignore=("entangle.mode",))
+    if not diff:
+        return None
+    return (f"base {cfg['base']!r} was built with different settings: {', '.join(diff)} differ from this config. "
+            f"Use a new `base` name for the new settings, or delete the base folder to rebuild it "
+            f"(and retrain every collection on it).")
+
+
 def pretrained_source(backbone_cfg: dict) -> tuple[str, str | None]:
     """(name_or_path, revision) of a pretrained backbone. A name that looks like a local path
     (absolute, ./ or ../, ~) must exist: the error names it before anything is loaded."""

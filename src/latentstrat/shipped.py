@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from latentstrat import data, host
-from latentstrat.config import base_settings, dump_json
+from latentstrat.config import base_settings, dump_json, settings_diff
 
 MANIFEST = "SHA256SUMS"
 PROVENANCE = "provenance.json"
@@ -45,20 +45,6 @@ def bases_root(repo_root: str | Path) -> Path:
 def recipe(cfg: dict) -> dict:
     """What the entangled model is a function of: the base settings (config.base_settings)."""
     return json.loads(json.dumps(base_settings(cfg), default=str))
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        out.update(_flat(v, key) if isinstance(v, dict) and v else {key: v})
-    return out
-
-
-def settings_diff(stored: dict, current: dict) -> list[str]:
-    """Dotted keys whose values differ between two nested settings dicts."""
-    a, b = _flat(stored), _flat(json.loads(json.dumps(current, default=str)))
-    return sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
 
 
 def data_fingerprint(data_dir: str | Path) -> str:

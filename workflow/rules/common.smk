@@ -15,7 +15,7 @@ from snakemake.utils import validate
 from latentstrat.config import (
     ConfigError,
     Paths,
-    base_settings,
+    base_guard,
     expand_cells,
     external_arms,
     load_config,
@@ -88,40 +88,14 @@ wildcard_constraints:
 # ----------------------------------------------------------------------------- base guard
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-def base_config_diff(stored, current):
-    """Dotted keys whose values differ between two base-settings dicts."""
-    a, b = _flatten(stored), _flatten(json.loads(json.dumps(current, default=str)))
-    return sorted(
-        k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>")
-    )
-
-
 BASE_CONFIG = P.data_dir / "base_config.json"
 if BASE_CONFIG.exists():
     try:
-        _stored = json.loads(BASE_CONFIG.read_text())
+        _why = base_guard(json.loads(BASE_CONFIG.read_text()), CFG)
     except json.JSONDecodeError as e:
-        raise WorkflowError(
-            f"{BASE_CONFIG} is not valid JSON ({e}); delete it or the base"
-        ) from None
-    _diff = base_config_diff(_stored, base_settings(CFG))
-    if _diff:
-        raise WorkflowError(
-            f"base {CFG['base']!r} at {P.base_dir} was built with different settings: "
-            f"{', '.join(_diff)} differ from this config. Use a new `base` name for the new "
-            f"settings, or delete {P.base_dir} to rebuild it (and retrain every collection on it)."
-        )
+        raise WorkflowError(f"{BASE_CONFIG} is not valid JSON ({e}); delete it or the base") from None
+    if _why:
+        raise WorkflowError(f"{_why} (base folder: {P.base_dir})")
 
 
 # ----------------------------------------------------------------------------- params
