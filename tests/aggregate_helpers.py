@@ -22,7 +22,7 @@ def make_cfg(monkeypatch, seeds=None, lin100=True):
                      "grid": {"beta": [0.1]}})
     raw = {"collection": "toy", "base": "toy-base", "data": {"tasks": TASKS},
            "cell": {"token_aggregation": "sum"}, "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1, 1]},
-           "primary_arm": "sum", "reference_arms": arms}
+           "primary_arm": "sum", "comparison_arms": arms}
     if seeds:
         raw["seeds"] = seeds
     return validate(raw)

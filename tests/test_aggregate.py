@@ -103,8 +103,8 @@ def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     assert f.loc["common-cell comparison (mean_lin100)", "status"] == "partial"
     assert f.loc["training-dynamics diagnosis", "status"] == "supported"
     c = t["common_cells"]
-    assert c[c.reference_arm == "mean_matched"].delta_matched_router_score.to_numpy() == pytest.approx([-0.1] * 4)
-    assert c[c.reference_arm == "sum_scaled"].delta_matched_router_score.to_numpy() == pytest.approx([-0.05] * 4)
+    assert c[c.comparison_arm == "mean_matched"].delta_matched_router_score.to_numpy() == pytest.approx([-0.1] * 4)
+    assert c[c.comparison_arm == "sum_scaled"].delta_matched_router_score.to_numpy() == pytest.approx([-0.05] * 4)
     s = t["reference_scale"].set_index("aggregation_mode")
     assert s.loc["sum_over_mean_reference_ratio (mean_matched)", "mean"] == pytest.approx(40.0)
     d = t["dynamics_summary"]

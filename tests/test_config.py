@@ -19,7 +19,7 @@ def minimal(**over):
     return cfg
 
 
-def test_default_collection_has_12_sum_cells_and_8_reference_cells():
+def test_default_collection_has_12_sum_cells_and_8_comparison_cells():
     cells = C.expand_cells(default_cfg())
     primary = [c for c in cells if c.role == "primary"]
     ref = [c for c in cells if c.arm == "mean_lin100"]
@@ -54,9 +54,9 @@ def test_grid_with_four_axes_and_seeds_expands_to_product():
     assert len(cells) == 16 and len({c.cell_id for c in cells}) == 16
 
 
-def test_reference_arm_inherits_primary_axes_it_does_not_override():
+def test_comparison_arm_inherits_primary_axes_it_does_not_override():
     cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
-                  reference_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}])
+                  comparison_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}])
     cells = C.expand_cells(cfg)
     assert len([c for c in cells if c.arm == "matched"]) == 6
 
@@ -70,7 +70,7 @@ def test_reference_arm_inherits_primary_axes_it_does_not_override():
     (lambda c: c["data"].update(tasks=["sorting_algorithms", "no_such_task"]), "data.tasks[1]"),
     (lambda c: c.update(train={"stpes": 3}), "train.stpes"),
     (lambda c: c.update(cell={"beta_schedule": "linear"}), "cell.beta_schedule"),
-    (lambda c: c.update(reference_arms=[{"name": "x"}]), "reference_arms[0]"),
+    (lambda c: c.update(comparison_arms=[{"name": "x"}]), "comparison_arms[0]"),
 ])
 def test_bad_config_names_the_key(mutate, key):
     cfg = minimal()
@@ -147,3 +147,9 @@ def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
     assert cfg["collection"] == "theirs"
     with pytest.raises(C.ConfigError, match="extends"):
         C.load_config(cfg={"extends": "config.yaml"})  # the working directory has no config.yaml
+
+
+def test_old_reference_arms_key_is_named():
+    cfg = C.load_config(ROOT / "config" / "config.yaml")
+    with pytest.raises(C.ConfigError, match="reference_arms: renamed comparison_arms"):
+        C.validate({**cfg, "reference_arms": cfg.pop("comparison_arms")})

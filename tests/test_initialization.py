@@ -28,7 +28,7 @@ def cfg_for(**cell):
             "entangle": {"steps": 40, "batch_size": 16, "warmup_steps": 2, "quality_samples_per_task": 2},
             "train": {"steps": 1, "batch_size": 8, "eval_every": 1, "val_probe_per_task": 4, "val_decode_per_task": 1},
             "cell": {"latent_dim": 4, **cell}, "grid": {"reconstruction_family": FAMILIES, "beta": [0.1]},
-            "reference_arms": []}
+            "comparison_arms": []}
     return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
 
 

@@ -105,7 +105,7 @@ def run_workflow(tmp_path: Path, overrides: dict) -> Path:
     over = {"extends": str(ROOT / "config" / "smoke.yaml"), "collection": "smoke-pretrained",
             "base": "smoke-pretrained", "results_dir": str(tmp_path / "results"),
             "data": {"tasks": TASK_NAMES, "train_per_task": 24, "validation_per_task": 8, "test_per_task": 6},
-            "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1]}, "reference_arms": [],
+            "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1]}, "comparison_arms": [],
             "resources": {"threads": 1, "threads_base": 1}, **overrides}
     wd = tmp_path / "wd"  # a copy of the workflow: its own .snakemake/, nothing shared with the checkout
     wd.mkdir()

@@ -33,7 +33,7 @@ def run(tmp_path, delta, noise, half_width, seed=0):
     mean = 0.5 + rng.normal(0, 0.05, 12)
     summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
     ref = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
-    assert report_cli(["--summary", str(summary), "--reference", str(ref), "--out", str(tmp_path / "out")]) == 0
+    assert report_cli(["--summary", str(summary), "--comparison", str(ref), "--out", str(tmp_path / "out")]) == 0
     contrasts = pd.read_parquet(tmp_path / "out" / "aggregate" / "arm_contrasts.parquet")
     analysis = (tmp_path / "out" / "analysis.md").read_text()
     return contrasts.set_index("metric").loc["matched_router_score"], analysis
@@ -67,7 +67,7 @@ def test_no_interval_means_cannot_tell(tmp_path):
     df = pd.DataFrame(rows)
     df[df.token_aggregation == "sum"].to_csv(tmp_path / "sum.csv", index=False)
     df[df.token_aggregation == "mean"].to_csv(tmp_path / "mean.csv", index=False)
-    assert report_cli(["--summary", str(tmp_path / "sum.csv"), "--reference", str(tmp_path / "mean.csv"),
+    assert report_cli(["--summary", str(tmp_path / "sum.csv"), "--comparison", str(tmp_path / "mean.csv"),
                        "--out", str(tmp_path / "out")]) == 0
     c = pd.read_parquet(tmp_path / "out" / "aggregate" / "arm_contrasts.parquet").set_index("metric")
     assert c.loc["matched_router_score", "verdict"] == "cannot tell"
@@ -127,7 +127,7 @@ def test_router_scores_without_signal_above_chance_are_cannot_tell():
     their class balance differs, not because z carries strategy: never a sign."""
     from latentstrat.aggregate import arm_contrasts
 
-    c = pd.DataFrame({"primary_cell": ["p1", "p2"], "reference_cell": ["r1", "r2"],
+    c = pd.DataFrame({"primary_cell": ["p1", "p2"], "comparison_cell": ["r1", "r2"],
                       "delta_matched_router_score": [-0.08, -0.09],
                       "delta_matched_router_score_ci_low": [-0.10, -0.11], "delta_matched_router_score_ci_high": [-0.05, -0.06]})
     noise = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],

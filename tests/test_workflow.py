@@ -28,6 +28,7 @@ def copy_workflow(dst: Path) -> Path:
     shutil.copytree(ROOT / "workflow", dst / "workflow", symlinks=False)
     shutil.copytree(ROOT / "config", dst / "config")
     shutil.copytree(ROOT / "envs", dst / "envs")
+    shutil.copytree(ROOT / "resources", dst / "resources")  # the shipped bases
     src = dst / "src" / "latentstrat"
     (src / "report").mkdir(parents=True)
     for name in ("aggregate.py", "metrics.py"):
@@ -83,7 +84,7 @@ def wd(tmp_path_factory):
     return copy_workflow(tmp_path_factory.mktemp("wf"))
 
 
-def test_default_config_lists_sum_grid_and_reference_arm(wd):
+def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
     assert rc == 0, out[-3000:]
     train = [c for r, c, _ in jobs if r == "train"]
@@ -101,7 +102,7 @@ def test_default_config_lists_sum_grid_and_reference_arm(wd):
 def test_config_overrides_expand_any_axes(wd):
     rc, jobs, out = dry_run(wd, config=[
         "grid={reconstruction_family: [raw, dist_norm], beta: [0.01, 0.1], token_aggregation: [mean, sum]}",
-        "seeds=[1, 2]", "reference_arms=[]"])
+        "seeds=[1, 2]", "comparison_arms=[]"])
     assert rc == 0, out[-3000:]
     train = sorted(c for r, c, _ in jobs if r == "train")
     assert len(train) == 16
@@ -110,7 +111,7 @@ def test_config_overrides_expand_any_axes(wd):
 
 
 def test_one_and_one_point_zero_are_one_beta(wd):
-    rc, jobs, out = dry_run(wd, config=["grid={beta: [1, 1.0]}", "reference_arms=[]"])
+    rc, jobs, out = dry_run(wd, config=["grid={beta: [1, 1.0]}", "comparison_arms=[]"])
     assert rc == 0, out[-3000:]
     assert rules(jobs)["train"] == 4  # 4 families x one beta
 
@@ -200,7 +201,7 @@ def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     """A follow-up collection (another name, one more arm) on the same base and cell-work
     settings trains only its new cells; the shared ones and the base stages are not rerun."""
     extra = ["collection=smoke-followup",
-             "reference_arms=[{name: mean_lin100, settings: {token_aggregation: mean, beta_schedule: lin100}, grid: {beta: [0.01, 0.1]}}, "
+             "comparison_arms=[{name: mean_lin100, settings: {token_aggregation: mean, beta_schedule: lin100}, grid: {beta: [0.01, 0.1]}}, "
              "{name: matched_mean, settings: {token_aggregation: mean}}]"]
     rc, jobs, out = dry_run(done, config=extra)
     assert rc == 0, out[-3000:]

@@ -1,5 +1,5 @@
-"""Dry-run overhead of the workflow: the default 12-cell grid (+ its 8-cell reference arm) and
-a generated 1000-cell grid (10 families x 10 betas x 10 seeds, no reference arm).
+"""Dry-run overhead of the workflow: the default 12-cell grid (+ its 8-cell comparison arm) and
+a generated 1000-cell grid (10 families x 10 betas x 10 seeds, no comparison arm).
 
     .venv/bin/python workflow/bench_dryrun.py [--repeats 3]
 
@@ -23,7 +23,7 @@ GRIDS = {
         + ", ".join(f"tokcc_a{a}" for a in (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1))
         + "], beta: [" + ", ".join(str(b) for b in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30)) + "]}",
         "seeds=[" + ", ".join(str(s) for s in range(10)) + "]",
-        "reference_arms=[]",
+        "comparison_arms=[]",
     ],
 }
 

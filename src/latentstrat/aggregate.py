@@ -4,9 +4,9 @@
 the rest from DataFrames alone (the `python -m latentstrat.report` command uses it on summary
 tables from elsewhere). Every table has a pure function below so it is unit-testable.
 
-Conventions: the primary arm is the ablated arm (e.g. `sum`); a reference arm is run here or
-read from an external reference summary table (columns in docs/reference-table.md). Deltas
-are primary minus reference. Distributions use the population std (ddof=0, as the seeds'
+Conventions: the primary arm is the ablated arm (e.g. `sum`); a comparison arm is run here or
+read from an external comparison summary table (columns in docs/comparison-table.md). Deltas
+are primary minus comparison arm. Distributions use the population std (ddof=0, as the original study's
 tables); across-seed std is the sample std (ddof=1).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ DYNAMICS_METRICS = {
 }
 INIT_LABEL = "initialization"
 
-# external reference / summary tables (docs/reference-table.md)
+# external comparison / summary tables (docs/comparison-table.md)
 TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", "matched_router_score"]
 
 
@@ -50,11 +50,11 @@ TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_sc
 
 
 def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
-    """Check a reference/summary table against docs/reference-table.md; fill labels and derived metrics."""
+    """Check a comparison/summary table against docs/comparison-table.md; fill labels and derived metrics."""
     missing = [c for c in TABLE_REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"summary table {source} lacks required column {missing[0]!r} "
-                         f"(required: {', '.join(TABLE_REQUIRED)}; see docs/reference-table.md)")
+                         f"(required: {', '.join(TABLE_REQUIRED)}; see docs/comparison-table.md)")
     df = df.copy()
     for i, fam in enumerate(df["reconstruction_family"]):
         try:
@@ -245,22 +245,22 @@ def metric_distributions(rows: pd.DataFrame, metrics=None) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["metric", "label", "n", "min", "mean", "median", "max", "std"])
 
 
-def pair_keys(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes) -> list[str]:
-    """Keys that pair a primary row with a reference row: the grid axes except aggregation."""
-    return [k for k in grid_axes if k != "token_aggregation" and k in primary.columns and k in reference.columns]
+def pair_keys(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes) -> list[str]:
+    """Keys that pair a primary row with a comparison row: the grid axes except aggregation."""
+    return [k for k in grid_axes if k != "token_aggregation" and k in primary.columns and k in comparison.columns]
 
 
 def _key(row, keys):
     return tuple(format_value(row[k]) for k in keys)
 
 
-def arm_prefix(primary: pd.DataFrame, reference: pd.DataFrame) -> tuple[str, str]:
-    """Column prefixes: the arms' token aggregations (mean_/sum_) when they differ, else primary_/reference_."""
+def arm_prefix(primary: pd.DataFrame, comparison: pd.DataFrame) -> tuple[str, str]:
+    """Column prefixes: the arms' token aggregations (mean_/sum_) when they differ, else primary_/comparison_."""
     pa = set(primary["token_aggregation"]) if len(primary) else set()
-    ra = set(reference["token_aggregation"]) if len(reference) else set()
+    ra = set(comparison["token_aggregation"]) if len(comparison) else set()
     if len(pa) == 1 and len(ra) == 1 and pa != ra:
         return pa.pop(), ra.pop()
-    return "primary", "reference"
+    return "primary", "comparison"
 
 
 Z95 = 1.959963984540054
@@ -291,28 +291,28 @@ def setting_replicates(row, bootstrap: dict | None):
     return sum(r.to_numpy(dtype=float) for r in reps) / len(reps), list(reps[0].columns)
 
 
-def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm: str,
+def common_cells(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes, arm: str,
                  metrics=DELTA_METRICS, bootstrap: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(common rows with reference/primary values and deltas, primary rows without a match).
+    """(common rows with comparison/primary values and deltas, primary rows without a match).
 
-    Rows are setting-level (seed means). Delta = primary - reference, with a 95% paired
+    Rows are setting-level (seed means). Delta = primary - comparison, with a 95% paired
     bootstrap interval (`delta_<m>_ci_low/_ci_high`) when both cells have replicates: the
     replicates resample the same test examples in both cells (metrics.resample_counts).
     """
-    keys = pair_keys(primary, reference, grid_axes)
-    p_pre, r_pre = arm_prefix(primary, reference)
+    keys = pair_keys(primary, comparison, grid_axes)
+    p_pre, r_pre = arm_prefix(primary, comparison)
     ref_index = {}
-    for _, r in reference.iterrows():
+    for _, r in comparison.iterrows():
         ref_index.setdefault(_key(r, keys), r)
     rows, unmatched = [], []
     for _, p in primary.iterrows():
         r = ref_index.get(_key(p, keys))
         ident = {FAMILY_COL: p["family_label"], "beta_label": p["beta_label"]}
         if r is None:
-            unmatched.append({"reference_arm": arm, **ident, "primary_cell": p.get("cell_id", p.get("cell_ids")),
+            unmatched.append({"comparison_arm": arm, **ident, "primary_cell": p.get("cell_id", p.get("cell_ids")),
                               "reason": f"no {arm} row with " + ", ".join(f"{k}={format_value(p[k])}" for k in keys)})
             continue
-        row = {"reference_arm": arm, **ident}
+        row = {"comparison_arm": arm, **ident}
         pr, rr = setting_replicates(p, bootstrap), setting_replicates(r, bootstrap)
         for m in metrics:
             rv, pv = float(r.get(m, math.nan)), float(p.get(m, math.nan))
@@ -329,9 +329,9 @@ def common_cells(primary: pd.DataFrame, reference: pd.DataFrame, grid_axes, arm:
             if f"{m}_std" in p.index and p.get("n_seeds", 1) > 1:
                 row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
         row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
-        row["reference_cell"] = r.get("cell_ids", r.get("cell_id"))
+        row["comparison_cell"] = r.get("cell_ids", r.get("cell_id"))
         rows.append(row)
-    return pd.DataFrame(rows), pd.DataFrame(unmatched, columns=["reference_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
+    return pd.DataFrame(rows), pd.DataFrame(unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
 
 
 def verdict(lo: float, hi: float) -> str:
@@ -350,7 +350,7 @@ def router_signal(row, above: dict | None) -> bool | None:
     chance-corrected within-task router probe's 95% interval above 0)? None when unknown."""
     if above is None:
         return None
-    ids = [i for col in ("primary_cell", "reference_cell") for i in str(row.get(col, "")).split(",") if i]
+    ids = [i for col in ("primary_cell", "comparison_cell") for i in str(row.get(col, "")).split(",") if i]
     known = [above[i] for i in ids if i in above]
     return any(known) if known else None
 
@@ -372,7 +372,7 @@ def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, 
             reps = []
             for _, r in c.iterrows():
                 pr = setting_replicates({"cell_ids": r.get("primary_cell", "")}, bootstrap)
-                rr = setting_replicates({"cell_ids": r.get("reference_cell", "")}, bootstrap)
+                rr = setting_replicates({"cell_ids": r.get("comparison_cell", "")}, bootstrap)
                 if pr is None or rr is None or m not in pr[1]:
                     reps = None
                     break
@@ -395,18 +395,18 @@ def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, 
             v, why = verdict(lo, hi), ""
             if m in ROUTER_SCORES and signal and all(s is False for s in signal):
                 v, why = "cannot tell", "no cell of either arm has a router probe above chance"
-            rows.append({"reference_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
+            rows.append({"comparison_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
                          "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": v, "why": why,
                          "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
                          "cells_negative": each.count("negative"), "cells_positive": each.count("positive"),
                          "cells_cannot_tell": each.count("cannot tell")})
-    return pd.DataFrame(rows, columns=["reference_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict",
+    return pd.DataFrame(rows, columns=["comparison_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict",
                                        "why", "router_signal_cells", "cells_negative", "cells_positive",
                                        "cells_cannot_tell"])
 
 
 def differing_keys(p: pd.Series, r: pd.Series, ignore=("token_aggregation", "seed")) -> tuple[list[str], list[str]]:
-    """(cell keys recorded on both rows whose values differ, cell keys the reference does not record)."""
+    """(cell keys recorded on both rows whose values differ, cell keys the comparison does not record)."""
     diff, unknown = [], []
     for k in CELL_KEYS:
         if k in ignore:
@@ -418,8 +418,8 @@ def differing_keys(p: pd.Series, r: pd.Series, ignore=("token_aggregation", "see
     return diff, unknown
 
 
-def scale_table(primary: pd.DataFrame, references: dict, commons: dict) -> pd.DataFrame:
-    """Inferred z-free reference scale per arm (common cells for reference arms) and primary/reference ratios."""
+def scale_table(primary: pd.DataFrame, comparisons: dict, commons: dict) -> pd.DataFrame:
+    """Inferred z-free reference scale per arm (common cells for comparison arms) and primary/reference ratios."""
     col = "inferred_zfree_reference_scale"
     rows = []
 
@@ -431,23 +431,23 @@ def scale_table(primary: pd.DataFrame, references: dict, commons: dict) -> pd.Da
     p_stats = stats(primary[col]) if col in primary.columns else None
     if p_stats:
         rows.append({"aggregation_mode": p_agg, "source": "primary arm", **p_stats})
-    for arm, ref in references.items():
+    for arm, ref in comparisons.items():
         if col not in ref.columns:
             continue
         common = commons.get(arm)
-        ids = set(common["reference_cell"]) if common is not None and len(common) else set()
+        ids = set(common["comparison_cell"]) if common is not None and len(common) else set()
         key = "cell_ids" if "cell_ids" in ref.columns else "cell_id"
         sub = ref[ref[key].isin(ids)] if ids else ref.iloc[0:0]
         r_stats = stats(sub[col])
         if not r_stats:
             continue
         r_agg = _agg_name(ref)
-        rows.append({"aggregation_mode": f"{r_agg}_reference_common_cells" + (f" ({arm})" if sum(_agg_name(r) == r_agg for r in references.values()) > 1 else ""),
+        rows.append({"aggregation_mode": f"{r_agg}_reference_common_cells" + (f" ({arm})" if sum(_agg_name(r) == r_agg for r in comparisons.values()) > 1 else ""),
                      "source": arm, **r_stats})
         if p_stats:
             ratio = p_stats["mean"] / r_stats["mean"] if r_stats["mean"] else math.nan
             name = f"{p_agg}_over_{r_agg}_reference_ratio"
-            if sum(_agg_name(r) == r_agg for r in references.values()) > 1:
+            if sum(_agg_name(r) == r_agg for r in comparisons.values()) > 1:
                 name += f" ({arm})"
             rows.append({"aggregation_mode": name, "source": f"derived: primary / {arm}",
                          "n": 1, "min": ratio, "mean": ratio, "max": ratio, "std": 0.0})
@@ -689,11 +689,11 @@ def fmt_num(v) -> str:
 
 def mark_cells(tables: dict, sanity: pd.DataFrame) -> None:
     """Add CELL_CHECK_COL to every table that names cells (cell_id, cell_ids, primary_cell,
-    reference_cell): FAIL when any named cell fails its sanity check, ok when all pass."""
+    comparison_cell): FAIL when any named cell fails its sanity check, ok when all pass."""
     if sanity.empty:
         return
     status = dict(zip(sanity.cell_id, sanity.passed))
-    id_cols = ("cell_id", "cell_ids", "primary_cell", "reference_cell")
+    id_cols = ("cell_id", "cell_ids", "primary_cell", "comparison_cell")
 
     def mark(row, cols):
         ids = [i for c in cols for i in str(row[c]).split(",") if i and i in status]
@@ -741,7 +741,7 @@ def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: st
 
 
 def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_rows: pd.DataFrame, grid_axes,
-                   references: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
+                   comparisons: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
                    history_task: pd.DataFrame, sanity: pd.DataFrame | None = None) -> pd.DataFrame:
     """claim | status | evidence, each computed from configs and outputs (design section 7, docs/design.md)."""
     rows = []
@@ -773,7 +773,7 @@ def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_row
                  "evidence": "fixed " + ", ".join(fixed) + (f"; also varying outside the grid: {', '.join(varying)}" if varying else "")
                  + f"; grid axes: {', '.join(grid_axes)}"})
 
-    for arm, ref in references.items():
+    for arm, ref in comparisons.items():
         common, un = commons.get(arm), unmatched.get(arm)
         n_c = 0 if common is None else len(common)
         n_p = len(primary_rows)
@@ -847,7 +847,7 @@ def dominance_status(history_task: pd.DataFrame) -> dict:
             "evidence": f"per-task {', '.join(have)} for {history_task.cell_id.nunique()} cells" + (f"; missing {', '.join(lack)}" if lack else "")}
 
 
-def availability_table(primary_rows: pd.DataFrame, references: dict, commons: dict, history_all: pd.DataFrame,
+def availability_table(primary_rows: pd.DataFrame, comparisons: dict, commons: dict, history_all: pd.DataFrame,
                        history_task: pd.DataFrame) -> pd.DataFrame:
     """diagnostic | local_data (yes/partial/no) | local_source | missing_data_note, from what exists."""
     def has(df, *cols):
@@ -865,11 +865,11 @@ def availability_table(primary_rows: pd.DataFrame, references: dict, commons: di
     add("KL-to-reconstruction trade-off", has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"), "summary",
         "summary lacks kl_prior_loss or active_reconstruction_objective")
     add("KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio")
-    ref_scale = any(has(r, "inferred_zfree_reference_scale") for r in references.values())
+    ref_scale = any(has(r, "inferred_zfree_reference_scale") for r in comparisons.values())
     add("Sum scale vs mean scale", has(primary_rows, "inferred_zfree_reference_scale") and ref_scale,
-        "summary + reference arm", "no reference arm with reconstruction_loss and distribution_normalized_reconstruction_loss")
+        "summary + comparison arm", "no comparison arm with reconstruction_loss and distribution_normalized_reconstruction_loss")
     n_common = sum(len(c) for c in commons.values() if c is not None)
-    add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a reference arm")
+    add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm")
     add("Posterior-router gap", has(primary_rows, "posterior_router_probe_gap"), "summary", "no posterior / router probes")
     add("KL dynamics over training", hist_has(history_all, "kl_prior_loss"), "history_long", "no history with kl_prior_loss")
     add("Reconstruction dynamics", hist_has(history_all, "distribution_normalized_reconstruction_loss"), "history_long",
@@ -909,14 +909,14 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
     return wanted, ""
 
 
-def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dict, grid_axes, history: pd.DataFrame,
+def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: dict, grid_axes, history: pd.DataFrame,
                      out_dir: str | Path, top_k: int = 5, primary_metric: str = "chance_corrected_matched_router_score",
                      meta: dict | None = None, entangle_quality: dict | None = None,
                      bootstrap: dict | None = None) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
-    references: external reference arm name -> validated table; run-here arms come from summary.
+    comparisons: external comparison arm name -> validated table; run-here arms come from summary.
     entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
     bootstrap: cell id -> its bootstrap replicates (metrics.bootstrap_replicates), for intervals.
     """
@@ -931,7 +931,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     t["summary_by_setting"] = by_setting
     primary_rows = setting_intervals(seed_means(primary_cells), bootstrap)
     t["metric_distributions"] = metric_distributions(primary_rows)
-    refs = dict(references)
+    refs = dict(comparisons)
     if "arm" in summary.columns:
         for arm in summary.loc[role != "primary", "arm"].unique():
             refs[arm] = setting_intervals(seed_means(summary[summary.arm == arm]), bootstrap)
@@ -977,7 +977,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, references: dic
     import json
     write_text(json.dumps({"grid_axes": list(grid_axes), "top_k": top_k, "primary_metric": primary_metric,
                            "ranking_note": ranking_note,
-                           "reference_arms": list(refs), **(meta or {})}, indent=2, default=str) + "\n",
+                           "comparison_arms": list(refs), **(meta or {})}, indent=2, default=str) + "\n",
                out_dir / "aggregate_meta.json")
     return t
 
@@ -1004,9 +1004,9 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir.
     `upstream`: see load_cell_metrics (the partial report after a failed run passes it)."""
     quality = load_entangle_quality(quality_path) if quality_path else None
-    references = {}
+    comparisons = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
-        references[arm["name"]] = read_summary_table(arm["table"])
+        comparisons[arm["name"]] = read_summary_table(arm["table"])
     summary, state = load_cell_metrics(cfg, metrics_paths, upstream)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
@@ -1014,7 +1014,7 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
     meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
             "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad}
-    return aggregate_tables(summary, state, references, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
+    return aggregate_tables(summary, state, comparisons, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
                             primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality,
                             bootstrap=bootstrap)
 
@@ -1033,11 +1033,11 @@ def grid_axes_from_rows(rows: pd.DataFrame) -> list[str]:
     return [k for k in CELL_KEYS if k != "seed" and k in rows.columns and rows[k].map(format_value).nunique() > 1]
 
 
-def aggregate_from_tables(summary_path, reference_paths=(), history_path=None, out_dir=".", top_k: int = 5,
+def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, out_dir=".", top_k: int = 5,
                           primary_metric: str = "chance_corrected_matched_router_score") -> dict:
-    """Aggregate tables from a summary table (+ reference tables, + long history) alone."""
+    """Aggregate tables from a summary table (+ comparison tables, + long history) alone."""
     summary = read_summary_table(summary_path)  # validate every input before any work
-    references = {Path(p).stem: read_summary_table(p) for p in reference_paths}
+    comparisons = {Path(p).stem: read_summary_table(p) for p in comparison_paths}
     history = pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
     if history_path:
         p = Path(history_path)
@@ -1053,6 +1053,6 @@ def aggregate_from_tables(summary_path, reference_paths=(), history_path=None, o
         summary["arm"] = _agg_name(summary)
     state = state_from_summary(summary)
     meta = {"collection": Path(summary_path).stem, "source": "tables", "summary_table": str(summary_path),
-            "reference_tables": [str(p) for p in reference_paths], "history_table": str(history_path or "")}
-    return aggregate_tables(summary, state, references, grid_axes_from_rows(summary), history, out_dir,
+            "comparison_tables": [str(p) for p in comparison_paths], "history_table": str(history_path or "")}
+    return aggregate_tables(summary, state, comparisons, grid_axes_from_rows(summary), history, out_dir,
                             top_k=top_k, primary_metric=primary_metric, meta=meta)

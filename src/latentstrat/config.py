@@ -1,7 +1,7 @@
 """Collection config: loading, schema validation, defaults, cells and their canonical ids.
 
 A collection config (see config/config.yaml) holds fixed cell settings (`cell`), the primary
-arm's grid axes (`grid`), an optional `seeds` axis, and reference arms. This module is the one
+arm's grid axes (`grid`), an optional `seeds` axis, and comparison arms. This module is the one
 place that turns it into cells; Snakemake's common.smk and every stage call it.
 
 Cell ids are canonical strings built from the cell's settings (never from the position in a
@@ -117,6 +117,9 @@ def validate(cfg: dict) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError("config must be a mapping")
     cfg = copy.deepcopy(cfg)
+    if "reference_arms" in cfg:
+        raise ConfigError("config key reference_arms: renamed comparison_arms (\"reference\" now names only the "
+                          "z-free reference stage); rename the key")
     schema = _parsed_schema()
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: (len(e.absolute_path), str(e.absolute_path)))
@@ -141,9 +144,9 @@ def _check_semantics(cfg: dict) -> None:
                 raise ConfigError(f"config key {where}[{i}]: {e}") from None
     if cfg["backbone"]["source"] in ("pretrained", "config_json") and not cfg["backbone"]["name_or_path"]:
         raise ConfigError(f"config key backbone.name_or_path: required when backbone.source is {cfg['backbone']['source']!r}")
-    names = [cfg["primary_arm"]] + [a["name"] for a in cfg["reference_arms"]]
-    for i, arm in enumerate(cfg["reference_arms"]):
-        where = f"reference_arms[{i}]"
+    names = [cfg["primary_arm"]] + [a["name"] for a in cfg["comparison_arms"]]
+    for i, arm in enumerate(cfg["comparison_arms"]):
+        where = f"comparison_arms[{i}]"
         if names.count(arm["name"]) > 1:
             raise ConfigError(f"config key {where}.name: arm name {arm['name']!r} is used twice")
         if "table" in arm and ("grid" in arm or arm.get("settings")):
@@ -156,22 +159,22 @@ def _check_semantics(cfg: dict) -> None:
     slots = cfg["entangle"]["z_slots"]
     for c in cells:
         if c.settings["init"] == "entangled" and int(c.settings["z_slots"]) != slots:
-            raise ConfigError(f"config key cell/grid/reference_arms z_slots: cell {c.cell_id} has z_slots "
+            raise ConfigError(f"config key cell/grid/comparison_arms z_slots: cell {c.cell_id} has z_slots "
                               f"{c.settings['z_slots']} but the entangled model it starts from is trained with "
                               f"entangle.z_slots {slots} (a cell must start as that model: same record layout)")
     ids = [c.cell_id for c in cells]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
-        raise ConfigError(f"config keys grid/reference_arms: cell {dup[0]!r} appears in two arms")
+        raise ConfigError(f"config keys grid/comparison_arms: cell {dup[0]!r} appears in two arms")
 
 
 def _family_values(cfg: dict):
     yield "cell.reconstruction_family", [cfg["cell"]["reconstruction_family"]]
     yield "grid.reconstruction_family", cfg["grid"].get("reconstruction_family", [])
-    for i, arm in enumerate(cfg["reference_arms"]):
+    for i, arm in enumerate(cfg["comparison_arms"]):
         if "reconstruction_family" in arm.get("settings", {}):
-            yield f"reference_arms[{i}].settings.reconstruction_family", [arm["settings"]["reconstruction_family"]]
-        yield f"reference_arms[{i}].grid.reconstruction_family", arm.get("grid", {}).get("reconstruction_family", [])
+            yield f"comparison_arms[{i}].settings.reconstruction_family", [arm["settings"]["reconstruction_family"]]
+        yield f"comparison_arms[{i}].grid.reconstruction_family", arm.get("grid", {}).get("reconstruction_family", [])
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None, cfg: dict | None = None,
@@ -186,7 +189,9 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None, c
             try:
                 cfg = yaml.safe_load(f)
             except yaml.YAMLError as e:
-                raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+                where = getattr(e, "problem_mark", None)
+                at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+                raise ConfigError(f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
     cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else (Path(here) if here else None))
     if overrides:
         _deep_merge(cfg, overrides)
@@ -305,7 +310,7 @@ def format_value(v: Any) -> str:
 
 
 def beta_label(beta: float) -> str:
-    """Label as the seeds write it: beta=.01, beta=1."""
+    """Label as the original study writes it: beta=.01, beta=1."""
     return "beta=" + _short(float(beta))
 
 
@@ -381,12 +386,12 @@ def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -
 
 
 def expand_cells(cfg: dict, validated: bool = False) -> list[Cell]:
-    """All cells run by this workflow: the primary arm, then each run-here reference arm."""
+    """All cells run by this workflow: the primary arm, then each run-here comparison arm."""
     if not validated:
         cfg = validate(cfg)
     seeds = cfg.get("seeds") or [cfg["cell"]["seed"]]
     cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], seeds)
-    for arm in cfg["reference_arms"]:
+    for arm in cfg["comparison_arms"]:
         if "table" in arm:
             continue
         base = {**cfg["cell"], **arm.get("settings", {})}
@@ -397,7 +402,7 @@ def expand_cells(cfg: dict, validated: bool = False) -> list[Cell]:
 
 
 def external_arms(cfg: dict) -> list[dict]:
-    return [a for a in cfg["reference_arms"] if "table" in a]
+    return [a for a in cfg["comparison_arms"] if "table" in a]
 
 
 # ----------------------------------------------------------------------------- paths
@@ -528,3 +533,26 @@ def dump_json(obj: Any, path: str | Path) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
+
+
+def main(argv=None) -> None:
+    """`python -m latentstrat.config FILE...`: check collection configs before a run; one line
+    per file (its collection, base and cell count, or what is wrong with it)."""
+    import sys
+
+    files = list(sys.argv[1:] if argv is None else argv)
+    if not files:
+        raise SystemExit("usage: python -m latentstrat.config CONFIG.yaml [...]")
+    bad = 0
+    for f in files:
+        try:
+            cfg = load_config(f)
+            print(f"{f}: ok: collection {cfg['collection']}, base {cfg['base']}, {len(expand_cells(cfg, validated=True))} cells")
+        except ConfigError as e:
+            bad += 1
+            print(f"{f}: {e}", file=sys.stderr)
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -568,6 +568,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     """The entangle stage (see module doc). Returns the quality report."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     ecfg = cfg["entangle"]
+    code = host.code_version()  # the code that starts the run is the code that trains
     torch.set_num_threads(int(threads))
     if ecfg["mode"] == "shipped":
         return install_shipped(cfg, data_dir, out_dir, shipped_dir, log)
@@ -619,7 +620,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     model.set_attn_implementation(attention)
     summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
                    torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice,
-                   code=host.code_version())
+                   code=code)
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")

@@ -51,7 +51,7 @@ _M = [
            "mean over the tasks both probes cover of posterior_probe - within_task_router_probe"),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
-# the order of the seeds' "Metric Distributions" table
+# the order of the original study's "Metric Distributions" table
 DISTRIBUTION_METRICS = list(METRICS)
 LOSS_METRICS = ["reconstruction_loss", "distribution_normalized_reconstruction_loss",
                 "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective"]

@@ -38,7 +38,7 @@ DEFAULT_ALPHA = 0.25
 def config_alphas(cfg: dict) -> list[float]:
     """tokcc exponents used anywhere in the config's families, plus the default 0.25."""
     names = [cfg["cell"]["reconstruction_family"], *cfg["grid"].get("reconstruction_family", [])]
-    for arm in cfg["reference_arms"]:
+    for arm in cfg["comparison_arms"]:
         names.append(arm.get("settings", {}).get("reconstruction_family", "raw"))
         names += arm.get("grid", {}).get("reconstruction_family", [])
     alphas = {DEFAULT_ALPHA} | {parse_family(n).alpha for n in names if parse_family(n).kind in ("tokcc", "dist_tokcc")}

@@ -42,6 +42,7 @@ from latentstrat.progress import Progress
 from latentstrat.reference import load_b
 
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
+GRAD_SHARE_ROWS = 16  # rows per task of the validation gradient-norm share
 CHECKPOINT = "last.pt"
 # loss-dict key -> history metric name
 LOSS_NAMES = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
@@ -254,7 +255,7 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     # per-task shares (over the probe subset: equal examples per task)
     n_sup = sub.n_supervised.to_numpy().astype(float)
     active = cat["active"].numpy().astype(np.float64)
-    grad = _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev)
+    grad = _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, dev)
     gsum = sum(grad.values())
     for t in tasks:
         m = task_arr == t
@@ -290,14 +291,14 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> tuple[dict, dict]
     return {"final_answer_accuracy": float(correct.mean()), "strategy_match_rate": float(matched.mean())}, by_task
 
 
-def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, bs, dev) -> dict[str, float]:
+def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, dev) -> dict[str, float]:
     """Per task: gradient norm of the mean active objective on one validation batch of that
-    task (equal batch sizes across tasks)."""
+    task (GRAD_SHARE_ROWS rows each, equal across tasks)."""
     params = model.trainable_parameters()
     by_task: dict[str, list[int]] = {}
     for r in rows:
         by_task.setdefault(df.task[r], []).append(r)
-    size = min(bs, min(len(v) for v in by_task.values()))
+    size = min(GRAD_SHARE_ROWS, min(len(v) for v in by_task.values()))
     out = {}
     for t, rs in sorted(by_task.items()):
         batch = data.collate(enc, rs[:size], b_val).to(dev)

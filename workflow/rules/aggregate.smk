@@ -8,7 +8,7 @@ rule aggregate:
         metrics=metrics_files(),
         bootstrap=[str(P.bootstrap_path(c)) for c in CELLS],
         history=history_files(),
-        reference_tables=reference_tables(),
+        comparison_tables=comparison_tables(),
         quality=entangle_files()["quality"],
         code=code_files("aggregate.py", "metrics.py"),
     output:
@@ -17,8 +17,6 @@ rule aggregate:
         str(LOGS / "aggregate.log"),
     benchmark:
         str(BENCH / "aggregate.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

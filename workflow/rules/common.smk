@@ -282,7 +282,7 @@ def code_files(*relpaths):
     return out
 
 
-def reference_tables():
+def comparison_tables():
     return [arm["table"] for arm in external_arms(CFG)]
 
 

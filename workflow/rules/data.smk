@@ -10,8 +10,6 @@ rule data:
         str(BASE_LOGS / "data.log"),
     benchmark:
         str(BASE_BENCH / "data.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),

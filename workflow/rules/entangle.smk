@@ -12,8 +12,6 @@ rule entangle:
         str(BASE_LOGS / "entangle.log"),
     benchmark:
         str(BASE_BENCH / "entangle.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),

@@ -14,8 +14,6 @@ rule evaluate:
         str(LOGS / "evaluate" / "{cell}.log"),
     benchmark:
         str(BENCH / "evaluate" / "{cell}.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

@@ -14,8 +14,6 @@ rule probe_task:
         str(BENCH / "probe" / "{cell}" / "{task}.tsv")
     group:
         "probe"
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 2000, 15),
@@ -36,8 +34,6 @@ rule probe_global:
         str(BENCH / "probe" / "{cell}" / "global.tsv")
     group:
         "probe"
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 2000, 15),
@@ -61,8 +57,6 @@ rule metrics:
         str(BENCH / "metrics" / "{cell}.tsv")
     group:
         "probe"
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 2000, 10),

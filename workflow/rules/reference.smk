@@ -11,8 +11,6 @@ rule reference:
         str(BASE_LOGS / "reference.log"),
     benchmark:
         str(BASE_BENCH / "reference.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

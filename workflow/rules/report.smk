@@ -23,8 +23,6 @@ rule report:
         str(LOGS / "report.log"),
     benchmark:
         str(BENCH / "report.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -13,8 +13,6 @@ rule train:
         str(LOGS / "train" / "{cell}.log"),
     benchmark:
         str(BENCH / "train" / "{cell}.tsv")
-    conda:
-        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),

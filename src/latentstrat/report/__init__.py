@@ -43,7 +43,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
         "description": meta.get("description", ""),
         "cells": {"expected": len(st), "complete": int((st.status == "complete").sum()) if len(st) else 0,
                   "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else []},
-        "reference_arms": meta.get("reference_arms", []),
+        "comparison_arms": meta.get("comparison_arms", []),
         "entangle_quality_passed": (meta.get("entangle_quality") or {}).get("passed"),
         **_cell_checks(tables["cell_sanity"]),
         "fairness": {r.claim: r.status for r in tables["fairness"].itertuples()} if len(tables["fairness"]) else {},

@@ -1,6 +1,6 @@
-"""python -m latentstrat.report --summary S [--reference R ...] [--history H] --out DIR
+"""python -m latentstrat.report --summary S [--comparison C ...] [--history H] --out DIR
 
-Reports from tables alone (columns in docs/reference-table.md): writes DIR/aggregate/ and the
+Reports from tables alone (columns in docs/comparison-table.md): writes DIR/aggregate/ and the
 report into DIR.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from latentstrat.report import build_report
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.report", description=__doc__.splitlines()[0])
     ap.add_argument("--summary", required=True, help="primary-arm summary table (CSV or parquet)")
-    ap.add_argument("--reference", action="append", default=[], help="reference arm summary table; repeatable (arm = file stem)")
+    ap.add_argument("--comparison", action="append", default=[], help="comparison arm summary table; repeatable (arm = file stem)")
     ap.add_argument("--history", help="long history table: cell_id, step, task, metric, value")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--title", default="")
@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     try:
-        aggregate_from_tables(a.summary, a.reference, a.history, out / "aggregate", top_k=a.top_k)
+        aggregate_from_tables(a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -77,8 +77,8 @@ def objective_scale_heatmap(t):
     if c.empty:
         return None
     cols = [f"delta_{m}" for m in DELTA_METRICS if f"delta_{m}" in c.columns]
-    multi = c.reference_arm.nunique() > 1
-    c = c.assign(col=(c.reference_arm + ": " if multi else "") + c[FAMILY_COL] + " " + c.beta_label)
+    multi = c.comparison_arm.nunique() > 1
+    c = c.assign(col=(c.comparison_arm + ": " if multi else "") + c[FAMILY_COL] + " " + c.beta_label)
     delta = c.set_index("col")[cols].T
     delta.index = [label(i[len("delta_"):]) for i in delta.index]
     scale = delta.abs().max(axis=1).replace(0, 1)
@@ -92,7 +92,7 @@ def objective_scale_heatmap(t):
     for (i, j), v in np.ndenumerate(delta.to_numpy(dtype=float)):
         if np.isnan(v):  # seaborn skips annotations on NaN cells
             ax.text(j + 0.5, i + 0.5, "NA", ha="center", va="center", fontsize=8, color="0.3")
-    ax.set(xlabel="", ylabel="", title="Primary minus reference (annotations: true deltas; colors row-normalized)")
+    ax.set(xlabel="", ylabel="", title="Primary minus comparison arm (annotations: true deltas; colors row-normalized)")
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
     fig.tight_layout()
     return fig

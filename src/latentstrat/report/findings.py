@@ -22,13 +22,13 @@ def _f(question, status, evidence, threshold="", numbers=None):
 
 
 def _arm_aggs(t) -> dict:
-    """reference arm -> its token aggregation, from the run-here summary or the common-cell column names."""
+    """comparison arm -> its token aggregation, from the run-here summary or the common-cell column names."""
     s = t["summary_by_setting"]
     out = {}
     if not s.empty and "arm" in s.columns:
         out.update({a: g.token_aggregation.iloc[0] for a, g in s.groupby("arm")})
     c = t["common_cells"]
-    for arm in (c.reference_arm.unique() if not c.empty else []):
+    for arm in (c.comparison_arm.unique() if not c.empty else []):
         if arm not in out:
             pre = [col[: -len("_matched_router_score")] for col in c.columns if col.endswith("_matched_router_score")
                    and not col.startswith("delta")]
@@ -40,7 +40,7 @@ def _deltas(t, arm, metric="matched_router_score") -> pd.Series:
     c = t["common_cells"]
     if c.empty or f"delta_{metric}" not in c.columns:
         return pd.Series(dtype=float)
-    return c.loc[c.reference_arm == arm, f"delta_{metric}"].dropna()
+    return c.loc[c.comparison_arm == arm, f"delta_{metric}"].dropna()
 
 
 def q_scale_vs_weighting(t, thr):
@@ -94,7 +94,7 @@ def _raw_delta(t, arm, metric):
     col = f"delta_{metric}"
     if c.empty or col not in c.columns:
         return c, float("nan"), float("nan")
-    g = c[(c.reference_arm == arm) & (c[FAMILY_COL] == "raw")].dropna(subset=[col])
+    g = c[(c.comparison_arm == arm) & (c[FAMILY_COL] == "raw")].dropna(subset=[col])
     if g.empty:
         return g, float("nan"), float("nan")
     se = (g[f"{col}_ci_high"] - g[f"{col}_ci_low"]) / (2 * Z) if f"{col}_ci_high" in g.columns else pd.Series(float("nan"))
@@ -120,8 +120,8 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     ratio = s.loc[s.aggregation_mode.str.contains("_ratio"), "mean"] if not s.empty else pd.Series(dtype=float)
     if c.empty or "delta_active_reconstruction_objective" not in c.columns:
         return _f(q, CANNOT_TELL, "no common cells with active reconstruction objectives", "")
-    arm = c.reference_arm.iloc[0]
-    c = c[c.reference_arm == arm]  # one reference arm: columns [reference_, primary_]
+    arm = c.comparison_arm.iloc[0]
+    c = c[c.comparison_arm == arm]  # one comparison arm: columns [comparison_, primary_]
     # the two aggregations' columns that hold values for this arm (other arms' prefixes are all-NaN)
     pre = [col[: -len("_active_reconstruction_objective")] for col in c.columns
            if col.endswith("_active_reconstruction_objective") and not col.startswith("delta") and c[col].notna().any()]
@@ -139,7 +139,7 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     if pd.isna(d_router) or pd.isna(rel):
         return _f(q, CANNOT_TELL, "matched router score or active objective missing (probes NA): " + ev, thr, nums)
     a = t.get("arm_contrasts", pd.DataFrame())
-    noise = a[(a.reference_arm == arm) & (a.metric == "matched_router_score")] if not a.empty and "why" in a.columns else a
+    noise = a[(a.comparison_arm == arm) & (a.metric == "matched_router_score")] if not a.empty and "why" in a.columns else a
     if not noise.empty and noise.why.iloc[0]:
         return _f(q, CANNOT_TELL, f"{noise.why.iloc[0]}, so the behavioural half cannot be compared: " + ev, thr, nums)
     if abs(rel - 1) < thr_one and abs(d_router) < thr_near_zero:
@@ -276,13 +276,13 @@ def q_confounded(t):
     f = t["fairness"]
     rows = f[f.claim.str.startswith("aggregation-only causal attribution")] if not f.empty else f
     if rows.empty:
-        return _f(q, CANNOT_TELL, "no reference arm to compare", "")
+        return _f(q, CANNOT_TELL, "no comparison arm to compare", "")
     conf = rows[rows.status != "supported"]
     ev = "; ".join(f"{r.claim}: {r.status} ({r.evidence})" for _, r in rows.iterrows())
     if len(conf) == len(rows):
-        return _f(q, SUPPORTED, "every reference arm is confounded or incompletely recorded: " + ev, "attribution status from the fairness table")
+        return _f(q, SUPPORTED, "every comparison arm is confounded or incompletely recorded: " + ev, "attribution status from the fairness table")
     if len(conf):
-        return _f(q, SUPPORTED, "some reference arms are confounded, at least one is matched: " + ev, "attribution status from the fairness table")
+        return _f(q, SUPPORTED, "some comparison arms are confounded, at least one is matched: " + ev, "attribution status from the fairness table")
     return _f(q, NOT_SUPPORTED, ev, "attribution status from the fairness table")
 
 

@@ -122,14 +122,14 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     c = t["common_cells"]
     out.append("## Common Cells\n")
     if c.empty:
-        out.append("No common cells with a reference arm.\n")
-    for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
+        out.append("No common cells with a comparison arm.\n")
+    for arm, g in (c.groupby("comparison_arm", sort=False) if not c.empty else []):
         g = g.dropna(axis=1, how="all")
-        out += [f"### Reference arm `{arm}`\n", f"{len(g)} common cells; deltas are primary minus reference.\n",
-                md_table(g, [col for col in g.columns if col not in ("reference_arm", "primary_cell", "reference_cell")])]
+        out += [f"### Comparison arm `{arm}`\n", f"{len(g)} common cells; deltas are primary minus comparison arm.\n",
+                md_table(g, [col for col in g.columns if col not in ("comparison_arm", "primary_cell", "comparison_cell")])]
     u = t["unmatched_rows"]
     if not u.empty:
-        out += ["Primary rows without a matching reference row (left out of the contrast):\n", md_table(u, ["reference_arm", *ID, "reason"])]
+        out += ["Primary rows without a matching comparison row (left out of the contrast):\n", md_table(u, ["comparison_arm", *ID, "reason"])]
     out += ["## Inferred Z-Free Reference Scale\n",
             "Inferred as reconstruction_loss / distribution_normalized_reconstruction_loss.\n", md_table(t["reference_scale"])]
     out += ["## Derived Local Diagnostic Table\n", md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"])]
@@ -182,7 +182,7 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
     c, a = t["common_cells"], t.get("arm_contrasts", pd.DataFrame())
     metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     out = []
-    for arm, g in (c.groupby("reference_arm", sort=False) if not c.empty else []):
+    for arm, g in (c.groupby("comparison_arm", sort=False) if not c.empty else []):
         col = f"delta_{metric}" if f"delta_{metric}" in g.columns else "delta_matched_router_score"
         m = col[len("delta_"):]
         d = g[col].dropna() if col in g.columns else pd.Series(dtype=float)
@@ -191,7 +191,7 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
                        "router probe score on both sides (a within-task router probe needs generations that follow "
                        "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n")
             continue
-        row = a[(a.reference_arm == arm) & (a.metric == m)] if not a.empty else a
+        row = a[(a.comparison_arm == arm) & (a.metric == m)] if not a.empty else a
         if row.empty or pd.isna(row.ci_low.iloc[0]):
             out.append(f"Against `{arm}`, the mean of {len(d)} common-cell {label(m)} deltas is {fmt(d.mean())}: "
                        "cannot tell its sign (no bootstrap interval: the cells have no replicates).\n")

@@ -1,4 +1,4 @@
-"""Reading the aggregate directory and rendering tables as markdown (4 decimals, like the seeds)."""
+"""Reading the aggregate directory and rendering tables as markdown (4 decimals, like the original study's reports)."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,144 @@
+"""Shipped entangled models: a small base trained with the recipe, shipped, installed again with
+`entangle.mode: shipped` (same bytes, quality rechecked), and every way an artifact can be wrong
+named before any cell uses it. The default collection's shipped base is checked too."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from latentstrat import data, shipped
+from latentstrat.config import Paths, base_settings, load_config
+from latentstrat.entangle import run_entangle
+
+ROOT = Path(__file__).resolve().parents[1]
+# thresholds at 0: a 20-step model passes, so the shipping path (which refuses failing models) runs
+LENIENT = {"quality_min_answer_accuracy": 0.0, "quality_min_strategy_match": 0.0, "quality_max_strategy_tv": 1.0}
+
+
+def cfg_with(mode="train", **over):
+    o = {"data": {"train_per_task": 8, "validation_per_task": 3, "test_per_task": 3},
+         "entangle": {"mode": mode, "steps": 4, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2,
+                      **LENIENT}}
+    for k, v in over.items():
+        o.setdefault(k, {}).update(v)
+    return load_config(ROOT / "config" / "smoke.yaml", overrides=o)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A base trained with the recipe (entangle.mode train) and shipped from it."""
+    root = tmp_path_factory.mktemp("shipped")
+    cfg = cfg_with()
+    data.build_dataset(cfg["data"], root / "data", base_config=base_settings(cfg))
+    run_entangle(cfg, root / "data", root / "entangle", threads=1, log=lambda m: None)
+    prov = shipped.ship(cfg, root / "data", root / "entangle", root / "ship")
+    return root, cfg, prov
+
+
+def test_ship_then_install_gives_the_same_model_and_rechecks_quality(trained, tmp_path):
+    root, cfg, prov = trained
+    files = sorted(p.relative_to(root / "ship").as_posix() for p in (root / "ship").rglob("*") if p.is_file())
+    assert {"SHA256SUMS", "provenance.json", "history.parquet", "quality.json", "model/config.json",
+            "model/model.safetensors"} <= set(files)
+    assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
+    assert "mode" not in prov["recipe"]["entangle"]  # how the model is obtained is not the recipe
+    assert prov["trained"]["code_version"] and prov["trained"]["cpu"]
+    assert len(prov["data_fingerprint"]) == 64
+
+    report = run_entangle(cfg_with("shipped"), root / "data", tmp_path, threads=1, log=lambda m: None,
+                          shipped_dir=root / "ship")
+    for f in ("config.json", "model.safetensors"):
+        assert (tmp_path / "model" / f).read_bytes() == (root / "entangle" / "model" / f).read_bytes()
+    q = json.loads((tmp_path / "quality.json").read_text())
+    assert q["mode"] == "shipped" and report["mode"] == "shipped"
+    assert q["shipped"]["data_fingerprint"] == prov["data_fingerprint"] and q["host"]["cpu"]
+    assert set(q["tasks"]) == set(cfg["data"]["tasks"]) and (tmp_path / "quality.parquet").exists()
+    # an installed (not trained) base is not shipped again
+    with pytest.raises(shipped.ShippedBaseError, match="not trained here"):
+        shipped.ship(cfg, root / "data", tmp_path, tmp_path / "again")
+
+
+def _copy(root, tmp_path):
+    d = tmp_path / "ship"
+    shutil.copytree(root / "ship", d)
+    return d
+
+
+def test_a_corrupt_missing_or_unlisted_file_is_named(trained, tmp_path):
+    root, cfg, _ = trained
+    d = _copy(root, tmp_path)
+    w = d / "model" / "model.safetensors"
+    blob = bytearray(w.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    w.write_bytes(bytes(blob))
+    with pytest.raises(shipped.ShippedBaseError, match=r"model/model.safetensors fails its checksum.*git checkout"):
+        shipped.verify(d, cfg, root / "data")
+    w.unlink()
+    with pytest.raises(shipped.ShippedBaseError, match="model/model.safetensors is listed in SHA256SUMS but missing"):
+        shipped.verify(d, cfg, root / "data")
+    d = _copy(root, tmp_path / "b")
+    (d / "model" / "extra.bin").write_bytes(b"x")
+    with pytest.raises(shipped.ShippedBaseError, match="model/extra.bin is not in SHA256SUMS"):
+        shipped.verify(d, cfg, root / "data")
+    (d / "SHA256SUMS").unlink()
+    with pytest.raises(shipped.ShippedBaseError, match=r"no shipped base.*entangle='\{mode: train\}'"):
+        shipped.verify(d, cfg, root / "data")
+    # nothing was installed from a bad artifact
+    out = tmp_path / "out"
+    with pytest.raises(shipped.ShippedBaseError):
+        run_entangle(cfg_with("shipped"), root / "data", out, threads=1, shipped_dir=d)
+    assert not (out / "model").exists() and not (out / "quality.json").exists()
+
+
+def test_another_recipe_or_other_data_is_refused(trained, tmp_path):
+    root, cfg, _ = trained
+    with pytest.raises(shipped.ShippedBaseError, match=r"another recipe.*entangle\.steps"):
+        shipped.verify(root / "ship", cfg_with(entangle={"steps": 5}), root / "data")
+    other = cfg_with(data={"seed": 8})
+    data.build_dataset(other["data"], tmp_path / "data")
+    with pytest.raises(shipped.ShippedBaseError, match="other data"):
+        shipped.verify(root / "ship", cfg, tmp_path / "data")
+    # the mode is not part of the recipe: a train-mode config matches its own shipped base
+    assert shipped.verify(root / "ship", cfg_with("shipped"), root / "data")["base"] == cfg["base"]
+
+
+def test_failing_quality_is_not_shipped(trained, tmp_path):
+    root, cfg, _ = trained
+    d = tmp_path / "entangle"
+    shutil.copytree(root / "entangle", d)
+    q = json.loads((d / "quality.json").read_text())
+    (d / "quality.json").write_text(json.dumps({**q, "passed": False}))
+    with pytest.raises(shipped.ShippedBaseError, match="passing quality checks"):
+        shipped.ship(cfg, root / "data", d, tmp_path / "ship")
+
+
+def test_default_collection_ships_its_base():
+    """The default config uses the shipped base, and the artifact in the repository verifies
+    against a fresh data stage (checksums, recipe, data fingerprint)."""
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    assert cfg["entangle"]["mode"] == "shipped"
+    d = shipped.bases_root(ROOT) / cfg["base"]
+    manifest = (d / "SHA256SUMS").read_text()
+    assert "model/model.safetensors" in manifest
+    prov = json.loads((d / "provenance.json").read_text())
+    assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
+    assert not prov["trained"]["code_dirty"] and len(prov["trained"]["code_commit"]) == 40
+
+
+@pytest.mark.slow
+def test_default_shipped_base_verifies_against_a_fresh_data_stage(tmp_path):
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    data.build_dataset(cfg["data"], tmp_path, base_config=base_settings(cfg))
+    prov = shipped.verify(shipped.bases_root(ROOT) / cfg["base"], cfg, tmp_path)
+    assert prov["quality_passed"] and Paths.from_config(cfg).base == prov["base"]
+
+
+def test_workflow_names_a_missing_shipped_base(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--directory", str(ROOT), "--config",
+                        f"results_dir={tmp_path}", "base=no-such-base", "entangle={mode: shipped}"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode != 0
+    assert "ships no base 'no-such-base'" in r.stdout + r.stderr and "mode: train" in r.stdout + r.stderr
