@@ -26,3 +26,13 @@ def data_dir(tmp_path_factory, small_data_cfg):
     out = tmp_path_factory.mktemp("data")
     build_dataset(small_data_cfg, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> dict:
+    """data/, entangle/model (a random tiny Qwen2) and reference/ of base_helpers.TINY, built once
+    per pytest run: {data_dir, entangle_dir, reference_dir}."""
+    from base_helpers import TINY, make_base
+    from latentstrat.config import load_config
+
+    return make_base(tmp_path_factory.mktemp("tiny_base"), load_config(cfg=TINY))

@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -219,3 +220,32 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
     assert row.status == "incomplete" and "older than" in row.reason and "records.parquet" in row.reason
     assert cid not in set(summary.cell_id)
     assert (state.status == "complete").sum() == len(state) - 1
+
+
+def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monkeypatch):
+    """The report a failed run leaves: the finished cells aggregated and reported, the others
+    named incomplete; nothing when no cell has finished."""
+    import shutil
+
+    from aggregate_helpers import make_cfg, write_collection
+    from latentstrat.config import Paths, expand_cells, validate
+    from latentstrat.report.partial import partial_report
+
+    cfg = validate({**make_cfg(monkeypatch), "results_dir": str(tmp_path / "results")})
+    p = Paths.from_config(cfg)
+    cells = [c.cell_id for c in expand_cells(cfg, validated=True)]
+    assert partial_report(cfg, log=lambda m: None) is None and not p.report_dir.exists()
+    mp, hp = write_collection(cfg, tmp_path / "made", skip=cells[:1])
+    for c in cells[1:]:
+        p.metrics_path(c).parent.mkdir(parents=True)
+        shutil.copy(mp[c], p.metrics_path(c))
+        Path(p.train_files(c)["history"]).parent.mkdir(parents=True)
+        shutil.copy(hp[c], p.train_files(c)["history"])
+    got = partial_report(cfg, log=lambda m: None)
+    assert got == {"done": cells[1:], "missing": cells[:1]}
+    state = pd.read_parquet(p.aggregate_marker).set_index("cell_id")
+    assert state.loc[cells[0], "status"] != "complete" and (state.status == "complete").sum() == len(cells) - 1
+    import yaml
+    brief = yaml.safe_load((p.report_dir / "brief.yaml").read_text())["cells"]
+    assert brief["expected"] == len(cells) and brief["complete"] == len(cells) - 1
+    assert [c if isinstance(c, str) else c.get("cell_id") for c in brief["incomplete"]] == cells[:1]

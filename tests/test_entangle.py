@@ -15,15 +15,10 @@ from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, qu
                                   prompts_from, run_entangle, sample_y, strategy_alternatives, strategy_distribution,
                                   total_variation)
 from latentstrat.tasks import TASKS
+from workflow_helpers import smoke_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 THRESHOLDS = {"quality_min_answer_accuracy": 0.9, "quality_min_strategy_match": 0.85, "quality_max_strategy_tv": 0.15}
-
-
-def smoke_cfg(**entangle):
-    over = {"data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
-            "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2, **entangle}}
-    return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +292,7 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     the loss is computed, not what: eager attention and the compiled step give the plain
     step's per-token NLL and gradients (float32 rounding); bf16 autocast gives them to bf16
     precision, and is really on (the values differ)."""
-    from latentstrat.entangle import zfree_token_nll
+    from latentstrat.objective import zfree_token_nll
     torch.set_num_threads(1)
     tok = data.load_tokenizer(data_dir)
     model = _tiny_model(tok).train()

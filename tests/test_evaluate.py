@@ -1,5 +1,5 @@
-"""Evaluate stage, probes on its records and the per-cell metrics row, on a smoke-collection cell
-(config/smoke.yaml shrunk further: two tasks, a random tiny entangled model, a few train steps)."""
+"""Evaluate stage, probes on its records and the per-cell metrics row, on a cell of the shared
+tiny base (two tasks, a random tiny entangled model, a few train steps)."""
 import json
 import math
 from pathlib import Path
@@ -7,38 +7,37 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from latentstrat import data, metrics, probes
 from latentstrat.config import expand_cells, load_config
 from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, score_generations, select_test_rows
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.model import build_backbone
-from latentstrat.reference import run_reference
 from latentstrat.tasks import TASKS
+from latentstrat.train import train_cell
+from base_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-OVERRIDES = {
-    "data": {"tasks": ["sorting_algorithms", "multidigit_addition"], "train_per_task": 16,
-             "validation_per_task": 6, "test_per_task": 10},
+
+CELL_STAGES = {
+    "primary_arm": "sum",
+    "cell": {"latent_dim": 8, "reconstruction_family": "dist_tokcc_0.05_0.95"},
     "train": {"steps": 3, "batch_size": 8, "eval_every": 3, "checkpoint_every": 3, "val_probe_per_task": 6,
               "val_decode_per_task": 1},
     "evaluate": {"max_new_tokens": 24, "batch_size": 8},
-    "resources": {"threads": 1},
 }
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    root = tmp_path_factory.mktemp("smoke")
-    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={**OVERRIDES, "results_dir": str(root)})
-    cell = next(c for c in expand_cells(cfg) if c.settings["reconstruction_family"] == "dist_tokcc_0.05_0.95").to_json()
-    dd, ed, rd, td = root / "data", root / "entangle", root / "reference", root / "train"
-    data.build_dataset(cfg["data"], dd)
-    torch.manual_seed(0)
-    build_backbone(cfg["backbone"], data.load_tokenizer(dd)).save_pretrained(ed / "model")
-    run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
-    from latentstrat.train import train_cell
+def smoke(tiny_base, tmp_path_factory):
+    """A dist+tokcc cell on the shared tiny base, trained a few steps, evaluated, probed and
+    reduced to its metrics row."""
+    root = tmp_path_factory.mktemp("cell")
+    cfg = json.loads(json.dumps(TINY))
+    for k, v in CELL_STAGES.items():
+        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+    cfg = load_config(cfg=cfg)
+    cell = expand_cells(cfg)[0].to_json()
+    dd, ed, rd, td = tiny_base["data_dir"], tiny_base["entangle_dir"], tiny_base["reference_dir"], root / "train"
     train_cell(cfg, cell, dd, ed, rd, td, threads=1)
     rec_path = root / "evaluate" / "records.parquet"
     evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1, log=lambda *_: None)

@@ -79,3 +79,16 @@ def test_the_report_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Test modules share code through conftest.py and helper modules, never by importing
+    another test module (which would run its module fixtures and tests' imports twice)."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for f in tests.glob("test_*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            names = [n.module] if isinstance(n, ast.ImportFrom) and n.module else \
+                [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            offenders += [f"{f.name} imports {m}" for m in names if m.startswith("test_")]
+    assert offenders == []

@@ -11,7 +11,7 @@ import torch
 import parallel_helpers
 from latentstrat import data, entangle, parallel
 from latentstrat.model import load_entangled
-from test_entangle import smoke_cfg
+from workflow_helpers import smoke_cfg
 
 TESTS = Path(__file__).resolve().parent
 
@@ -72,7 +72,7 @@ def test_a_failing_worker_is_named_with_its_error():
 
 
 def test_processes_off_the_cpu_fail_before_training(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(entangle, "pick_device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(entangle, "device_for", lambda cfg: torch.device("cuda"))
     with pytest.raises(ValueError, match=r"entangle\.processes is 2.*cuda"):
         entangle.run_entangle(smoke_cfg(processes=2), data_dir, tmp_path / "out", threads=2, log=lambda m: None)
     assert not (tmp_path / "out").exists()

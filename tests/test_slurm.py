@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_workflow import copy_workflow, dry_run, rules
+from workflow_helpers import copy_workflow, dry_run, rules
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,6 @@ dry runs see exactly what a finished collection would.
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,64 +14,10 @@ from pathlib import Path
 import pytest
 
 from latentstrat.config import base_settings, dump_json, load_config
+from workflow_helpers import ROOT, copy_workflow, dry_run, outputs_of, rules, snakemake
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 CELL_RULES = {"train", "evaluate", "probe_task", "probe_global", "metrics"}
 N_TASKS = 6  # smoke.yaml's tasks (the schema default list)
-
-
-def copy_workflow(dst: Path) -> Path:
-    shutil.copy(ROOT / "Snakefile", dst / "Snakefile")
-    shutil.copytree(ROOT / "workflow", dst / "workflow", symlinks=False)
-    shutil.copytree(ROOT / "config", dst / "config")
-    shutil.copytree(ROOT / "envs", dst / "envs")
-    shutil.copytree(ROOT / "resources", dst / "resources")  # the shipped bases
-    src = dst / "src" / "latentstrat"
-    (src / "report").mkdir(parents=True)
-    for name in ("aggregate.py", "metrics.py"):
-        if (ROOT / "src" / "latentstrat" / name).exists():
-            shutil.copy(ROOT / "src" / "latentstrat" / name, src / name)
-    for f in (ROOT / "src" / "latentstrat" / "report").glob("*.py"):
-        shutil.copy(f, src / "report" / f.name)
-    (src / "report" / "__init__.py").touch()
-    return dst
-
-
-def snakemake(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
-    cmd = [SNAKEMAKE, "--configfile", configfile, "--config", f"results_dir={wd / 'results'}", *config, *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=300)
-
-
-def dry_run(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
-    """(returncode, [(rule, cell, task)], output) of `snakemake -n`."""
-    r = snakemake(wd, "-n", *args, config=config, configfile=configfile)
-    out = r.stdout + r.stderr
-    jobs, rule = [], None
-    for line in out.splitlines():
-        m = re.match(r"^\s*(?:local)?rule (\w+):$", line)
-        if m:
-            rule = m[1]
-            jobs.append((rule, None, None))
-            continue
-        m = re.match(r"^\s+wildcards: (.*)$", line)
-        if m and rule:
-            wc = dict(kv.split("=", 1) for kv in m[1].split(", "))
-            jobs[-1] = (rule, wc.get("cell"), wc.get("task"))
-    return r.returncode, jobs, out
-
-
-def outputs_of(out: str) -> list[str]:
-    files = []
-    for line in out.splitlines():
-        m = re.match(r"^\s+output: (.*)$", line)
-        if m:
-            files += m[1].split(", ")
-    return files
-
-
-def rules(jobs):
-    return Counter(j[0] for j in jobs)
 
 
 # ----------------------------------------------------------------------------- grid

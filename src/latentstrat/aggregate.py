@@ -20,7 +20,7 @@ import pandas as pd
 from latentstrat import host
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive,
+from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, HISTORY_COLUMNS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive,
                                  interval, probe_label)
 
 FAMILY_COL = "reconstruction_loss_family_label"
@@ -150,13 +150,13 @@ def load_histories(history_paths: dict) -> tuple[pd.DataFrame, list[str]]:
     for cid, path in history_paths.items():
         try:
             df = pd.read_parquet(path)
-            missing = [c for c in ("cell_id", "step", "task", "metric", "value") if c not in df.columns]
+            missing = [c for c in HISTORY_COLUMNS if c not in df.columns]
             if missing:
                 raise ValueError(f"lacks columns {missing}")
             frames.append(df.assign(cell_id=cid))
         except Exception:
             bad.append(cid)
-    hist = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    hist = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=HISTORY_COLUMNS)
     return hist, bad
 
 
@@ -952,7 +952,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
 
     cells_info = pd.concat([state[["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"]]],
                            ignore_index=True) if len(state) else pd.DataFrame(columns=["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"])
-    hist = history if len(history) else pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    hist = history if len(history) else pd.DataFrame(columns=HISTORY_COLUMNS)
     hist = label_cells(hist, cells_info) if len(hist) else hist.assign(**{c: [] for c in ["arm", "token_aggregation", FAMILY_COL, "beta_label"]})
     h_all, h_task = hist[hist.task == "all"], hist[hist.task != "all"]
     t["history_long"], t["history_per_task_long"] = h_all, h_task
@@ -1038,11 +1038,11 @@ def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, 
     """Aggregate tables from a summary table (+ comparison tables, + long history) alone."""
     summary = read_summary_table(summary_path)  # validate every input before any work
     comparisons = {Path(p).stem: read_summary_table(p) for p in comparison_paths}
-    history = pd.DataFrame(columns=["cell_id", "step", "task", "metric", "value"])
+    history = pd.DataFrame(columns=HISTORY_COLUMNS)
     if history_path:
         p = Path(history_path)
         history = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
-        missing = [c for c in ("cell_id", "step", "task", "metric", "value") if c not in history.columns]
+        missing = [c for c in HISTORY_COLUMNS if c not in history.columns]
         if missing:
             raise ValueError(f"history table {p} lacks required column {missing[0]!r}")
         unknown = sorted(set(history.cell_id) - set(summary.cell_id))

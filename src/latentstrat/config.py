@@ -225,6 +225,32 @@ def resolve_extends(cfg: dict, here: Path | None = None, _seen: tuple = ()) -> d
     return base
 
 
+def typed_cli_values(value, nested: bool = False):
+    """Snakemake's `--config k=v` parses nested values with YAML's BaseLoader (all strings):
+    give scalars their YAML types again (`{beta: [0.1]}` -> 0.1, not "0.1")."""
+    if isinstance(value, dict):
+        return {k: typed_cli_values(v, True) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed_cli_values(v, True) for v in value]
+    if nested and isinstance(value, str):
+        try:
+            typed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        return typed if isinstance(typed, (bool, int, float)) or typed is None else value
+    return value
+
+
+def from_snakemake(config: dict, cli_config: dict, configfile: str | Path) -> dict:
+    """The validated config of a Snakemake run: its `config` with the `--config` values
+    re-typed on top; a relative `extends:` made absolute against `configfile`'s folder (so the
+    rule scripts, which read `config` as is, resolve the same file). Updates `config` in place."""
+    _deep_merge(config, typed_cli_values(dict(cli_config)))
+    if config.get("extends") and not Path(config["extends"]).is_absolute():
+        config["extends"] = str((Path(configfile).resolve().parent / config["extends"]).resolve())
+    return load_config(cfg=config)
+
+
 def _deep_merge(dst: dict, src: dict) -> None:
     for k, v in src.items():
         if isinstance(v, dict) and isinstance(dst.get(k), dict):
@@ -422,7 +448,9 @@ def cell_work_key(cfg: dict) -> str:
 
 @dataclass(frozen=True)
 class Paths:
-    """Where every stage reads and writes. One place for the layout."""
+    """Where every stage reads and writes: the one place for the layout and the file names.
+    The workflow's rules take their inputs and outputs from here, the status command its
+    outputs to look for."""
     results: Path
     collection: str
     base: str
@@ -438,15 +466,54 @@ class Paths:
     @property
     def data_dir(self) -> Path: return self.base_dir / "data"
     @property
+    def base_config(self) -> Path: return self.data_dir / "base_config.json"
+    @property
     def entangle_dir(self) -> Path: return self.base_dir / "entangle"
     @property
     def reference_dir(self) -> Path: return self.base_dir / "reference"
+    @property
+    def base_logs_dir(self) -> Path: return self.base_dir / "logs"
+    @property
+    def base_bench_dir(self) -> Path: return self.base_dir / "benchmarks"
+
+    def data_files(self) -> dict[str, str]:
+        d = self.data_dir
+        return {"train": str(d / "train.parquet"), "validation": str(d / "validation.parquet"),
+                "test": str(d / "test.parquet"), "tokenizer": str(d / "tokenizer.json"),
+                "tokenizer_info": str(d / "tokenizer_info.json")}
+
+    def entangle_files(self, mode: str = "train") -> dict[str, str]:
+        """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
+        the backbone as is) only the quality record and an empty history."""
+        d = self.entangle_dir
+        files = {"quality": str(d / "quality.json"), "entangle_history": str(d / "history.parquet")}
+        if mode != "skip":
+            files.update(entangle_config=str(d / "model" / "config.json"),
+                         entangle_weights=str(d / "model" / "model.safetensors"))
+        return files
+
+    def reference_files(self) -> dict[str, str]:
+        d = self.reference_dir
+        return {"tokens": str(d / "tokens.parquet"), "scales": str(d / "scales.json"),
+                "token_counts": str(d / "token_counts.parquet")}
+
     # a cell's work (train, evaluate, probes): shared by collections with the same base and
     # CELL_WORK_SECTIONS, keyed by the cell id (its settings)
     def cell_dir(self, cid: str) -> Path: return self.base_dir / "cells" / self.cell_key / cid
     def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
+
+    def train_files(self, cid: str) -> dict[str, str]:
+        d = self.train_dir(cid)
+        return {"cell_model": str(d / "model.safetensors"), "history": str(d / "history.parquet"),
+                "summary": str(d / "summary.json")}
+
     def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
     def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"
+
+    def probe_files(self, cid: str, tasks) -> list[str]:
+        """Per-task probes, then the global one."""
+        return [str(self.probe_path(cid, t)) for t in [*tasks, "global"]]
+
     # collection-level: the cell's row in this collection (its arm and role), tables, report
     @property
     def collection_dir(self) -> Path: return self.results / self.collection
@@ -454,6 +521,8 @@ class Paths:
     def bootstrap_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "bootstrap.parquet"
     @property
     def logs_dir(self) -> Path: return self.collection_dir / "logs"
+    @property
+    def bench_dir(self) -> Path: return self.collection_dir / "benchmarks"
 
     def log_path(self, stage: str, cid: str) -> Path:
         """A cell stage's job log (probes: the global probe's)."""
@@ -464,7 +533,14 @@ class Paths:
     @property
     def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
     @property
+    def aggregate_marker(self) -> Path: return self.aggregate_dir / "collection_state.parquet"
+    @property
     def report_dir(self) -> Path: return self.collection_dir / "report"
+
+    def report_files(self) -> dict[str, str]:
+        d = self.report_dir
+        return {"results": str(d / "results.md"), "analysis": str(d / "analysis.md"),
+                "brief": str(d / "brief.yaml"), "findings": str(d / "findings.json")}
 
 
 def base_settings(cfg: dict) -> dict:

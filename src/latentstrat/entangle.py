@@ -42,8 +42,9 @@ import torch
 from latentstrat import data, host, parallel, shipped
 from latentstrat.config import dump_json
 from latentstrat.io import write_parquet
-from latentstrat.model import DTYPES, build_backbone, count_params, load_entangled
-from latentstrat.objective import token_nll
+from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
+from latentstrat.model import DTYPES, build_backbone, count_params, device_for, device_of, load_entangled
+from latentstrat.objective import zfree_token_nll
 from latentstrat.quality import quality_table
 from latentstrat.tasks import TASKS
 
@@ -66,14 +67,6 @@ class QualityError(RuntimeError):
 # ----------------------------------------------------------------------------- helpers
 
 
-def device_of(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def lr_at(step: int, lr: float, warmup: int, steps: int, min_ratio: float = 0.1) -> float:
     """Linear warmup over `warmup` steps, then cosine decay from lr to lr * min_ratio at `steps`."""
     if warmup > 0 and step < warmup:
@@ -81,21 +74,6 @@ def lr_at(step: int, lr: float, warmup: int, steps: int, min_ratio: float = 0.1)
     span = max(1, steps - warmup)
     progress = min(1.0, (step - warmup) / span)
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:
-    """Logits [B, L, V] at the positions whose next token is supervised. Only those hidden
-    states go through the output projection (a 150k vocabulary stays cheap)."""
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-    h = hidden.gather(1, sup_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    return model.get_output_embeddings()(h)
-
-
-def zfree_token_nll(model, batch: data.Batch) -> torch.Tensor:
-    """-log p(y_t | x, y_<t) per supervised token [B, L] (float32, 0 at padding): the z-free
-    model on the generator record, the `[Z]` slot neutral (its token embedding, no z)."""
-    logits = supervised_logits(model, batch.gen_ids, batch.gen_mask, batch.gen_sup_pos)
-    return token_nll(logits, batch.sup_ids) * batch.sup_mask
 
 
 def strategy_alternatives(train_df: pd.DataFrame) -> tuple[pd.DataFrame, list[list[int]]]:
@@ -576,11 +554,11 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
         report = dict(mode="skip", passed=None, backbone=cfg["backbone"],
                       note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
                            "no model is trained, copied or checked")
-        write_parquet(pd.DataFrame(columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
+        write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / "history.parquet")
         dump_json(report, out_dir / "quality.json")
         return report
     _check_inputs(data_dir)
-    device = pick_device()
+    device = device_for(cfg)
     if ecfg["processes"] != "auto" and ecfg["processes"] > 1 and device.type != "cpu":
         raise ValueError(f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
                          f"the CPU step; on {device.type} set entangle.processes: 1")
@@ -623,7 +601,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
                    code=code)
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
-    write_parquet(pd.DataFrame(history, columns=["step", "task", "metric", "value"]), out_dir / "history.parquet")
+    write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / "history.parquet")
 
     return write_quality(model, tokenizer, val_df, train_df, ecfg, out_dir, log, mode="train", training=summary)
 
@@ -639,7 +617,7 @@ def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=p
     log(f"entangle: installed the shipped entangled model {shipped_dir} (trained with code "
         f"{prov['trained'].get('code_version')} on {prov['trained'].get('cpu')}; checksums, recipe and data "
         f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:")
-    model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(pick_device())
+    model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(device_for(cfg))
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
     prov.pop("trained_quality", None)

@@ -39,18 +39,13 @@ import torch
 from latentstrat import data, decode
 from latentstrat.config import parse_family
 from latentstrat.io import write_parquet
-from latentstrat.metrics import LOSS_METRICS
+from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.model import build_model, device_for
 from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
 from latentstrat.tasks import TASKS
 
 WEIGHTS = "model.safetensors"
-# forward_losses key -> record / metric column (the per-example losses)
-LOSS_KEYS = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
-             "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
-             "active": "active_reconstruction_objective"}
-assert sorted(LOSS_KEYS.values()) == sorted(LOSS_METRICS)
 RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "x", "y_true", "y_generated",
                   "matched_strategies", "followed_strategy", "generation_ambiguous", "ambiguous", "correct",
                   "router_z", "router_mu", "posterior_mu", "n_supervised", "n_generated", *LOSS_METRICS]
@@ -89,7 +84,7 @@ def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, ba
     """Per-example losses of every family + KL, mu_q, with z ~ q (noise seeded per example)."""
     n = len(encoded)
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
-    out = {k: np.zeros(n) for k in LOSS_KEYS}
+    out = {k: np.zeros(n) for k in LOSS_METRIC_OF}
     out["mu_q"] = np.zeros((n, model.latent_dim), dtype=np.float32)
     dev = next(model.parameters()).device
     order = sorted(range(n), key=lambda i: encoded.lengths[i])
@@ -97,7 +92,7 @@ def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, ba
         idx = order[s:s + batch_size]
         batch = data.collate(encoded, idx, b).to(dev)
         o = forward_losses(model, batch, cell, scales, step, eps[idx])
-        for k in LOSS_KEYS:
+        for k in LOSS_METRIC_OF:
             out[k][idx] = o[k].double().cpu().numpy()
         out["mu_q"][idx] = o["mu_q"].float().cpu().numpy()
     return out
@@ -156,7 +151,7 @@ def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, 
         "router_mu": [list(map(float, r)) for r in gen.mu_r.numpy()],
         "posterior_mu": [list(map(float, r)) for r in losses["mu_q"]],
         "n_supervised": test.n_supervised.astype("int64"), "n_generated": np.asarray(gen.n_generated, dtype="int64"),
-        **{col: losses[k] for k, col in LOSS_KEYS.items()},
+        **{col: losses[k] for k, col in LOSS_METRIC_OF.items()},
     })[RECORD_COLUMNS]
     bad = [c for c in LOSS_METRICS if not np.isfinite(rec[c]).all()]
     if bad:

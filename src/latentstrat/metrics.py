@@ -53,8 +53,14 @@ _M = [
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
 # the order of the original study's "Metric Distributions" table
 DISTRIBUTION_METRICS = list(METRICS)
-LOSS_METRICS = ["reconstruction_loss", "distribution_normalized_reconstruction_loss",
-                "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective"]
+# a training history (long format): the cell trainer's rows; the entangle stage's have no cell_id
+HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
+ENTANGLE_HISTORY_COLUMNS = HISTORY_COLUMNS[1:]
+# objective.forward_losses key -> the metric (history, record and metrics-row column) it is
+LOSS_METRIC_OF = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
+                  "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
+                  "active": "active_reconstruction_objective"}
+LOSS_METRICS = list(LOSS_METRIC_OF.values())
 PROBE_METRICS = ["within_task_router_probe", "global_router_probe", "posterior_probe"]
 # what stands next to every probe number: chance (majority-class rate), shuffled-label control,
 # chance-corrected accuracy (accuracy - chance) / (1 - chance), tasks covered

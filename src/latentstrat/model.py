@@ -223,8 +223,9 @@ class LatentStrategyModel(nn.Module):
         self._active = "generator"
         self._trainable = self._trainable_names()
         params = dict(self.named_parameters())
-        for n in self._trainable:
-            params[n].requires_grad_(True)
+        self._trainable_params = [params[n] for n in self._trainable]
+        for p in self._trainable_params:
+            p.requires_grad_(True)
 
     # -------------------------------------------------------------- adapters
 
@@ -246,9 +247,8 @@ class LatentStrategyModel(nn.Module):
         if self.adaptation == "lora" and name != self._active:
             self.peft.base_model.set_adapter(name)
             # peft freezes the inactive adapter; both must stay trainable (one backward per step)
-            params = dict(self.named_parameters())
-            for n in self._trainable:
-                params[n].requires_grad_(True)
+            for p in self._trainable_params:
+                p.requires_grad_(True)
         self._active = name
 
     @contextlib.contextmanager
@@ -327,8 +327,7 @@ class LatentStrategyModel(nn.Module):
     # -------------------------------------------------------------- weights
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        params = dict(self.named_parameters())
-        return [params[n] for n in self._trainable]
+        return list(self._trainable_params)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         params = dict(self.named_parameters())
@@ -382,5 +381,11 @@ def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()
     return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
 
 
+def device_of(model) -> torch.device:
+    """Where a model's weights are."""
+    return next(model.parameters()).device
+
+
 def device_for(cfg: dict) -> torch.device:
+    """The device of a config's model jobs: CUDA when `resources.gpu` > 0 and one is present."""
     return torch.device("cuda") if cfg["resources"]["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")

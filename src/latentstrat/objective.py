@@ -140,3 +140,18 @@ def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch
                     + float(cell["posterior_variance_weight"]) * out["posterior_variance"]
                     + float(cell["router_marginal_kl_weight"]) * out["router_marginal_kl_to_prior"])
     return out
+
+
+def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:
+    """Logits [B, L, V] at the positions whose next token is supervised. Only those hidden
+    states go through the output projection (a 150k vocabulary stays cheap)."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+    h = hidden.gather(1, sup_pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    return model.get_output_embeddings()(h)
+
+
+def zfree_token_nll(model, batch) -> torch.Tensor:
+    """-log p(y_t | x, y_<t) per supervised token [B, L] (float32, 0 at padding): the z-free
+    model on the generator record, the `[Z]` slot neutral (its token embedding, no z)."""
+    logits = supervised_logits(model, batch.gen_ids, batch.gen_mask, batch.gen_sup_pos)
+    return token_nll(logits, batch.sup_ids) * batch.sup_mask

@@ -27,9 +27,9 @@ import torch
 
 from latentstrat import data
 from latentstrat.config import dump_json, format_value, parse_family
-from latentstrat.entangle import device_of, pick_device, zfree_token_nll
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.objective import AGGREGATIONS, reference_scales
+from latentstrat.model import device_for, device_of
+from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 DEFAULT_ALPHA = 0.25
@@ -152,7 +152,7 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     alphas = config_alphas(cfg)
     tokenizer = data.load_tokenizer(data_dir)
     splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
-    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(pick_device())
+    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
     bs = 2 * cfg["entangle"]["batch_size"]
     parts = []
     for split, df in splits.items():

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from latentstrat import data, host
-from latentstrat.config import base_settings, dump_json, settings_diff
+from latentstrat.config import Paths, base_settings, dump_json, load_config, settings_diff
 
 MANIFEST = "SHA256SUMS"
 PROVENANCE = "provenance.json"
@@ -161,8 +161,6 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import Paths, load_config
-
     ap = argparse.ArgumentParser(prog="python -m latentstrat.shipped", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")

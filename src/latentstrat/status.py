@@ -80,10 +80,10 @@ def _recently_written(paths) -> bool:
 
 
 def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]:
-    train = p.train_dir(cid)
-    return {"train": [train / "model.safetensors", train / "summary.json"],
+    train = p.train_files(cid)
+    return {"train": [Path(train["cell_model"]), Path(train["summary"])],
             "evaluate": [p.records_path(cid)],
-            "probes": [p.probe_path(cid, t) for t in [*tasks, "global"]],
+            "probes": [Path(f) for f in p.probe_files(cid, tasks)],
             "metrics": [p.metrics_path(cid)]}
 
 

@@ -34,20 +34,20 @@ import torch
 from latentstrat import data, host
 from latentstrat import objective as obj
 from latentstrat.config import dump_json, parse_family
+from latentstrat.decode import generate
 from latentstrat.io import atomic_path, write_parquet
-from latentstrat.metrics import derive
+from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF, derive
 from latentstrat.model import build_model, device_for
 from latentstrat.objective import forward_losses
+from latentstrat.probes import linear_probe
 from latentstrat.progress import Progress
 from latentstrat.reference import load_b
+from latentstrat.tasks import TASKS
 
-HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
 GRAD_SHARE_ROWS = 16  # rows per task of the validation gradient-norm share
 CHECKPOINT = "last.pt"
-# loss-dict key -> history metric name
-LOSS_NAMES = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
-              "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
-              "active": "active_reconstruction_objective", "posterior_variance": "posterior_variance",
+# forward_losses key -> history metric name
+LOSS_NAMES = {**LOSS_METRIC_OF, "posterior_variance": "posterior_variance",
               "router_marginal_kl_to_prior": "router_marginal_kl_to_prior", "total": "total_loss"}
 
 
@@ -137,10 +137,6 @@ def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
 
 
 def _probe(X, y, cfg):
-    try:
-        from latentstrat.probes import linear_probe
-    except ImportError:  # probes.py not there yet
-        return math.nan
     if len(y) == 0:
         return math.nan
     return float(linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"],
@@ -151,8 +147,6 @@ def _probe(X, y, cfg):
 def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: torch.Tensor, batch_size: int) -> list[str | None]:
     """Per row: the strategy whose canonical trace is most likely under p(y|x,z), or None when
     the best trace is shared by several strategies."""
-    from latentstrat.tasks import TASKS
-
     cand, owner = [], []
     for k, r in enumerate(rows):
         task, x = df.task[r], df.x[r]
@@ -182,87 +176,27 @@ def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: to
 
 @torch.no_grad()
 def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
-    """History rows for one evaluation. `val`: dict from `prepare_validation`."""
+    """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
+    whole validation split, the probes, the decoded subset and the per-task shares."""
     was_training = model.training
     model.eval()
-    df, enc, b_val, rows = val["df"], val["enc"], val["b"], val["rows"]
-    bs = cfg["train"]["batch_size"]
-    dev = next(model.parameters()).device
-    # losses over the whole validation split (the rows S_ref and T_ref are measured on, so a
-    # model equal to the reference scores exactly 1); probes on the fixed subset `rows`
-    keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
-    acc: dict[str, list] = {k: [] for k in keys}
-    n_all = len(df)
-    order = sorted(range(n_all), key=lambda r: enc.lengths[r])  # length-grouped, deterministic
-    for s in range(0, n_all, 2 * bs):
-        idx = order[s:s + 2 * bs]
-        batch = data.collate(enc, idx, b_val).to(dev)
-        out = forward_losses(model, batch, cell, scales, step, val["eps"][idx])
-        for k in keys:
-            acc[k].append(out[k].float().cpu())
-    back = torch.empty(n_all, dtype=torch.long)
-    back[torch.as_tensor(order)] = torch.arange(n_all)
-    everything = {k: torch.cat(v)[back] for k, v in acc.items()}  # in row order of df
-    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    r = {k: everything[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
-    post_var = obj.posterior_variance(everything["logvar_q"]).item()
-    rmk = obj.router_marginal_kl_to_prior(everything["mu_r"], everything["logvar_r"]).item()
-    total = (r["active"] + beta_t * r["kl"] + float(cell["posterior_variance_weight"]) * post_var
-             + float(cell["router_marginal_kl_weight"]) * rmk)
-    base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
-                   "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
-                   "active_reconstruction_objective": r["active"]})
-    metrics = {k: base[k] for k in ("reconstruction_loss", "distribution_normalized_reconstruction_loss",
-                                     "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
-                                     "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
-    metrics.update(posterior_variance=post_var, router_marginal_kl_to_prior=rmk, beta_t=beta_t, total_loss=total)
-    cat = {k: v[torch.as_tensor(rows)] for k, v in everything.items()}  # the probe subset, in `rows` order
-
-    # probes
-    sub = df.loc[rows]
+    metrics, per_row = validation_losses(model, cell, scales, val, step)
+    rows = val["rows"]
+    sub = val["df"].loc[rows]
     tasks = sorted(sub.task.unique())
-    z_router = cat["mu_r"] + torch.exp(0.5 * cat["logvar_r"]) * val["router_eps"]
-    followed = scored_strategies(model, tokenizer, df, rows, z_router, bs)
     per_task: dict[str, dict] = {t: {} for t in tasks}
-    mu_q = cat["mu_q"].numpy()
-    zr = z_router.numpy()
-    amb = sub.ambiguous.to_numpy()
-    task_arr = sub.task.to_numpy()
-    strat = sub.strategy.to_numpy()
-    fol = np.array([f if f is not None else "" for f in followed], dtype=object)
-    for t in tasks:
-        m = (task_arr == t) & ~amb
-        per_task[t]["posterior_probe"] = _probe(mu_q[m], strat[m], cfg)
-        m2 = (task_arr == t) & (fol != "")
-        per_task[t]["within_task_router_probe"] = _probe(zr[m2], fol[m2], cfg)
-    metrics["posterior_probe"] = float(np.nanmean([per_task[t]["posterior_probe"] for t in tasks])) \
-        if any(np.isfinite(per_task[t]["posterior_probe"]) for t in tasks) else math.nan
-    metrics["within_task_router_probe"] = float(np.nanmean([per_task[t]["within_task_router_probe"] for t in tasks])) \
-        if any(np.isfinite(per_task[t]["within_task_router_probe"]) for t in tasks) else math.nan
-    g = fol != ""
-    metrics["global_router_probe"] = _probe(zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
-
-    # decoded subset (overall and per task; per-task matched router score for the report's
-    # top per-task checkpoints)
-    overall, decoded_by_task = _decoded_metrics(model, tokenizer, df, val["decode_rows"], cfg, cell)
+    on_subset = {k: v[torch.as_tensor(rows)] for k, v in per_row.items()}  # the probe subset, in `rows` order
+    metrics.update(probe_metrics(model, tokenizer, cfg, val, on_subset, per_task))
+    overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, cell)
     metrics.update(overall)
     metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
     for t in tasks:
         per_task[t].update(decoded_by_task.get(t, {}))
         if t in decoded_by_task:
             per_task[t]["matched_router_score"] = derive(per_task[t])["matched_router_score"]
-
-    # per-task shares (over the probe subset: equal examples per task)
-    n_sup = sub.n_supervised.to_numpy().astype(float)
-    active = cat["active"].numpy().astype(np.float64)
-    grad = _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, dev)
-    gsum = sum(grad.values())
-    for t in tasks:
-        m = task_arr == t
-        per_task[t].update(token_count_mean=float(n_sup[m].mean()), example_share=float(m.mean()),
-                           token_share=float(n_sup[m].sum() / n_sup.sum()),
-                           loss_share=float(active[m].sum() / active.sum()) if active.sum() else math.nan,
-                           grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan)
+    grad = _task_grad_norms(model, val["enc"], val["b"], val["df"], rows, cell, scales, step, val,
+                            next(model.parameters()).device)
+    task_shares(sub, on_subset["active"].numpy().astype(np.float64), grad, per_task)
     if was_training:
         model.train()
     cid = cell["cell_id"]
@@ -272,12 +206,82 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     return out
 
 
+def validation_losses(model, cell, scales, val, step: int) -> tuple[dict, dict]:
+    """J's terms over the whole validation split (the rows S_ref and T_ref are measured on, so a
+    model equal to the reference scores exactly 1), z ~ q with the fixed noise draw: (history
+    metrics, per-row tensors in the split's row order)."""
+    df, enc = val["df"], val["enc"]
+    bs = 2 * val["batch_size"]
+    dev = next(model.parameters()).device
+    keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
+    acc: dict[str, list] = {k: [] for k in keys}
+    order = sorted(range(len(df)), key=lambda r: enc.lengths[r])  # length-grouped, deterministic
+    for s in range(0, len(df), bs):
+        idx = order[s:s + bs]
+        out = forward_losses(model, data.collate(enc, idx, val["b"]).to(dev), cell, scales, step, val["eps"][idx])
+        for k in keys:
+            acc[k].append(out[k].float().cpu())
+    back = torch.empty(len(df), dtype=torch.long)
+    back[torch.as_tensor(order)] = torch.arange(len(df))
+    per_row = {k: torch.cat(v)[back] for k, v in acc.items()}
+    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    r = {k: per_row[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
+    post_var = obj.posterior_variance(per_row["logvar_q"]).item()
+    rmk = obj.router_marginal_kl_to_prior(per_row["mu_r"], per_row["logvar_r"]).item()
+    total = (r["active"] + beta_t * r["kl"] + float(cell["posterior_variance_weight"]) * post_var
+             + float(cell["router_marginal_kl_weight"]) * rmk)
+    base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
+                   "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
+                   "active_reconstruction_objective": r["active"]})
+    metrics = {k: base[k] for k in ("reconstruction_loss", "distribution_normalized_reconstruction_loss",
+                                     "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
+                                     "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
+    metrics.update(posterior_variance=post_var, router_marginal_kl_to_prior=rmk, beta_t=beta_t, total_loss=total)
+    return metrics, per_row
+
+
+def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
+    """Posterior probe (mu_q -> true strategy, unambiguous rows) and router probes (router-sampled
+    z -> the strategy scored as followed) per task into `per_task`; their means and the global
+    router probe returned."""
+    rows, df = val["rows"], val["df"]
+    sub = df.loc[rows]
+    z_router = on_subset["mu_r"] + torch.exp(0.5 * on_subset["logvar_r"]) * val["router_eps"]
+    followed = scored_strategies(model, tokenizer, df, rows, z_router, val["batch_size"])
+    mu_q, zr = on_subset["mu_q"].numpy(), z_router.numpy()
+    amb, task_arr, strat = sub.ambiguous.to_numpy(), sub.task.to_numpy(), sub.strategy.to_numpy()
+    fol = np.array([f if f is not None else "" for f in followed], dtype=object)
+    for t in per_task:
+        m = (task_arr == t) & ~amb
+        per_task[t]["posterior_probe"] = _probe(mu_q[m], strat[m], cfg)
+        m2 = (task_arr == t) & (fol != "")
+        per_task[t]["within_task_router_probe"] = _probe(zr[m2], fol[m2], cfg)
+    out = {}
+    for k in ("posterior_probe", "within_task_router_probe"):
+        vals = [per_task[t][k] for t in per_task]
+        out[k] = float(np.nanmean(vals)) if any(np.isfinite(vals)) else math.nan
+    g = fol != ""
+    out["global_router_probe"] = _probe(zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
+    return out
+
+
+def task_shares(sub: pd.DataFrame, active: np.ndarray, grad: dict, per_task: dict) -> None:
+    """Per task (over the probe subset: equal examples per task): mean token count, example /
+    token share, share of the summed active objective and of the gradient norm."""
+    n_sup = sub.n_supervised.to_numpy().astype(float)
+    task_arr = sub.task.to_numpy()
+    gsum = sum(grad.values())
+    for t in per_task:
+        m = task_arr == t
+        per_task[t].update(token_count_mean=float(n_sup[m].mean()), example_share=float(m.mean()),
+                           token_share=float(n_sup[m].sum() / n_sup.sum()),
+                           loss_share=float(active[m].sum() / active.sum()) if active.sum() else math.nan,
+                           grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan)
+
+
 def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> tuple[dict, dict]:
     """Answer accuracy and strategy-match rate of router-sampled greedy generations on the
     decoded subset: (overall, {task: per-task})."""
-    from latentstrat.decode import generate
-    from latentstrat.tasks import TASKS
-
     if not rows:
         return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
     sub = df.loc[rows]
@@ -318,6 +322,7 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
+            "batch_size": int(cfg["train"]["batch_size"]),
             "eps": eps, "router_eps": router_eps,
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
 

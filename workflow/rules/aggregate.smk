@@ -5,18 +5,18 @@
 
 rule aggregate:
     input:
-        metrics=metrics_files(),
+        metrics=[str(P.metrics_path(c)) for c in CELLS],
         bootstrap=[str(P.bootstrap_path(c)) for c in CELLS],
-        history=history_files(),
+        history=[P.train_files(c)["history"] for c in CELLS],
         comparison_tables=comparison_tables(),
-        quality=entangle_files()["quality"],
+        quality=P.entangle_files(MODE)["quality"],
         code=code_files("aggregate.py", "metrics.py"),
     output:
         directory(str(P.aggregate_dir)),
     log:
-        str(LOGS / "aggregate.log"),
+        str(P.logs_dir / "aggregate.log"),
     benchmark:
-        str(BENCH / "aggregate.tsv")
+        str(P.bench_dir / "aggregate.tsv")
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -3,13 +3,13 @@
 
 rule data:
     output:
-        **data_files(),
+        **P.data_files(),
         card=str(P.data_dir / "data_card.parquet"),
-        base_config=str(BASE_CONFIG),
+        base_config=str(P.base_config),
     log:
-        str(BASE_LOGS / "data.log"),
+        str(P.base_logs_dir / "data.log"),
     benchmark:
-        str(BASE_BENCH / "data.tsv")
+        str(P.base_bench_dir / "data.tsv")
     threads: 1
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),

@@ -4,14 +4,14 @@
 
 rule entangle:
     input:
-        **data_files(),
+        **P.data_files(),
         **shipped_files(),
     output:
-        **entangle_files(),
+        **P.entangle_files(MODE),
     log:
-        str(BASE_LOGS / "entangle.log"),
+        str(P.base_logs_dir / "entangle.log"),
     benchmark:
-        str(BASE_BENCH / "entangle.tsv")
+        str(P.base_bench_dir / "entangle.tsv")
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),

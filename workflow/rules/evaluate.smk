@@ -4,16 +4,14 @@
 
 rule evaluate:
     input:
-        **data_files(),
-        **entangle_files(),
-        **reference_files(),
-        **train_files("{cell}"),
+        **base_files(),
+        **P.train_files("{cell}"),
     output:
         records=str(P.records_path("{cell}")),
     log:
-        str(LOGS / "evaluate" / "{cell}.log"),
+        str(P.logs_dir / "evaluate" / "{cell}.log"),
     benchmark:
-        str(BENCH / "evaluate" / "{cell}.tsv")
+        str(P.bench_dir / "evaluate" / "{cell}.tsv")
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

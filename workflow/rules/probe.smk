@@ -9,9 +9,9 @@ rule probe_task:
     output:
         str(P.probe_path("{cell}", "{task}")),
     log:
-        str(LOGS / "probe" / "{cell}" / "{task}.log"),
+        str(P.logs_dir / "probe" / "{cell}" / "{task}.log"),
     benchmark:
-        str(BENCH / "probe" / "{cell}" / "{task}.tsv")
+        str(P.bench_dir / "probe" / "{cell}" / "{task}.tsv")
     group:
         "probe"
     threads: 1
@@ -29,9 +29,9 @@ rule probe_global:
     output:
         str(P.probe_path("{cell}", "global")),
     log:
-        str(LOGS / "probe" / "{cell}" / "global.log"),
+        str(P.logs_dir / "probe" / "{cell}" / "global.log"),
     benchmark:
-        str(BENCH / "probe" / "{cell}" / "global.tsv")
+        str(P.bench_dir / "probe" / "{cell}" / "global.tsv")
     group:
         "probe"
     threads: 1
@@ -46,15 +46,15 @@ rule probe_global:
 rule metrics:
     input:
         records=str(P.records_path("{cell}")),
-        probes=lambda w: probe_files(w.cell),
-        summary=lambda w: train_files(w.cell)["summary"],
+        probes=lambda w: P.probe_files(w.cell, TASKS),
+        summary=lambda w: P.train_files(w.cell)["summary"],
     output:
         metrics=str(P.metrics_path("{cell}")),
         bootstrap=str(P.bootstrap_path("{cell}")),
     log:
-        str(LOGS / "metrics" / "{cell}.log"),
+        str(P.logs_dir / "metrics" / "{cell}.log"),
     benchmark:
-        str(BENCH / "metrics" / "{cell}.tsv")
+        str(P.bench_dir / "metrics" / "{cell}.tsv")
     group:
         "probe"
     threads: 1

@@ -3,14 +3,14 @@
 
 rule reference:
     input:
-        **data_files(),
-        **entangle_files(),
+        **P.data_files(),
+        **P.entangle_files(MODE),
     output:
-        **reference_files(),
+        **P.reference_files(),
     log:
-        str(BASE_LOGS / "reference.log"),
+        str(P.base_logs_dir / "reference.log"),
     benchmark:
-        str(BASE_BENCH / "reference.tsv")
+        str(P.base_bench_dir / "reference.tsv")
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

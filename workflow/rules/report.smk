@@ -5,13 +5,10 @@
 rule report:
     input:
         aggregate=str(P.aggregate_dir),
-        quality=entangle_files()["quality"],
+        quality=P.entangle_files(MODE)["quality"],
         code=code_files("report"),
     output:
-        results=str(P.report_dir / "results.md"),
-        analysis=str(P.report_dir / "analysis.md"),
-        brief=str(P.report_dir / "brief.yaml"),
-        findings=str(P.report_dir / "findings.json"),
+        **P.report_files(),
         figures=report(
             directory(str(P.report_dir / "figures")),
             patterns=["{figure}.png"],
@@ -20,9 +17,9 @@ rule report:
             labels={"figure": "{figure}"},
         ),
     log:
-        str(LOGS / "report.log"),
+        str(P.logs_dir / "report.log"),
     benchmark:
-        str(BENCH / "report.tsv")
+        str(P.bench_dir / "report.tsv")
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -4,15 +4,13 @@
 
 rule train:
     input:
-        **data_files(),
-        **entangle_files(),
-        **reference_files(),
+        **base_files(),
     output:
-        **train_files("{cell}"),
+        **P.train_files("{cell}"),
     log:
-        str(LOGS / "train" / "{cell}.log"),
+        str(P.logs_dir / "train" / "{cell}.log"),
     benchmark:
-        str(BENCH / "train" / "{cell}.tsv")
+        str(P.bench_dir / "train" / "{cell}.tsv")
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),

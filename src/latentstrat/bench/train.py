@@ -24,7 +24,8 @@ import time
 import numpy as np
 import torch
 
-from latentstrat import data
+from latentstrat import data, host
+from latentstrat import model as model_module
 from latentstrat import objective as obj
 from latentstrat.model import LatentStrategyModel, build_backbone
 from latentstrat.train import batch_at, forward_losses, step_noise
@@ -168,13 +169,25 @@ def run(args) -> dict:
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     t_fast, tok_fast = time_steps(trainer_step, args.steps, args.warmup, device)
+    # the trainer's step without length buckets (one padded pass per batch), and under bf16
+    # autocast: what the cell trainer's choices are measured against on this host
+    buckets = model_module.LENGTH_BUCKETS
+    model_module.LENGTH_BUCKETS = 1
+    try:
+        t_padded, tok_padded = time_steps(trainer_step, args.steps, args.warmup, device)
+    finally:
+        model_module.LENGTH_BUCKETS = buckets
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        t_bf16, tok_bf16 = time_steps(trainer_step, args.steps, args.warmup, device)
     t_naive, tok_naive = time_steps(naive_step, args.steps, args.warmup, device)
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)
     fast, naive = tok_fast / t_fast, tok_naive / t_naive
     res = {"backbone": bcfg, "params": n_params, "device": str(device), "threads": args.threads,
            "batch_size": args.batch_size, "steps": args.steps,
+           "host": host.describe(),
            "trainer_tokens_per_s": fast, "naive_tokens_per_s": naive, "speedup": fast / naive,
+           "no_buckets_tokens_per_s": tok_padded / t_padded, "bf16_autocast_tokens_per_s": tok_bf16 / t_bf16,
            "trainer_flops_per_s": 6 * n_params * fast, "matmul_peak_flops_per_s": peak,
            "peak_dtype": str(peak_dtype).replace("torch.", ""),
            "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
@@ -204,9 +217,16 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res, indent=2, default=str))
         return 0
+    h = res["host"]
+    print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}" + (f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""))
     print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, batch {res['batch_size']}")
-    print(f"trainer step: {res['trainer_tokens_per_s']:9.0f} tokens/s")
-    print(f"naive step:   {res['naive_tokens_per_s']:9.0f} tokens/s")
+    fast = res["trainer_tokens_per_s"]
+    print(f"trainer step (float32, length buckets): {fast:9.0f} tokens/s")
+    print(f"  without length buckets:               {res['no_buckets_tokens_per_s']:9.0f} tokens/s  "
+          f"(buckets: {fast / res['no_buckets_tokens_per_s']:.2f}x)")
+    print(f"  under bf16 autocast (not used):       {res['bf16_autocast_tokens_per_s']:9.0f} tokens/s  "
+          f"({res['bf16_autocast_tokens_per_s'] / fast:.2f}x the trainer step)")
+    print(f"naive step:                             {res['naive_tokens_per_s']:9.0f} tokens/s")
     print(f"speedup:      {res['speedup']:.2f}x")
     print(f"achieved:     {res['trainer_flops_per_s'] / 1e9:.2f} GFLOP/s (6 x params x tokens) = "
           f"{100 * res['mfu_vs_matmul_peak']:.1f}% of measured {res['peak_dtype']} matmul peak "
