@@ -62,7 +62,7 @@ if MODE == "shipped" and not (SHIPPED / MANIFEST).is_file():
 
 
 # ----------------------------------------------------------------------------- params
-# Each rule gets, as params, exactly the config sections its stage reads: Snakemake's `params`
+# Each rule gets, as params, exactly the config sections its stage reads; Snakemake's `params`
 # rerun trigger then reruns a job only when those change. Base and cell-work params name no
 # collection, so collections on one base share those jobs' outputs.
 BASE_SECTIONS = ("base", "data", "backbone", "entangle")
