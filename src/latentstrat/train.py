@@ -84,14 +84,12 @@ def step_noise(seed: int, step: int, shape) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step)))
 
 
-def epoch_batches(task_idx, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """One epoch of task-mixed batches (data.task_mixed_batches), a pure function of (seed, epoch)."""
-    return data.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))
-
-
 def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
+    """The rows of training step `step`: its epoch's task-mixed batches (data.task_mixed_batches)
+    are a pure function of (seed, epoch), so a resumed run replays the same batches."""
     per_epoch = math.ceil(len(task_idx) / batch_size)
-    return epoch_batches(task_idx, batch_size, seed, step // per_epoch)[step % per_epoch]
+    epoch = step // per_epoch
+    return data.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))[step % per_epoch]
 
 
 def grad_clip_for(tcfg: dict, aggregation: str) -> float:
