@@ -1,5 +1,6 @@
 """Config loading, validation errors that name the key, cells and canonical cell ids."""
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,15 @@ def test_old_reference_arms_key_is_named():
     cfg = C.load_config(ROOT / "config" / "config.yaml")
     with pytest.raises(C.ConfigError, match="reference_arms: renamed comparison_arms"):
         C.validate({**cfg, "reference_arms": cfg.pop("comparison_arms")})
+
+
+def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained():
+    cfg = C.load_config(ROOT / "config" / "config.yaml")
+    stored = json.loads(json.dumps(C.base_settings(cfg), default=str))
+    assert C.base_guard(stored, cfg) is None
+    # a base recorded before entangle.mode left the base settings, or trained with another mode
+    assert C.base_guard({**stored, "entangle": {**stored["entangle"], "mode": "train"}}, cfg) is None
+    why = C.base_guard({**stored, "entangle": {**stored["entangle"], "steps": 5}}, cfg)
+    assert "entangle.steps" in why and cfg["base"] in why
+    why = C.base_guard({**stored, "data": {**stored["data"], "seed": 1}, "tokenizer": "pretrained:x@default"}, cfg)
+    assert "data.seed" in why and "tokenizer" in why and "entangle.steps" not in why

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentstrat import data
+from latentstrat.model import device_of
 from latentstrat.progress import Progress
 
 
@@ -76,15 +77,11 @@ def _pad(seqs: list[list[int]], pad: int, left: bool):
     return ids, mask
 
 
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int = 0, sample: bool = True):
     """(z, mu_r, logvar_r) [N, D] per prompt; z = mu_r + sigma_r * eps, eps drawn once for all
     N rows from `seed` (z does not depend on batching); sample=False: z = mu_r."""
-    pad, dev = special_id(tokenizer, data.PAD), _device(model)
+    pad, dev = special_id(tokenizer, data.PAD), device_of(model)
     mus, logvars = [], []
     for s in range(0, len(prompts.router), batch_size):
         ids, mask = _pad(prompts.router[s:s + batch_size], pad, left=False)
@@ -114,7 +111,7 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
     would see alone. One forward over the prompts fills the KV cache, then one token per step;
     rows that produced <eos> leave the batch (and the cache).
     """
-    pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), _device(model)
+    pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), device_of(model)
     ids, mask = _pad(prompts, pad, left=True)
     shift = (ids.shape[1] - mask.sum(1))[:, None]
     slots = torch.tensor(slot_pos) + shift
