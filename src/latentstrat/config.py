@@ -446,6 +446,13 @@ def cell_work_key(cfg: dict) -> str:
     return "w" + hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+# The file names inside a stage's folder: Paths joins them for the rules and the status
+# command, and the stages write and read them by these names.
+ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parquet"}
+REFERENCE_FILES = {"tokens": "tokens.parquet", "scales": "scales.json", "token_counts": "token_counts.parquet"}
+TRAIN_FILES = {"cell_model": "model.safetensors", "history": "history.parquet", "summary": "summary.json"}
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where every stage reads and writes: the one place for the layout and the file names.
@@ -486,16 +493,14 @@ class Paths:
         """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
         the backbone as is) only the quality record and an empty history."""
         d = self.entangle_dir
-        files = {"quality": str(d / "quality.json"), "entangle_history": str(d / "history.parquet")}
+        files = {k: str(d / name) for k, name in ENTANGLE_FILES.items()}
         if mode != "skip":
             files.update(entangle_config=str(d / "model" / "config.json"),
                          entangle_weights=str(d / "model" / "model.safetensors"))
         return files
 
     def reference_files(self) -> dict[str, str]:
-        d = self.reference_dir
-        return {"tokens": str(d / "tokens.parquet"), "scales": str(d / "scales.json"),
-                "token_counts": str(d / "token_counts.parquet")}
+        return {k: str(self.reference_dir / name) for k, name in REFERENCE_FILES.items()}
 
     # a cell's work (train, evaluate, probes): shared by collections with the same base and
     # CELL_WORK_SECTIONS, keyed by the cell id (its settings)
@@ -503,9 +508,7 @@ class Paths:
     def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
 
     def train_files(self, cid: str) -> dict[str, str]:
-        d = self.train_dir(cid)
-        return {"cell_model": str(d / "model.safetensors"), "history": str(d / "history.parquet"),
-                "summary": str(d / "summary.json")}
+        return {k: str(self.train_dir(cid) / name) for k, name in TRAIN_FILES.items()}
 
     def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
     def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host, parallel, shipped
-from latentstrat.config import dump_json
+from latentstrat.config import ENTANGLE_FILES, dump_json
 from latentstrat.io import write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
 from latentstrat.model import DTYPES, build_backbone, count_params, device_for, device_of, load_entangled
@@ -554,8 +554,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
         report = dict(mode="skip", passed=None, backbone=cfg["backbone"],
                       note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
                            "no model is trained, copied or checked")
-        write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / "history.parquet")
-        dump_json(report, out_dir / "quality.json")
+        write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
+        dump_json(report, out_dir / ENTANGLE_FILES["quality"])
         return report
     _check_inputs(data_dir)
     device = device_for(cfg)
@@ -601,7 +601,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
                    code=code)
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
-    write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / "history.parquet")
+    write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
 
     return write_quality(model, tokenizer, val_df, train_df, ecfg, out_dir, log, mode="train", training=summary)
 
@@ -631,7 +631,7 @@ def write_quality(model, tokenizer, val_df, train_df, ecfg: dict, out_dir: Path,
     t0 = time.time()
     report, samples = check_quality(model, tokenizer, val_df, train_df, ecfg, batch_size=2 * ecfg["batch_size"])
     report.update(quality_s=time.time() - t0, **record)
-    dump_json(report, out_dir / "quality.json")
+    dump_json(report, out_dir / ENTANGLE_FILES["quality"])
     write_parquet(quality_table(report), out_dir / "quality.parquet")
     write_parquet(samples, out_dir / "quality_samples.parquet")
     for task, r in report["tasks"].items():

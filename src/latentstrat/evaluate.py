@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from latentstrat import data, decode
-from latentstrat.config import parse_family
+from latentstrat.config import REFERENCE_FILES, TRAIN_FILES, parse_family
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.model import build_model, device_for
@@ -45,7 +45,7 @@ from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
 from latentstrat.tasks import TASKS
 
-WEIGHTS = "model.safetensors"
+WEIGHTS = TRAIN_FILES["cell_model"]
 RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "x", "y_true", "y_generated",
                   "matched_strategies", "followed_strategy", "generation_ambiguous", "ambiguous", "correct",
                   "router_z", "router_mu", "posterior_mu", "n_supervised", "n_generated", *LOSS_METRICS]
@@ -114,7 +114,7 @@ def score_generations(df: pd.DataFrame, texts: list[str]) -> pd.DataFrame:
 
 def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
     for p, stage in ((data_dir / "tokenizer.json", "data"), (data_dir / "test.parquet", "data"),
-                     (reference_dir / "tokens.parquet", "reference"), (reference_dir / "scales.json", "reference"),
+                     (reference_dir / REFERENCE_FILES["tokens"], "reference"), (reference_dir / REFERENCE_FILES["scales"], "reference"),
                      (train_dir / WEIGHTS, "train")):
         if not p.exists():
             raise FileNotFoundError(f"evaluate: input {p} does not exist (run the {stage} stage)")

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.config import dump_json, format_value, parse_family
+from latentstrat.config import REFERENCE_FILES, dump_json, format_value, parse_family
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.model import device_for, device_of
 from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
@@ -89,7 +89,7 @@ def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAU
     if not isinstance(scales, dict):
         path = Path(scales)
         if path.suffix != ".json":  # a reference dir
-            path = path / "scales.json"
+            path = path / REFERENCE_FILES["scales"]
         if not path.exists():
             raise FileNotFoundError(f"reference scales {path} does not exist (run the reference stage)")
         scales = json.loads(path.read_text())
@@ -116,7 +116,7 @@ def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:
 def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
     """b for each row of a split DataFrame (by task, example_id), checked against n_supervised.
     This is what the trainer passes to `data.collate(..., b=...)`."""
-    path = Path(reference_dir) / "tokens.parquet"
+    path = Path(reference_dir) / REFERENCE_FILES["tokens"]
     tokens = read_parquet(path, what="reference tokens", columns=TOKENS_COLUMNS)
     lookup = {(t, e): (n, b) for t, e, n, b in zip(tokens.task, tokens.example_id, tokens.n_supervised, tokens.b)}
     out = []
@@ -166,9 +166,9 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     tokens = pd.concat(parts, ignore_index=True)
     scales = compute_scales(tokens, alphas)
     scales["reference_model"] = "backbone (entangle.mode skip)" if cfg["entangle"]["mode"] == "skip" else str(entangle_dir / "model")
-    write_parquet(tokens, out_dir / "tokens.parquet")
-    write_parquet(token_counts(tokens), out_dir / "token_counts.parquet")
-    dump_json(scales, out_dir / "scales.json")
+    write_parquet(tokens, out_dir / REFERENCE_FILES["tokens"])
+    write_parquet(token_counts(tokens), out_dir / REFERENCE_FILES["token_counts"])
+    dump_json(scales, out_dir / REFERENCE_FILES["scales"])
     return scales
 
 

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 from latentstrat import data, host
-from latentstrat.config import Paths, base_settings, dump_json, load_config, settings_diff
+from latentstrat.config import ENTANGLE_FILES, Paths, base_settings, dump_json, load_config, settings_diff
 
 MANIFEST = "SHA256SUMS"
 PROVENANCE = "provenance.json"
-COPIED = ("history.parquet", "quality.json")  # from the entangle stage's folder, besides model/
+COPIED = tuple(ENTANGLE_FILES.values())  # from the entangle stage's folder, besides model/
 
 
 class ShippedBaseError(RuntimeError):
@@ -77,7 +77,7 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
     """Write the shipped base `out_dir` from a trained base (its data and entangle folders).
     Refuses a base whose quality checks failed. Returns the provenance."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
-    quality = json.loads((entangle_dir / "quality.json").read_text())
+    quality = json.loads((entangle_dir / ENTANGLE_FILES["quality"]).read_text())
     if quality.get("mode") != "train" or not quality.get("passed"):
         raise ShippedBaseError(f"ship: the entangled model in {entangle_dir} was not trained here with passing quality checks "
                                f"(mode {quality.get('mode')!r}, passed {quality.get('passed')!r}); only a checked model is shipped")
@@ -156,8 +156,9 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    shutil.copy2(d / "history.parquet", out_dir / "history.parquet")
-    return {**prov, "shipped_dir": str(d), "trained_quality": json.loads((d / "quality.json").read_text())}
+    history = ENTANGLE_FILES["entangle_history"]  # quality.json is written anew on this host
+    shutil.copy2(d / history, out_dir / history)
+    return {**prov, "shipped_dir": str(d), "trained_quality": json.loads((d / ENTANGLE_FILES["quality"]).read_text())}
 
 
 def main(argv=None) -> None:

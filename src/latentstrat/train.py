@@ -33,7 +33,7 @@ import torch
 
 from latentstrat import data, host
 from latentstrat import objective as obj
-from latentstrat.config import dump_json, parse_family
+from latentstrat.config import TRAIN_FILES, dump_json, parse_family
 from latentstrat.decode import generate
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF, derive
@@ -464,12 +464,12 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
 
-    model.save_trainable(out_dir / "model.safetensors")
-    write_parquet(pd.DataFrame(history, columns=HISTORY_COLUMNS), out_dir / "history.parquet")
+    model.save_trainable(out_dir / TRAIN_FILES["cell_model"])
+    write_parquet(pd.DataFrame(history, columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
     summary = {"cell_id": cid, "steps": step, "wall_time_s": wall, "train_tokens": tokens,
                "tokens_per_s": tokens / wall if wall > 0 else math.nan, "threads": torch.get_num_threads(), **scales,
                "config_hash": fingerprint[:16], "started_at": started_at,
                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **host.provenance(str(dev))}
-    dump_json(summary, out_dir / "summary.json")
+    dump_json(summary, out_dir / TRAIN_FILES["summary"])
     checkpoint()  # the final state, so a rerun after a lost output resumes at the end
     return summary
