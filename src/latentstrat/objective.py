@@ -134,12 +134,19 @@ def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch
     out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
            "posterior_variance": posterior_variance(logvar_q),
            "router_marginal_kl_to_prior": router_marginal_kl_to_prior(mu_r, logvar_r)}
-    beta_t = beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    out["beta_t"] = beta_t
-    out["total"] = (rec["active"].mean() + beta_t * kl.mean()
-                    + float(cell["posterior_variance_weight"]) * out["posterior_variance"]
-                    + float(cell["router_marginal_kl_weight"]) * out["router_marginal_kl_to_prior"])
+    out["beta_t"] = beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    out["total"] = objective_j(rec["active"].mean(), kl.mean(), out["posterior_variance"],
+                               out["router_marginal_kl_to_prior"], cell, step)
     return out
+
+
+def objective_j(active, kl, post_var, router_marginal_kl, cell: dict, step: int):
+    """J = mean active reconstruction + beta_t * mean KL + the posterior-variance and
+    router-marginal penalties (their weights: the cell's). Over a batch (forward_losses) or a
+    whole split (the trainer's validation), from the means over it."""
+    return (active + beta_at(step, float(cell["beta"]), cell["beta_schedule"]) * kl
+            + float(cell["posterior_variance_weight"]) * post_var
+            + float(cell["router_marginal_kl_weight"]) * router_marginal_kl)
 
 
 def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:

@@ -226,8 +226,7 @@ def validation_losses(model, cell, scales, val, step: int) -> tuple[dict, dict]:
     r = {k: per_row[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
     post_var = obj.posterior_variance(per_row["logvar_q"]).item()
     rmk = obj.router_marginal_kl_to_prior(per_row["mu_r"], per_row["logvar_r"]).item()
-    total = (r["active"] + beta_t * r["kl"] + float(cell["posterior_variance_weight"]) * post_var
-             + float(cell["router_marginal_kl_weight"]) * rmk)
+    total = obj.objective_j(r["active"], r["kl"], post_var, rmk, cell, step)
     base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
                    "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
                    "active_reconstruction_objective": r["active"]})
