@@ -1,6 +1,6 @@
 """Shipped entangled models: a small base trained with the recipe, shipped, installed again with
 `entangle.mode: shipped` (same bytes, quality rechecked), and every way an artifact can be wrong
-named before any cell uses it. The default collection's shipped base is checked too."""
+named before any cell uses it. The default and quick collections' shipped bases are checked too."""
 import json
 import shutil
 import subprocess
@@ -115,10 +115,11 @@ def test_failing_quality_is_not_shipped(trained, tmp_path):
         shipped.ship(cfg, root / "data", d, tmp_path / "ship")
 
 
-def test_default_collection_ships_its_base():
-    """The default config uses the shipped base, and the artifact in the repository verifies
-    against a fresh data stage (checksums, recipe, data fingerprint)."""
-    cfg = load_config(ROOT / "config" / "config.yaml")
+@pytest.mark.parametrize("config", ["config.yaml", "quick.yaml"])
+def test_default_and_quick_collections_ship_their_base(config):
+    """The default and quick configs use the shipped base, and the artifact in the repository
+    matches their recipe (checksums listed, trained from clean code)."""
+    cfg = load_config(ROOT / "config" / config)
     assert cfg["entangle"]["mode"] == "shipped"
     d = shipped.bases_root(ROOT) / cfg["base"]
     manifest = (d / "SHA256SUMS").read_text()
@@ -128,9 +129,9 @@ def test_default_collection_ships_its_base():
     assert not prov["trained"]["code_dirty"] and len(prov["trained"]["code_commit"]) == 40
 
 
-@pytest.mark.slow
-def test_default_shipped_base_verifies_against_a_fresh_data_stage(tmp_path):
-    cfg = load_config(ROOT / "config" / "config.yaml")
+@pytest.mark.parametrize("config", ["quick.yaml", pytest.param("config.yaml", marks=pytest.mark.slow)])
+def test_shipped_base_verifies_against_a_fresh_data_stage(config, tmp_path):
+    cfg = load_config(ROOT / "config" / config)
     data.build_dataset(cfg["data"], tmp_path, base_config=base_settings(cfg))
     prov = shipped.verify(shipped.bases_root(ROOT) / cfg["base"], cfg, tmp_path)
     assert prov["quality_passed"] and Paths.from_config(cfg).base == prov["base"]
