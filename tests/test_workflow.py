@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from latentstrat.config import base_settings, dump_json, load_config
-from workflow_helpers import ROOT, copy_workflow, dry_run, outputs_of, rules, snakemake
+from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake
 
 CELL_RULES = {"train", "evaluate", "probe_task", "probe_global", "metrics"}
 N_TASKS = 6  # smoke.yaml's tasks (the schema default list)

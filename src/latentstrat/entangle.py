@@ -620,7 +620,6 @@ def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=p
     model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(device_for(cfg))
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
-    prov.pop("trained_quality", None)
     return write_quality(model, tokenizer, val_df, train_df, cfg["entangle"], out_dir, log, mode="shipped",
                          shipped=prov, host=host.describe())
 

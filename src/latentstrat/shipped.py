@@ -158,7 +158,7 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
     tmp.rename(final)
     history = ENTANGLE_FILES["entangle_history"]  # quality.json is written anew on this host
     shutil.copy2(d / history, out_dir / history)
-    return {**prov, "shipped_dir": str(d), "trained_quality": json.loads((d / ENTANGLE_FILES["quality"]).read_text())}
+    return {**prov, "shipped_dir": str(d)}
 
 
 def main(argv=None) -> None:
