@@ -1,12 +1,20 @@
 """Linear probes: how much strategy information a latent carries (design sections 5.6 and 6, docs/design.md).
 
-A probe is a multinomial logistic regression on standardized features (the scaler is fitted
-inside each fold: a Pipeline), scored by stratified k-fold cross-validation. Next to every
-accuracy it reports the chance level (majority-class rate of the probed examples), a
-shuffled-label control (the same CV on permuted labels) and the chance-corrected accuracy
-(accuracy - chance) / (1 - chance): 0 at the majority rate, 1 when perfect. A class with fewer
-examples than folds is dropped (named in `dropped`), not the whole task, so a probe's task set
-does not move with one rare class; a probe left with fewer than 2 classes reports status 'na'
+A probe is a logistic regression from a latent to a label, scored by stratified k-fold
+cross-validation. In each fold the features are standardized with the training fold's mean and
+population standard deviation (a constant feature keeps scale 1), and the model is fitted on the
+training fold by L-BFGS, minimizing the summed log-loss plus 0.5 * ||W||^2 on the coefficients
+(inverse regularization strength C = 1; the intercept is not penalized). Two classes get one
+coefficient vector (a sigmoid), more classes one vector each (a softmax). This is scikit-learn's
+`make_pipeline(StandardScaler(), LogisticRegression())` (the tests check it against that), written
+with numpy and scipy so that a probe job does not import scikit-learn. A held-out example is
+predicted as the most probable class, ties to the first label in sorted order.
+
+Next to every accuracy the probe reports the chance level (majority-class rate of the probed
+examples), a shuffled-label control (the same CV on permuted labels) and the chance-corrected
+accuracy (accuracy - chance) / (1 - chance): 0 at the majority rate, 1 when perfect. A class with
+fewer examples than folds is dropped (named in `dropped`), not the whole task, so a probe's task
+set does not move with one rare class; a probe left with fewer than 2 classes reports status 'na'
 with the reason instead of a number.
 
 Probes on the evaluate records of a cell:
@@ -18,18 +26,11 @@ Probes on the evaluate records of a cell:
 """
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from latentstrat.io import read_parquet, write_parquet
 
@@ -64,23 +65,146 @@ class ProbeResult:
         return {**keys, **d, "labels": list(self.labels), "oof_correct": [bool(c) for c in self.oof_correct]}
 
 
+# scikit-learn's LogisticRegression defaults, which the probe reproduces
+_C = 1.0  # inverse L2 strength: minimize C * sum(log-loss) + 0.5 * ||W||^2
+_TOL = 1e-4  # L-BFGS stops when the largest gradient entry of the mean-loss objective is below this
+_FTOL = 64 * np.finfo(np.float64).eps  # ... or when the objective stops decreasing (relative)
+_MAXLS = 50  # line-search steps per iteration
+
+
+def stratified_folds(y, folds: int, seed: int) -> np.ndarray:
+    """Fold index (0..folds-1) of every example, stratified by label.
+
+    With `rng = np.random.default_rng(seed)`, the classes are taken in sorted label order; each
+    class's example positions are permuted by `rng.permutation` and dealt round-robin into the
+    folds, starting at the fold after the one that received the previous class's last example
+    (the first class starts at fold 0). So each class has floor or ceil(count / folds) examples
+    in every fold, and fold sizes differ by at most 1 overall. The same (labels, folds, seed)
+    always give the same folds.
+    """
+    y = np.asarray(y)
+    if folds < 2:
+        raise ValueError(f"stratified_folds: need folds >= 2, got {folds}")
+    rng = np.random.default_rng(seed)
+    fold = np.empty(len(y), dtype=np.int64)
+    start = 0
+    for label in np.unique(y):
+        members = rng.permutation(np.flatnonzero(y == label))
+        fold[members] = (start + np.arange(len(members))) % folds
+        start = (start + len(members)) % folds
+    return fold
+
+
+def _standardize(X_train: np.ndarray, X_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both sets scaled by the training set's mean and population std, as StandardScaler: a
+    feature whose variance is within rounding error of 0 keeps scale 1 (it is only centred)."""
+    n = len(X_train)
+    mean = X_train.mean(axis=0)
+    var = X_train.var(axis=0)
+    eps = np.finfo(np.float64).eps
+    constant = var <= n * eps * var + (n * mean * eps) ** 2
+    scale = np.where(constant, 1.0, np.sqrt(var))
+    return (X_train - mean) / scale, (X_test - mean) / scale
+
+
+def _binary_objective(theta: np.ndarray, X: np.ndarray, t: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
+    """Mean binary log-loss + 0.5 * l2 * ||w||^2 and its gradient; theta = [w (d), intercept],
+    t = 1 for the second class, 0 for the first."""
+    w, b = theta[:-1], theta[-1]
+    z = X @ w + b
+    loss = np.mean(np.logaddexp(0.0, z) - t * z) + 0.5 * l2 * (w @ w)
+    r = (np.exp(-np.logaddexp(0.0, -z)) - t) / len(t)  # (sigmoid(z) - t) / n
+    grad = np.empty_like(theta)
+    grad[:-1] = X.T @ r + l2 * w
+    grad[-1] = r.sum()
+    return float(loss), grad
+
+
+def _multinomial_objective(theta: np.ndarray, X: np.ndarray, Y: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
+    """Mean softmax log-loss + 0.5 * l2 * ||W||^2 and its gradient; theta is the [K, d + 1] array
+    [W | intercepts] flattened in Fortran order (scikit-learn's layout), Y the one-hot labels [n, K]."""
+    n, k = Y.shape
+    Wb = theta.reshape((k, -1), order="F")
+    W, b = Wb[:, :-1], Wb[:, -1]
+    Z = X @ W.T + b
+    zmax = Z.max(axis=1, keepdims=True)
+    lse = zmax + np.log(np.exp(Z - zmax).sum(axis=1, keepdims=True))
+    loss = np.mean(lse[:, 0] - (Z * Y).sum(axis=1)) + 0.5 * l2 * np.sum(W * W)
+    R = (np.exp(Z - lse) - Y) / n  # (softmax - one-hot) / n
+    grad = np.empty_like(Wb, order="F")
+    grad[:, :-1] = R.T @ X + l2 * W
+    grad[:, -1] = R.sum(axis=0)
+    return float(loss), grad.ravel(order="F")
+
+
+@dataclass(frozen=True, eq=False)
+class _LogisticModel:
+    classes: np.ndarray  # sorted labels
+    coef: np.ndarray  # [1, d] for 2 classes, [K, d] otherwise
+    intercept: np.ndarray  # [1] or [K]
+
+    def decision(self, X: np.ndarray) -> np.ndarray:
+        return X @ self.coef.T + self.intercept
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        Z = self.decision(X)
+        if len(self.classes) == 2:
+            p = np.exp(-np.logaddexp(0.0, -Z[:, 0]))
+            return np.stack([1.0 - p, p], axis=1)
+        Z = Z - Z.max(axis=1, keepdims=True)
+        E = np.exp(Z)
+        return E / E.sum(axis=1, keepdims=True)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        Z = self.decision(X)
+        if len(self.classes) == 2:
+            return self.classes[(Z[:, 0] > 0).astype(np.int64)]
+        return self.classes[np.argmax(Z, axis=1)]  # argmax: ties to the first class
+
+
+def _fit_logistic(X: np.ndarray, y: np.ndarray, max_iter: int) -> _LogisticModel:
+    """L2-penalized logistic regression (scikit-learn's LogisticRegression() objective and
+    L-BFGS settings) on features X [n, d] (already standardized) and labels y [n], >= 2 classes."""
+    # imported here: scipy.optimize takes ~0.2 s to import (after numpy and pandas), and readers of probe tables
+    # (read_probes) never fit
+    from scipy.optimize import minimize
+
+    classes, codes = np.unique(y, return_inverse=True)
+    n, d = X.shape
+    k = len(classes)
+    if k < 2:
+        raise ValueError(f"_fit_logistic: need at least 2 classes, got {k}")
+    l2 = 1.0 / (_C * n)  # the objective is the mean log-loss: penalty 0.5 * ||W||^2 / (C n)
+    if k == 2:
+        fun, target, theta0 = _binary_objective, (codes == 1).astype(np.float64), np.zeros(d + 1)
+    else:
+        fun, target, theta0 = _multinomial_objective, np.eye(k)[codes], np.zeros(k * (d + 1))
+    res = minimize(fun, theta0, args=(X, target, l2), method="L-BFGS-B", jac=True,
+                   options={"maxiter": max_iter, "maxls": _MAXLS, "gtol": _TOL, "ftol": _FTOL})
+    # not converged within max_iter: keep the last iterate, as scikit-learn does (with a warning)
+    if k == 2:
+        return _LogisticModel(classes, res.x[None, :-1], res.x[-1:])
+    Wb = res.x.reshape((k, -1), order="F")
+    return _LogisticModel(classes, Wb[:, :-1].copy(), Wb[:, -1].copy())
+
+
 def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: int) -> tuple[float, np.ndarray]:
-    """(mean fold accuracy, out-of-fold correctness per example)."""
-    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    """(mean fold accuracy, out-of-fold correctness per example) over `stratified_folds`; in each
+    fold the scaler and the model are fitted on the training part only."""
+    fold = stratified_folds(y, folds, seed)
     accs, correct = [], np.zeros(len(y), dtype=bool)
-    for tr, te in cv.split(X, y):
-        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            clf.fit(X[tr], y[tr])
-        hit = clf.predict(X[te]) == y[te]
+    for f in range(folds):
+        te = fold == f
+        X_tr, X_te = _standardize(X[~te], X[te])
+        hit = _fit_logistic(X_tr, y[~te], max_iter).predict(X_te) == y[te]
         correct[te] = hit
         accs.append(float(np.mean(hit)))
     return float(np.mean(accs)), correct
 
 
 def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True) -> ProbeResult:
-    """CV accuracy of a multinomial logistic regression from features X [n, d] to labels y [n].
+    """CV accuracy of the logistic-regression probe (module docstring) from features X [n, d] to
+    labels y [n], over `stratified_folds(labels, folds, seed)`.
 
     `shuffled_control=False` skips the permuted-label CV (NaN): the trainer's validation
     tracks probe accuracy over steps and leaves the controls to the evaluate-stage probes.
