@@ -1,5 +1,4 @@
 """Hand-made collection for aggregate/report tests: config, per-cell metrics and histories on disk."""
-import numpy as np
 import pandas as pd
 
 import latentstrat.tasks as tasks_mod

@@ -3,7 +3,6 @@ the report (positive and negative controls on hand-made collections)."""
 import math
 
 import pandas as pd
-import pytest
 import yaml
 
 import aggregate_helpers as H

@@ -1,7 +1,6 @@
 """Reference stage: b against a hand-computed per-token NLL, scales against closed forms,
 token counts, helpers for the trainer, and input errors that name the path."""
 import json
-import math
 from pathlib import Path
 
 import numpy as np

@@ -20,7 +20,7 @@ import pandas as pd
 from latentstrat import host
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, HISTORY_COLUMNS, METRICS, PER_TASK_HISTORY, PROBE_METRICS, derive,
+from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, HISTORY_COLUMNS, METRICS, PROBE_METRICS, derive,
                                  interval, probe_label)
 
 FAMILY_COL = "reconstruction_loss_family_label"
@@ -883,7 +883,7 @@ def availability_table(primary_rows: pd.DataFrame, comparisons: dict, commons: d
         "requires per-task example/token/loss/gradient shares in the histories", partial=dom["status"] == "partial",
         note=dom["evidence"] if dom["status"] == "partial" else "")
     seeds_lo = int(primary_rows["n_seeds"].min()) if has(primary_rows, "n_seeds") else 1
-    add("Seed replication", seeds_lo >= 2, "summary_by_setting", f"one seed per setting", partial=seeds_lo == 2,
+    add("Seed replication", seeds_lo >= 2, "summary_by_setting", "one seed per setting", partial=seeds_lo == 2,
         note="2 seeds only" if seeds_lo == 2 else "")
     add("Fairness of the collection", True, "collection config + collection_state", "")
     return pd.DataFrame(rows, columns=["diagnostic", "local_data", "local_source", "missing_data_note"])
