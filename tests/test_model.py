@@ -222,3 +222,57 @@ def test_save_pretrained_loads_through_from_pretrained(tok, tmp_path):
     assert cj.config.hidden_size == 32 and sum(p.numel() for p in cj.parameters()) == sum(p.numel() for p in bb.parameters())
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_entangled(tmp_path / "nothing")
+
+
+def test_merged_passes_equal_the_lora_passes(tok):
+    """model.merged(): plain backbone copies with each adapter folded in. At initialization
+    (LoRA B = 0) the same outputs to the bit; once the adapters moved, the same outputs to float
+    rounding, and different from the initialization's (the adapters really are folded in). The
+    LoRA model itself is untouched and trains on afterwards."""
+    from latentstrat.objective import forward_losses
+
+    rows = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]
+    b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
+    b.b = torch.rand(b.sup_ids.shape)
+    cell = {"reconstruction_family": "raw", "token_aggregation": "sum", "beta": 0.1, "beta_schedule": "constant",
+            "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+    scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
+    eps = torch.randn(len(rows), 4)
+    keys = ("raw", "kl", "mu_q", "mu_r", "logvar_r")
+    m = model(tok).eval()
+
+    def run():
+        with torch.no_grad():
+            out = forward_losses(m, b, cell, scales, 0, eps)
+        return {k: out[k].clone() for k in keys}
+
+    at_init = run()
+    with torch.no_grad(), m.merged():
+        merged_init = run()
+        assert m.lm is not m.peft.base_model.model and m.lm_post is not m.lm
+    for k in keys:
+        assert torch.equal(merged_init[k], at_init[k]), k
+    _move_from_init(m)
+    base_weights = {n: p.clone() for n, p in m.named_parameters() if "base_layer" in n}
+    moved = run()
+    with torch.no_grad(), m.merged():
+        merged = run()
+    for k in keys:
+        assert torch.allclose(merged[k], moved[k], atol=1e-5, rtol=1e-5), k
+    # the heads did not move: mu_q and mu_r moved through the posterior and generator adapters alone
+    assert not torch.allclose(moved["mu_q"], at_init["mu_q"]) and not torch.allclose(moved["mu_r"], at_init["mu_r"])
+    # afterwards: the LoRA model as it was, trainable
+    assert m.lm is m.peft.base_model.model and m.lm_post is m.lm
+    assert all(torch.equal(p, base_weights[n]) for n, p in m.named_parameters() if "base_layer" in n)
+    assert all(p.requires_grad for p in m.trainable_parameters())
+    assert {"lora_A", "lora_B"} <= {part for n in _grads(m, tok) for part in n.split(".")}
+    with pytest.raises(RuntimeError, match="no-grad"), m.merged():
+        pass
+
+
+def test_merged_is_a_no_op_for_full_and_frozen(tok):
+    for adaptation in ("full", "frozen"):
+        m = model(tok, adaptation=adaptation)
+        lm, lm_post = m.lm, m.lm_post
+        with m.merged():  # no copies, whatever the grad mode
+            assert m.lm is lm and m.lm_post is lm_post

@@ -170,6 +170,7 @@ def test_bench_train_runs_and_dispatches(capsys):
     assert res["trainer_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["trainer_tokens_per_s"] / res["naive_tokens_per_s"])
     assert res["trainer_flops_per_s"] == pytest.approx(6 * res["params"] * res["trainer_tokens_per_s"])
+    assert res["eval_merged_tokens_per_s"] > 0 and res["eval_lora_tokens_per_s"] > 0
 
 
 def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):

@@ -137,12 +137,13 @@ def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, 
     model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir,
                             data.added_token_ids(data_dir)).to(device_for(cfg))
 
-    gen = decode.generate(model, tokenizer, test.x.tolist(), sample_z_from="router",
-                          max_new_tokens=ecfg["max_new_tokens"], batch_size=ecfg["batch_size"], seed=ecfg["seed"],
-                          desc=f"decode {cell['cell_id']}")
+    with torch.no_grad(), model.merged():
+        gen = decode.generate(model, tokenizer, test.x.tolist(), sample_z_from="router",
+                              max_new_tokens=ecfg["max_new_tokens"], batch_size=ecfg["batch_size"], seed=ecfg["seed"],
+                              desc=f"decode {cell['cell_id']}")
+        losses = example_losses(model, data.encode(test, tokenizer, model.z_slots), b, cell, scales,
+                                ecfg["batch_size"], ecfg["seed"] + 1, cfg["train"]["steps"])
     scored = score_generations(test, gen.texts)
-    losses = example_losses(model, data.encode(test, tokenizer, model.z_slots), b, cell, scales,
-                            ecfg["batch_size"], ecfg["seed"] + 1, cfg["train"]["steps"])
     rec = pd.DataFrame({
         "cell_id": cell["cell_id"], "task": test.task, "example_id": test.example_id, "strategy": test.strategy,
         "x": test.x, "y_true": test.y, "y_generated": gen.texts, **{c: scored[c] for c in scored.columns},

@@ -178,14 +178,15 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
     whole validation split, the probes, the decoded subset and the per-task shares."""
     was_training = model.training
     model.eval()
-    metrics, per_row = validation_losses(model, cell, scales, val, step)
     rows = val["rows"]
     sub = val["df"].loc[rows]
     tasks = sorted(sub.task.unique())
     per_task: dict[str, dict] = {t: {} for t in tasks}
-    on_subset = {k: v[torch.as_tensor(rows)] for k, v in per_row.items()}  # the probe subset, in `rows` order
-    metrics.update(probe_metrics(model, tokenizer, cfg, val, on_subset, per_task))
-    overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, cell)
+    with model.merged():
+        metrics, per_row = validation_losses(model, cell, scales, val, step)
+        on_subset = {k: v[torch.as_tensor(rows)] for k, v in per_row.items()}  # the probe subset, in `rows` order
+        metrics.update(probe_metrics(model, tokenizer, cfg, val, on_subset, per_task))
+        overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, cell)
     metrics.update(overall)
     metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
     for t in tasks:

@@ -180,6 +180,25 @@ def run(args) -> dict:
     with torch.autocast(device.type, dtype=torch.bfloat16):
         t_bf16, tok_bf16 = time_steps(trainer_step, args.steps, args.warmup, device)
     t_naive, tok_naive = time_steps(naive_step, args.steps, args.warmup, device)
+
+    # the no-grad pass of validation and evaluation (the adapters have moved by now): on merged
+    # copies of the backbone (model.merged(), the copies made inside the timed block, as a
+    # validation makes them) against the LoRA layers
+    @torch.no_grad()
+    def eval_pass(i):
+        idx = batch_at(enc.task_idx, args.batch_size, 0, i)
+        batch = data.collate(enc, idx, b).to(device)
+        forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))
+        return int(batch.gen_mask.sum() + batch.post_mask.sum())
+
+    model.eval()
+    t_lora_eval, tok_lora_eval = time_steps(eval_pass, args.steps, args.warmup, device)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        with model.merged():
+            t_merge = time.perf_counter() - t0
+            t_merged_eval, tok_merged_eval = time_steps(eval_pass, args.steps, args.warmup, device)
+    t_merged_eval += t_merge
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)
     fast, naive = tok_fast / t_fast, tok_naive / t_naive
@@ -188,6 +207,7 @@ def run(args) -> dict:
            "host": host.describe(),
            "trainer_tokens_per_s": fast, "naive_tokens_per_s": naive, "speedup": fast / naive,
            "no_buckets_tokens_per_s": tok_padded / t_padded, "bf16_autocast_tokens_per_s": tok_bf16 / t_bf16,
+           "eval_lora_tokens_per_s": tok_lora_eval / t_lora_eval, "eval_merged_tokens_per_s": tok_merged_eval / t_merged_eval,
            "trainer_flops_per_s": 6 * n_params * fast, "matmul_peak_flops_per_s": peak,
            "peak_dtype": str(peak_dtype).replace("torch.", ""),
            "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
@@ -227,6 +247,9 @@ def main(argv=None) -> int:
     print(f"  under bf16 autocast (not used):       {res['bf16_autocast_tokens_per_s']:9.0f} tokens/s  "
           f"({res['bf16_autocast_tokens_per_s'] / fast:.2f}x the trainer step)")
     print(f"naive step:                             {res['naive_tokens_per_s']:9.0f} tokens/s")
+    merged, lora = res["eval_merged_tokens_per_s"], res["eval_lora_tokens_per_s"]
+    print(f"no-grad pass (validation, evaluation), merged adapters: {merged:9.0f} tokens/s  "
+          f"(LoRA layers {lora:.0f} tokens/s: {merged / lora:.2f}x)")
     print(f"speedup:      {res['speedup']:.2f}x")
     print(f"achieved:     {res['trainer_flops_per_s'] / 1e9:.2f} GFLOP/s (6 x params x tokens) = "
           f"{100 * res['mfu_vs_matmul_peak']:.1f}% of measured {res['peak_dtype']} matmul peak "
