@@ -23,5 +23,7 @@ rule aggregate:
     params:
         settings=COLLECTION_SETTINGS,
         cells=list(CELLS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/aggregate.py"

@@ -15,5 +15,7 @@ rule data:
         **job_resources("cpu", RES["mem_mb"], 30),
     params:
         settings=sections(*BASE_SECTIONS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/data.py"

@@ -17,5 +17,7 @@ rule entangle:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),
     params:
         settings=sections(*BASE_SECTIONS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/entangle.py"

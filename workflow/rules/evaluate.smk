@@ -18,5 +18,7 @@ rule evaluate:
     params:
         cell=cell_work_json,
         settings=sections(*EVALUATE_SECTIONS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/evaluate.py"

@@ -19,6 +19,8 @@ rule probe_task:
         **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/probe_task.py"
 
@@ -39,6 +41,8 @@ rule probe_global:
         **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/probe_global.py"
 
@@ -63,5 +67,7 @@ rule metrics:
     params:
         cell=cell_json,
         settings=sections("probes"),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/metrics.py"

@@ -16,5 +16,7 @@ rule reference:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         settings=sections(*BASE_SECTIONS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/reference.py"

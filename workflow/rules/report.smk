@@ -25,5 +25,7 @@ rule report:
         **job_resources("cpu", 4000, 15),
     params:
         settings=COLLECTION_SETTINGS,
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/report.py"

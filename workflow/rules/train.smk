@@ -17,5 +17,7 @@ rule train:
     params:
         cell=cell_work_json,
         settings=sections(*TRAIN_SECTIONS),
+    conda:
+        "../../envs/latentstrat.yaml"
     script:
         "../scripts/train.py"
