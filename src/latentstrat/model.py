@@ -279,12 +279,9 @@ class LatentStrategyModel(nn.Module):
             self.lm, self.lm_post = self._merged_copy("generator"), self._merged_copy("posterior")
             self._merged = True
             yield
-        finally:
+        finally:  # the LoRA model was never touched (_set_active leaves peft alone meanwhile)
             self.lm, self.lm_post = saved
             self._merged = False
-            self.peft.base_model.set_adapter(self._active)
-            for p in self._trainable_params:  # set_adapter freezes the inactive adapter
-                p.requires_grad_(True)
 
     def _merged_copy(self, name: str):
         peft_copy = copy.deepcopy(self.peft)
