@@ -33,10 +33,9 @@ from latentstrat.config import pretrained_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ADAPTERS = ("generator", "posterior")
-# a pass whose padded tokens exceed PAD_TOLERANCE x its real tokens runs in LENGTH_BUCKETS
-# length-sorted groups (LatentStrategyModel._hidden): 1.4x faster cell steps on CPU
-LENGTH_BUCKETS = 4
-PAD_TOLERANCE = 1.25
+# the cells' passes run packed (`packed_hidden`) where the backbone allows it; False: always
+# transformers' padded pass (the benchmark's baseline)
+PACKED = True
 
 
 # ----------------------------------------------------------------------------- backbones
@@ -159,6 +158,61 @@ def load_entangled(entangle_dir: str | Path, dtype: str | None = None):
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# ----------------------------------------------------------------------------- the packed pass
+
+
+def packable(lm, mask) -> bool:
+    """Whether `packed_hidden` computes exactly `lm`'s function on this batch: a Qwen2 decoder
+    (full causal attention, no attention dropout while training) and a right-padded mask."""
+    c = lm.config
+    if c.model_type != "qwen2" or getattr(c, "use_sliding_window", False):
+        return False
+    if any(t != "full_attention" for t in getattr(c, "layer_types", None) or []):
+        return False
+    if lm.training and float(getattr(c, "attention_dropout", 0.0)) > 0:
+        return False
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
+def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Tensor:
+    """A Qwen2 decoder's last hidden states [B, T, H] for a right-padded batch, with every
+    per-token layer (norms, projections with their LoRA adapters, MLP) run once over the N real
+    tokens packed into [N, H]; only attention sees the padded [B, T] layout. A right-padded
+    row's real tokens sit at positions 0..L-1 and attend causally to real tokens only, so plain
+    causal attention is exact and the pads (zeros here) are never read. The same function as
+    transformers' padded pass up to float rounding (tests/test_model.py), without its work on
+    the pads: a task-mixed batch of short and long tasks is mostly padding."""
+    from transformers.models.qwen2.modeling_qwen2 import rotate_half
+
+    m = lm.model
+    B, T = mask.shape
+    flat = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens, row-major
+    x = m.embed_tokens(input_ids.reshape(-1)[flat]) if inputs_embeds is None else inputs_embeds.reshape(B * T, -1)[flat]
+    n = x.shape[0]
+    cos, sin = m.rotary_emb(x, torch.arange(T, device=mask.device).repeat(B)[flat][None])
+    cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]
+    c = m.config
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+
+    def padded(t):  # [N, h, d] -> [B, h, T, d], zeros at the pads
+        return t.new_zeros(B * T, *t.shape[1:]).index_copy(0, flat, t).view(B, T, *t.shape[1:]).transpose(1, 2)
+
+    for layer in m.layers:
+        a = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).view(n, heads, head_dim)
+        k = a.k_proj(h).view(n, kv_heads, head_dim)
+        v = a.v_proj(h).view(n, kv_heads, head_dim)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        o = nn.functional.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True,
+                                                       scale=a.scaling, enable_gqa=heads != kv_heads)
+        x = x + a.o_proj(o.transpose(1, 2).reshape(B * T, heads * head_dim)[flat])
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    x = m.norm(x)
+    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, flat, x).view(B, T, -1)
 
 
 # ----------------------------------------------------------------------------- latent model
@@ -291,27 +345,12 @@ class LatentStrategyModel(nn.Module):
     # -------------------------------------------------------------- passes
 
     def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None):
-        """Last hidden states [B, T, H] of a right-padded batch, run in length buckets when the
-        batch's padding is large (a task-mixed batch pads short tasks' rows to the longest
-        task's length): the rows sorted by length, cut into LENGTH_BUCKETS groups, each group
-        run at its own longest row's length. A row's real tokens never attend to its pads, so
-        this equals one padded pass up to float rounding, with less padded work."""
-        lengths = mask.sum(1)
-        B, T = mask.shape
-        if B < 4 * LENGTH_BUCKETS or B * T <= PAD_TOLERANCE * int(lengths.sum()):
-            return lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask,
-                            use_cache=False).last_hidden_state
-        order = torch.argsort(lengths, stable=True)
-        parts = []
-        for rows in torch.tensor_split(order, LENGTH_BUCKETS):
-            t = int(lengths[rows].max())
-            h = lm.model(input_ids=None if input_ids is None else input_ids[rows, :t],
-                         inputs_embeds=None if inputs_embeds is None else inputs_embeds[rows, :t],
-                         attention_mask=mask[rows, :t], use_cache=False).last_hidden_state
-            parts.append(nn.functional.pad(h, (0, 0, 0, T - t)))
-        back = torch.empty_like(order)
-        back[order] = torch.arange(B, device=order.device)
-        return torch.cat(parts)[back]
+        """Last hidden states [B, T, H] of a right-padded batch (0 at the pads): the packed pass
+        for a Qwen2 backbone (`packed_hidden`), transformers' own padded pass otherwise."""
+        if PACKED and packable(lm, mask):
+            return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask)
+        return lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask,
+                        use_cache=False).last_hidden_state
 
     def posterior(self, post_ids, post_mask):
         """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q)."""
