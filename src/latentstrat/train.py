@@ -210,7 +210,7 @@ def validation_losses(model, cell, scales, val, step: int) -> tuple[dict, dict]:
     model equal to the reference scores exactly 1), z ~ q with the fixed noise draw: (history
     metrics, per-row tensors in the split's row order)."""
     df, enc = val["df"], val["enc"]
-    bs = 2 * val["batch_size"]
+    bs = val["batch_size"]
     dev = next(model.parameters()).device
     keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
     acc: dict[str, list] = {k: [] for k in keys}
@@ -284,7 +284,7 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> tuple[dict, dict]
         return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
     sub = df.loc[rows]
     gen = generate(model, tokenizer, sub.x.tolist(), max_new_tokens=cfg["evaluate"]["max_new_tokens"],
-                   batch_size=cfg["train"]["batch_size"], seed=int(cell["seed"]), progress=False)
+                   batch_size=cfg["train"]["val_batch_size"], seed=int(cell["seed"]), progress=False)
     correct = np.array([TASKS[t].final_answer_correct(x, y) for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
     matched = np.array([len(TASKS[t].matching_strategies(x, y)) > 0 for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
     task_arr = sub.task.to_numpy()
@@ -320,7 +320,7 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
-            "batch_size": int(cfg["train"]["batch_size"]),
+            "batch_size": int(cfg["train"]["val_batch_size"]),
             "eps": eps, "router_eps": router_eps,
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
 
