@@ -345,8 +345,9 @@ class LatentStrategyModel(nn.Module):
     # -------------------------------------------------------------- passes
 
     def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None):
-        """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not meant to be read): the packed pass
-        for a Qwen2 backbone (`packed_hidden`), transformers' own padded pass otherwise."""
+        """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not to be
+        read): the packed pass for a Qwen2 backbone (`packed_hidden`), transformers' own padded
+        pass otherwise."""
         if PACKED and packable(lm, mask):
             return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask)
         return lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask,
