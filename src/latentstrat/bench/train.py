@@ -240,8 +240,8 @@ def main(argv=None) -> int:
     print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}" + (f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""))
     print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, batch {res['batch_size']}")
     fast = res["trainer_tokens_per_s"]
-    print(f"trainer step (float32, packed passes): {fast:9.0f} tokens/s")
-    print(f"  transformers' padded passes:         {res['padded_tokens_per_s']:9.0f} tokens/s  "
+    print(f"trainer step (float32, packed passes):  {fast:9.0f} tokens/s")
+    print(f"  transformers' padded passes:          {res['padded_tokens_per_s']:9.0f} tokens/s  "
           f"(packed: {fast / res['padded_tokens_per_s']:.2f}x)")
     print(f"  under bf16 autocast (not used):       {res['bf16_autocast_tokens_per_s']:9.0f} tokens/s  "
           f"({res['bf16_autocast_tokens_per_s'] / fast:.2f}x the trainer step)")
