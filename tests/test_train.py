@@ -79,6 +79,29 @@ def test_step0_is_before_any_update(base, tmp_path):
     assert 0.5 < a0["tokcc_reconstruction_loss"] < 2.0
 
 
+def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base, tmp_path):
+    """Cells that start from one model read one step-0 validation: their history and weights are
+    exactly what measuring step 0 in the cell gives, for two cells with different objectives;
+    a cell with another seed (other weights, other noise) is refused with the folder named."""
+    from latentstrat.config import INIT_KEYS
+    from latentstrat.train import step0_validation, train_cell
+
+    cfg, cell = tiny_cfg(steps=3, eval_every=3)
+    s0 = tmp_path / "step0"
+    step0_validation(cfg, {k: cell[k] for k in INIT_KEYS}, base["data_dir"], base["entangle_dir"], s0, threads=1)
+    args = (base["data_dir"], base["entangle_dir"], base["reference_dir"])
+    for i, c in enumerate([cell, {**cell, "reconstruction_family": "raw", "token_aggregation": "mean", "beta": 1.0}]):
+        train_cell(cfg, c, *args, tmp_path / f"own{i}", threads=1)
+        train_cell(cfg, c, *args, tmp_path / f"shared{i}", threads=1, step0_dir=s0)
+        own, shared = (pd.read_parquet(tmp_path / f"{d}{i}" / "history.parquet") for d in ("own", "shared"))
+        pd.testing.assert_frame_equal(own, shared, check_exact=True)
+        w_own, w_sh = (load_file(tmp_path / f"{d}{i}" / "model.safetensors") for d in ("own", "shared"))
+        assert all(torch.equal(w_own[k], w_sh[k]) for k in w_own)
+        assert own[own.step == 0].metric.nunique() > 15
+    with pytest.raises(ValueError, match=f"step-0 validation {s0}.*another model"):
+        train_cell(cfg, {**cell, "seed": cell["seed"] + 1}, *args, tmp_path / "other", threads=1, step0_dir=s0)
+
+
 def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     cfg, cell = tiny_cfg(steps=8, eval_every=4, checkpoint_every=100)
     full = tmp_path / "full"

@@ -355,6 +355,16 @@ def cell_id(settings: dict) -> str:
     return "_".join(parts)
 
 
+# the cell settings that decide its model as built (model.build_model): cells that agree on them
+# start from the same weights and share one step-0 validation (train.step0_validation)
+INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "seed")
+
+
+def init_id(settings: dict) -> str:
+    """The name of a cell's model at step 0, from its INIT_KEYS, e.g. init-entangled_adapt-lora_..."""
+    return "_".join(f"{ID_KEYS[k]}-{format_value(settings[k])}" for k in INIT_KEYS)
+
+
 def _canon(v):
     return format_value(v)
 
@@ -450,6 +460,7 @@ def cell_work_key(cfg: dict) -> str:
 # command, and the stages write and read them by these names.
 ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parquet"}
 REFERENCE_FILES = {"tokens": "tokens.parquet", "scales": "scales.json", "token_counts": "token_counts.parquet"}
+STEP0_FILES = {"passes": "passes.parquet", "measured": "measured.json"}
 TRAIN_FILES = {"cell_model": "model.safetensors", "history": "history.parquet", "summary": "summary.json"}
 
 
@@ -506,6 +517,11 @@ class Paths:
     # CELL_WORK_SECTIONS, keyed by the cell id (its settings)
     def cell_dir(self, cid: str) -> Path: return self.base_dir / "cells" / self.cell_key / cid
     def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
+    # the step-0 validation shared by the cells that start from one model (config.init_id)
+    def step0_dir(self, iid: str) -> Path: return self.base_dir / "step0" / self.cell_key / iid
+
+    def step0_files(self, iid: str) -> dict[str, str]:
+        return {k: str(self.step0_dir(iid) / name) for k, name in STEP0_FILES.items()}
 
     def train_files(self, cid: str) -> dict[str, str]:
         return {k: str(self.train_dir(cid) / name) for k, name in TRAIN_FILES.items()}

@@ -118,18 +118,24 @@ def reference_scales(b_lists, aggregation: str, alpha: float = 0.25, n_bar: floa
     return s, t
 
 
-def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
-    """The objective J of a batch (design section 4), the one definition train, validation and
-    evaluate call: one posterior pass (z ~ q with the given noise `eps`) + one router/generator
-    pass. Per-example [B] tensors for every family and the KL, and scalars for the
-    diagnostics, beta_t and J (`total`)."""
+def forward_passes(model, batch, eps: torch.Tensor) -> dict:
+    """The model's side of J on a batch: one posterior pass (z ~ q with the given noise `eps`)
+    and one router/generator pass. The generator's per-token NLL `l` [B, L] (float32, to be
+    read at `batch.sup_mask`) and the posterior's and router's Gaussians [B, D]."""
     mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
     logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos,
                                              batch.z_slot_pos, sup_pos=batch.gen_sup_pos)
-    l = token_nll(logits, batch.sup_ids)
-    rec = reconstruction_per_example(l, batch.b, batch.sup_mask, cell["reconstruction_family"],
-                                         cell["token_aggregation"], scales)
+    return {"l": token_nll(logits, batch.sup_ids), "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r}
+
+
+def losses(passes: dict, b, sup_mask, cell: dict, scales: dict, step: int) -> dict:
+    """J from the passes (`forward_passes`, a batch's or a whole split's) and the reference NLL
+    b at the same tokens: per-example [B] tensors for every family and the KL, scalars for the
+    diagnostics, beta_t and J (`total`)."""
+    rec = reconstruction_per_example(passes["l"], b, sup_mask, cell["reconstruction_family"],
+                                     cell["token_aggregation"], scales)
+    mu_q, logvar_q, mu_r, logvar_r = (passes[k] for k in ("mu_q", "logvar_q", "mu_r", "logvar_r"))
     kl = gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
     out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
            "posterior_variance": posterior_variance(logvar_q),
@@ -138,6 +144,12 @@ def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch
     out["total"] = objective_j(rec["active"].mean(), kl.mean(), out["posterior_variance"],
                                out["router_marginal_kl_to_prior"], cell, step)
     return out
+
+
+def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
+    """The objective J of a batch (design section 4), the one definition train, validation and
+    evaluate call: `forward_passes`, then `losses`."""
+    return losses(forward_passes(model, batch, eps), batch.b, batch.sup_mask, cell, scales, step)
 
 
 def objective_j(active, kl, post_var, router_marginal_kl, cell: dict, step: int):

@@ -33,9 +33,9 @@ import torch
 
 from latentstrat import data, host
 from latentstrat import objective as obj
-from latentstrat.config import TRAIN_FILES, dump_json, parse_family
+from latentstrat.config import STEP0_FILES, TRAIN_FILES, dump_json, init_id, parse_family
 from latentstrat.decode import generate
-from latentstrat.io import atomic_path, write_parquet
+from latentstrat.io import atomic_path, read_parquet, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF, derive
 from latentstrat.model import build_model, device_for
 from latentstrat.objective import forward_losses
@@ -172,70 +172,112 @@ def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: to
     return [best[k][1][0] if len(best[k][1]) == 1 else None for k in range(len(rows))]
 
 
+GAUSSIANS = ("mu_q", "logvar_q", "mu_r", "logvar_r")
+
+
 @torch.no_grad()
-def validate(model, tokenizer, cfg, cell, scales, val, step: int) -> list[dict]:
+def validate(model, tokenizer, cfg, cell, scales, val, step: int, measured: dict | None = None) -> list[dict]:
     """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
-    whole validation split, the probes, the decoded subset and the per-task shares."""
+    whole validation split, the probes, the decoded subset and the per-task shares.
+    `measured`: the model's own measurements (`measure_model`) when they were taken elsewhere:
+    the shared step-0 validation of every cell starting from this model (`Step0`)."""
     was_training = model.training
     model.eval()
     rows = val["rows"]
     sub = val["df"].loc[rows]
-    tasks = sorted(sub.task.unique())
-    per_task: dict[str, dict] = {t: {} for t in tasks}
-    with model.merged():
-        metrics, per_row = validation_losses(model, cell, scales, val, step)
-        on_subset = {k: v[torch.as_tensor(rows)] for k, v in per_row.items()}  # the probe subset, in `rows` order
-        metrics.update(probe_metrics(model, tokenizer, cfg, val, on_subset, per_task))
-        overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, cell)
-    metrics.update(overall)
+    if measured is None:
+        measured = measure_model(model, tokenizer, cfg, val, int(cell["seed"]))
+    metrics, per_row = validation_losses(measured["passes"], val, cell, scales, step)
+    metrics.update(measured["metrics"])
     metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
-    for t in tasks:
-        per_task[t].update(decoded_by_task.get(t, {}))
-        if t in decoded_by_task:
-            per_task[t]["matched_router_score"] = derive(per_task[t])["matched_router_score"]
+    per_task = {t: dict(m) for t, m in measured["per_task"].items()}
+    for t, m in per_task.items():
+        if "final_answer_accuracy" in m:
+            m["matched_router_score"] = derive(m)["matched_router_score"]
     grad = _task_grad_norms(model, val["enc"], val["b"], val["df"], rows, cell, scales, step, val,
                             next(model.parameters()).device)
-    task_shares(sub, on_subset["active"].numpy().astype(np.float64), grad, per_task)
+    task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
         model.train()
     cid = cell["cell_id"]
     out = [dict(cell_id=cid, step=step, task="all", metric=k, value=float(v)) for k, v in metrics.items()]
-    for t in tasks:
+    for t in sorted(per_task):
         out += [dict(cell_id=cid, step=step, task=t, metric=k, value=float(v)) for k, v in per_task[t].items()]
     return out
 
 
-def validation_losses(model, cell, scales, val, step: int) -> tuple[dict, dict]:
-    """J's terms over the whole validation split (the rows S_ref and T_ref are measured on, so a
-    model equal to the reference scores exactly 1), z ~ q with the fixed noise draw: (history
-    metrics, per-row tensors in the split's row order)."""
+@torch.no_grad()
+def measure_model(model, tokenizer, cfg, val, seed: int) -> dict:
+    """What a validation measures of the model alone, whatever the cell's objective: the passes
+    over the whole split (`validation_passes`), the probes and the decoded subset's metrics
+    (overall in `metrics`, per task in `per_task`)."""
+    was_training = model.training
+    model.eval()
+    tasks = sorted(val["df"].loc[val["rows"]].task.unique())
+    per_task: dict[str, dict] = {t: {} for t in tasks}
+    with model.merged():
+        passes = validation_passes(model, val)
+        on_subset = {k: passes[k][torch.as_tensor(val["rows"])] for k in GAUSSIANS}  # in `rows` order
+        metrics = probe_metrics(model, tokenizer, cfg, val, on_subset, per_task)
+        overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, seed)
+    metrics.update(overall)
+    for t in tasks:
+        per_task[t].update(decoded_by_task.get(t, {}))
+    if was_training:
+        model.train()
+    return {"passes": passes, "metrics": metrics, "per_task": per_task}
+
+
+def validation_passes(model, val) -> dict:
+    """objective.forward_passes over the whole validation split, z ~ q with the fixed noise
+    draw, in the split's row order: `l` (per row, a float32 array of its n_supervised token
+    NLLs) and the Gaussians [N, D]."""
     df, enc = val["df"], val["enc"]
     bs = val["batch_size"]
     dev = next(model.parameters()).device
-    keys = ("raw", "dist_norm", "tokcc", "active", "kl", "mu_q", "logvar_q", "mu_r", "logvar_r")
-    acc: dict[str, list] = {k: [] for k in keys}
+    acc: dict[str, list] = {k: [] for k in GAUSSIANS}
+    l_rows: list = [None] * len(df)
     order = sorted(range(len(df)), key=lambda r: enc.lengths[r])  # length-grouped, deterministic
     for s in range(0, len(df), bs):
         idx = order[s:s + bs]
-        out = forward_losses(model, data.collate(enc, idx, val["b"]).to(dev), cell, scales, step, val["eps"][idx])
-        for k in keys:
+        batch = data.collate(enc, idx).to(dev)
+        out = obj.forward_passes(model, batch, val["eps"][idx])
+        l, n = out["l"].float().cpu().numpy(), batch.sup_mask.sum(1).tolist()
+        for j, r in enumerate(idx):
+            l_rows[r] = l[j, :n[j]].copy()
+        for k in GAUSSIANS:
             acc[k].append(out[k].float().cpu())
     back = torch.empty(len(df), dtype=torch.long)
     back[torch.as_tensor(order)] = torch.arange(len(df))
-    per_row = {k: torch.cat(v)[back] for k, v in acc.items()}
-    beta_t = obj.beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    r = {k: per_row[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
-    post_var = obj.posterior_variance(per_row["logvar_q"]).item()
-    rmk = obj.router_marginal_kl_to_prior(per_row["mu_r"], per_row["logvar_r"]).item()
-    total = obj.objective_j(r["active"], r["kl"], post_var, rmk, cell, step)
+    return {"l": l_rows, **{k: torch.cat(v)[back] for k, v in acc.items()}}
+
+
+def _padded(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row 1-d arrays -> ([N, L_max] float32 zero-padded, [N, L_max] mask)."""
+    t = [torch.tensor(np.asarray(r, dtype=np.float32)) for r in rows]
+    values = torch.nn.utils.rnn.pad_sequence(t, batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(x)) for x in t], batch_first=True)
+    return values, mask
+
+
+def validation_losses(passes: dict, val, cell, scales, step: int) -> tuple[dict, dict]:
+    """J's terms over the whole validation split (the rows S_ref and T_ref are measured on, so a
+    model equal to the reference scores exactly 1) from its passes: (history metrics, per-row
+    tensors in the split's row order)."""
+    l, mask = _padded(passes["l"])
+    b, _ = _padded(val["b"])
+    out = obj.losses({**passes, "l": l}, b, mask, cell, scales, step)
+    r = {k: out[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
     base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
                    "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
                    "active_reconstruction_objective": r["active"]})
     metrics = {k: base[k] for k in ("reconstruction_loss", "distribution_normalized_reconstruction_loss",
                                      "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
                                      "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
-    metrics.update(posterior_variance=post_var, router_marginal_kl_to_prior=rmk, beta_t=beta_t, total_loss=total)
-    return metrics, per_row
+    metrics.update(posterior_variance=out["posterior_variance"].item(),
+                   router_marginal_kl_to_prior=out["router_marginal_kl_to_prior"].item(),
+                   beta_t=out["beta_t"], total_loss=out["total"].item())
+    return metrics, {k: out[k] for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
 
 
 def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
@@ -277,14 +319,14 @@ def task_shares(sub: pd.DataFrame, active: np.ndarray, grad: dict, per_task: dic
                            grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan)
 
 
-def _decoded_metrics(model, tokenizer, df, rows, cfg, cell) -> tuple[dict, dict]:
+def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, dict]:
     """Answer accuracy and strategy-match rate of router-sampled greedy generations on the
     decoded subset: (overall, {task: per-task})."""
     if not rows:
         return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
     sub = df.loc[rows]
     gen = generate(model, tokenizer, sub.x.tolist(), max_new_tokens=cfg["evaluate"]["max_new_tokens"],
-                   batch_size=cfg["train"]["val_batch_size"], seed=int(cell["seed"]), progress=False)
+                   batch_size=cfg["train"]["val_batch_size"], seed=seed, progress=False)
     correct = np.array([TASKS[t].final_answer_correct(x, y) for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
     matched = np.array([len(TASKS[t].matching_strategies(x, y)) > 0 for t, x, y in zip(sub.task, sub.x, gen.texts)], dtype=float)
     task_arr = sub.task.to_numpy()
@@ -323,6 +365,75 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
             "batch_size": int(cfg["train"]["val_batch_size"]),
             "eps": eps, "router_eps": router_eps,
             "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
+
+
+# ----------------------------------------------------------------------------- shared step 0
+
+
+def step0_fingerprint(model, cfg, val) -> str:
+    """What a step-0 validation is a function of: every weight of the model as built (names,
+    dtypes, shapes, bytes), the validation split, its noise draws and the settings that shape
+    the probes and decodes."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{t.numel()}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    settings = {"train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
+                "probes": cfg["probes"], "max_new_tokens": cfg["evaluate"]["max_new_tokens"]}
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(val["df"][["task", "example_id", "strategy", "x", "y"]].to_json(orient="values").encode())
+    for k in ("eps", "router_eps"):
+        h.update(val[k].numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_step0(measured: dict, fingerprint: str, init: dict, val_df: pd.DataFrame, out_dir) -> None:
+    """The step-0 measurements (`measure_model`) as STEP0_FILES in `out_dir`."""
+    out_dir = Path(out_dir)
+    p = measured["passes"]
+    cols = {"task": val_df.task.tolist(), "example_id": val_df.example_id.tolist(), "l": p["l"]}
+    cols.update({k: list(p[k].numpy()) for k in GAUSSIANS})
+    write_parquet(pd.DataFrame(cols), out_dir / STEP0_FILES["passes"])
+    # [name, value] pairs: the history keeps the order the metrics were measured in
+    dump_json({"fingerprint": fingerprint, "init": init, "metrics": list(measured["metrics"].items()),
+               "per_task": {t: list(m.items()) for t, m in measured["per_task"].items()}},
+              out_dir / STEP0_FILES["measured"])
+
+
+def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
+    """The shared step-0 measurements in `step0_dir`, checked to be of this very model, split and
+    settings (`step0_fingerprint`): a mismatch is an error naming the folder."""
+    d = Path(step0_dir)
+    meta = json.loads((d / STEP0_FILES["measured"]).read_text())
+    if meta.get("fingerprint") != fingerprint:
+        raise ValueError(f"step-0 validation {d} was measured on another model, validation split or settings than "
+                         f"this cell starts from (fingerprint {str(meta.get('fingerprint'))[:12]} != {fingerprint[:12]}); "
+                         f"delete the folder to measure it again")
+    df = read_parquet(d / STEP0_FILES["passes"], what="step-0 validation passes")
+    if df.task.tolist() != val_df.task.tolist() or df.example_id.tolist() != val_df.example_id.tolist():
+        raise ValueError(f"step-0 validation {d / STEP0_FILES['passes']}: its rows are not the validation split's")
+    passes = {"l": [np.asarray(v, dtype=np.float32) for v in df.l]}
+    passes.update({k: torch.from_numpy(np.stack(df[k].to_numpy()).astype(np.float32)) for k in GAUSSIANS})
+    return {"passes": passes, "metrics": dict(meta["metrics"]), "per_task": {t: dict(m) for t, m in meta["per_task"].items()}}
+
+
+def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, threads: int | None = None) -> str:
+    """The step-0 validation that every cell starting from the model `init` (config.INIT_KEYS:
+    the settings that decide a cell's model as built) shares: measured once here, read by each
+    cell's trainer after it checks that its own model is this one. Returns the fingerprint."""
+    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    tokenizer = data.load_tokenizer(data_dir)
+    val_df = data.load_split(data_dir, "validation").reset_index(drop=True)
+    model = build_model(cfg, init, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(device_for(cfg))
+    val = prepare_validation(cfg, init, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
+    fingerprint = step0_fingerprint(model, cfg, val)
+    measured = measure_model(model, tokenizer, cfg, val, int(init["seed"]))
+    save_step0(measured, fingerprint, init, val_df, out_dir)
+    print(f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "
+          f"posterior probe {measured['metrics']['posterior_probe']:.3f}, "
+          f"answer accuracy {measured['metrics']['final_answer_accuracy']:.3f}")
+    return fingerprint
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -379,9 +490,12 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 # ----------------------------------------------------------------------------- the stage
 
 
-def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None) -> dict:
+def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None,
+               step0_dir=None) -> dict:
     """Train one cell; write model.safetensors, history.parquet, summary.json. Resumes from
-    out_dir/checkpoints/last.pt. Returns the summary."""
+    out_dir/checkpoints/last.pt. `step0_dir`: the shared step-0 validation of the cell's init
+    (`step0_validation`), else the cell measures its model at step 0 itself. Returns the
+    summary."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     out_dir = Path(out_dir)
@@ -435,7 +549,11 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     try:
         model.train()
         if step == 0 and not history:
-            history += validate(model, tokenizer, cfg, cell, scales, val, 0)
+            measured = None
+            if step0_dir is not None:
+                measured = load_step0(step0_dir, step0_fingerprint(model, cfg, val), val["df"])
+                print(f"[{cid}] step 0: the model measured in {step0_dir} (the same weights, split and settings)", flush=True)
+            history += validate(model, tokenizer, cfg, cell, scales, val, 0, measured)
         while step < tcfg["steps"]:
             t0 = time.perf_counter()
             idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)

@@ -15,6 +15,8 @@ from latentstrat.config import (
     expand_cells,
     external_arms,
     from_snakemake,
+    INIT_KEYS,
+    init_id,
     tokenizer_identity,
 )
 from latentstrat.shipped import MANIFEST, bases_root
@@ -28,6 +30,8 @@ except ConfigError as e:
 P = Paths.from_config(CFG)
 CELLS = {c.cell_id: c for c in expand_cells(CFG, validated=True)}
 TASKS = list(CFG["data"]["tasks"])
+# the cells' models as built: cells that agree on INIT_KEYS share one step-0 validation
+INITS = {init_id(c.settings): {k: c.settings[k] for k in INIT_KEYS} for c in CELLS.values()}
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
 logger.info(
@@ -38,6 +42,7 @@ logger.info(
 
 wildcard_constraints:
     cell="[^/]+",
+    init="[^/]+",
     task="|".join(re.escape(t) for t in TASKS),
 
 
@@ -86,6 +91,13 @@ def cell_json(wildcards):
     return _cell(wildcards).to_json()
 
 
+def init_json(wildcards):
+    """The settings of a model as built (the step-0 validation's params)."""
+    if wildcards.init not in INITS:
+        raise WorkflowError(f"unknown init {wildcards.init!r}: no cell of collection {CFG['collection']!r} starts from it")
+    return INITS[wildcards.init]
+
+
 def cell_work_json(wildcards):
     """The cell's id and settings only (no arm or role): what its shared work depends on."""
     c = _cell(wildcards)
@@ -128,6 +140,16 @@ def base_files():
     return {**P.data_files(), **P.entangle_files(MODE), **P.reference_files()}
 
 
+def step0_files(cid):
+    """A cell's shared step-0 validation (its init's), as inputs named step0_*."""
+    return {f"step0_{k}": v for k, v in P.step0_files(init_id(CELLS[cid].settings)).items()}
+
+
+def train_inputs(wildcards):
+    """What a cell's train job reads: the base and its init's step-0 validation."""
+    return {**base_files(), **step0_files(_cell(wildcards).cell_id)}
+
+
 def code_files(*relpaths):
     """Existing package sources under src/latentstrat (files, or folders of *.py): inputs of
     the aggregate and report rules only, so editing them reruns those and never trains."""
@@ -148,6 +170,8 @@ def all_targets():
     outputs only for target jobs, so a deleted (or removed, corrupt) cell file reruns its job
     and everything downstream of it, and nothing else."""
     files = list(base_files().values())
+    for iid in INITS:
+        files += list(P.step0_files(iid).values())
     for cid in CELLS:
         files += [*P.train_files(cid).values(), str(P.records_path(cid)), *P.probe_files(cid, TASKS),
                   str(P.metrics_path(cid))]

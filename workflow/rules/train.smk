@@ -1,10 +1,33 @@
 # Stage 4 (per cell): disentangle router / generator / posterior. Checkpoints under
 # train/checkpoints/ are not outputs, so a preempted or cancelled job resumes from them.
+# The cells that start from one model (same init settings) share its step-0 validation.
+
+
+rule step0:
+    input:
+        **P.data_files(),
+        **P.entangle_files(MODE),
+    output:
+        **P.step0_files("{init}"),
+    log:
+        str(P.logs_dir / "step0" / "{init}.log"),
+    benchmark:
+        str(P.bench_dir / "step0" / "{init}.tsv")
+    threads: RES["threads"]
+    resources:
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
+    params:
+        init=init_json,
+        settings=sections(*EVALUATE_SECTIONS, "probes"),
+    conda:
+        "../../envs/latentstrat.yaml"
+    script:
+        "../scripts/step0.py"
 
 
 rule train:
     input:
-        **base_files(),
+        unpack(train_inputs),
     output:
         **P.train_files("{cell}"),
     log:

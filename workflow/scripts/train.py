@@ -14,4 +14,5 @@ with logged(snakemake):
         reference_dir=Path(snakemake.input.scales).parent,
         out_dir=Path(snakemake.output.summary).parent,
         threads=snakemake.threads,
+        step0_dir=Path(snakemake.input.step0_measured).parent,
     )

@@ -1,0 +1,16 @@
+from pathlib import Path
+
+from _stage import logged, stage_config
+
+from latentstrat import train
+
+with logged(snakemake):
+    cfg = stage_config(snakemake)
+    train.step0_validation(
+        cfg,
+        snakemake.params.init,
+        data_dir=Path(snakemake.input.tokenizer).parent,
+        entangle_dir=Path(snakemake.input.quality).parent,
+        out_dir=Path(snakemake.output.measured).parent,
+        threads=snakemake.threads,
+    )
