@@ -42,7 +42,8 @@ def test_ship_then_install_gives_the_same_model_and_rechecks_quality(trained, tm
     root, cfg, prov = trained
     files = sorted(p.relative_to(root / "ship").as_posix() for p in (root / "ship").rglob("*") if p.is_file())
     assert {"SHA256SUMS", "provenance.json", "history.parquet", "quality.json", "model/config.json",
-            "model/model.safetensors"} <= set(files)
+            "model/model.safetensors", "reference/tokens.parquet"} <= set(files)
+    assert prov["reference"]["code_version"] and prov["reference"]["cpu"]
     assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
     assert "mode" not in prov["recipe"]["entangle"]  # how the model is obtained is not the recipe
     assert prov["trained"]["code_version"] and prov["trained"]["cpu"]
@@ -91,6 +92,49 @@ def test_a_corrupt_missing_or_unlisted_file_is_named(trained, tmp_path):
     with pytest.raises(shipped.ShippedBaseError):
         run_entangle(cfg_with("shipped"), root / "data", out, threads=1, shipped_dir=d)
     assert not (out / "model").exists() and not (out / "quality.json").exists()
+
+
+def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is_named(trained, tmp_path):
+    """With entangle.mode shipped the reference stage reads the shipped table: equal to computing
+    b here; a table off by 0.01 nats on one validation token, or missing a row, is an error that
+    names the table; a base shipped before tables were shipped gets one (`add_reference`)."""
+    import numpy as np
+    import pandas as pd
+
+    from latentstrat.io import write_parquet
+    from latentstrat.reference import run_reference
+
+    root, cfg, _ = trained
+    here = run_reference(cfg, root / "data", root / "entangle", tmp_path / "here", log=lambda m: None)
+    installed = tmp_path / "installed"
+    run_entangle(cfg_with("shipped"), root / "data", installed, threads=1, log=lambda m: None, shipped_dir=root / "ship")
+    got = run_reference(cfg_with("shipped"), root / "data", installed, tmp_path / "shipped", log=lambda m: None)
+    assert got["b_source"].startswith("the table shipped with the base") and here["b_source"] == "computed here"
+    assert got["S_ref"] == here["S_ref"] and got["T_ref"] == here["T_ref"]
+    a, b = (pd.read_parquet(tmp_path / d / "tokens.parquet") for d in ("here", "shipped"))
+    assert a[["task", "example_id", "split"]].equals(b[["task", "example_id", "split"]])
+    assert all(np.array_equal(x, y) for x, y in zip(a.b, b.b))
+
+    table = installed / "reference_tokens.parquet"
+    tokens = pd.read_parquet(table)
+    v = tokens.index[tokens.split == "validation"][1]
+    tokens.at[v, "b"] = tokens.b[v] + np.float32(0.01) * (np.arange(len(tokens.b[v])) == 0)
+    write_parquet(tokens, table)
+    with pytest.raises(ValueError, match=f"shipped reference table {table}: b recomputed here differs by 0.01"):
+        run_reference(cfg_with("shipped"), root / "data", installed, tmp_path / "bad", log=lambda m: None)
+    write_parquet(tokens.drop(index=0), table)
+    with pytest.raises(ValueError, match="train rows are not the data stage's examples"):
+        run_reference(cfg_with("shipped"), root / "data", installed, tmp_path / "bad", log=lambda m: None)
+
+    d = _copy(root, tmp_path / "old")
+    (d / "reference" / "tokens.parquet").unlink()
+    sums = d / "SHA256SUMS"
+    sums.write_text("".join(x for x in sums.read_text().splitlines(keepends=True) if "reference/" not in x))
+    with pytest.raises(shipped.ShippedBaseError, match="reference/tokens.parquet is missing"):
+        shipped.verify(d, cfg, root / "data")
+    shipped.add_reference(cfg, root / "data", d)
+    assert shipped.verify(d, cfg, root / "data")["reference"]["cpu"]
+    assert (d / "reference" / "tokens.parquet").read_bytes() == (root / "ship" / "reference" / "tokens.parquet").read_bytes()
 
 
 def test_another_recipe_or_other_data_is_refused(trained, tmp_path):

@@ -459,6 +459,8 @@ def cell_work_key(cfg: dict) -> str:
 # The file names inside a stage's folder: Paths joins them for the rules and the status
 # command, and the stages write and read them by these names.
 ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parquet"}
+# with entangle.mode shipped, the reference table shipped with the base, installed beside the model
+SHIPPED_REFERENCE_FILE = "reference_tokens.parquet"
 REFERENCE_FILES = {"tokens": "tokens.parquet", "scales": "scales.json", "token_counts": "token_counts.parquet"}
 STEP0_FILES = {"passes": "passes.parquet", "measured": "measured.json"}
 TRAIN_FILES = {"cell_model": "model.safetensors", "history": "history.parquet", "summary": "summary.json"}
@@ -508,6 +510,8 @@ class Paths:
         if mode != "skip":
             files.update(entangle_config=str(d / "model" / "config.json"),
                          entangle_weights=str(d / "model" / "model.safetensors"))
+        if mode == "shipped":
+            files["shipped_reference"] = str(d / SHIPPED_REFERENCE_FILE)
         return files
 
     def reference_files(self) -> dict[str, str]:

@@ -13,7 +13,10 @@ Writes to `out_dir`:
                           (per token) and b per example (mean of sum_t b)
 
 The reference model is `<entangle_dir>/model/`; with `entangle.mode: skip` it is the backbone
-as is (`model.build_backbone`).
+as is (`model.build_backbone`). With `entangle.mode: shipped` the table of b shipped with the
+base is used, after its rows are matched to the data and its validation split is recomputed
+here within SHIPPED_TOLERANCE (`shipped_tokens`): the train split's ~20 k forward passes are
+not repeated on every host.
 """
 from __future__ import annotations
 
@@ -26,12 +29,15 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.config import REFERENCE_FILES, dump_json, format_value, parse_family
+from latentstrat.config import REFERENCE_FILES, SHIPPED_REFERENCE_FILE, dump_json, format_value, parse_family
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.model import device_for, device_of
 from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
+# b of a shipped table against b recomputed on this host (nats per token): float rounding of
+# another CPU's kernels is ~1e-6; another model or changed code is off by far more
+SHIPPED_TOLERANCE = 1e-3
 DEFAULT_ALPHA = 0.25
 
 
@@ -142,17 +148,9 @@ def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokeniz
     return load_entangled(entangle_dir)
 
 
-def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
-    """The reference stage (see module doc). Returns the scales dict."""
-    data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
-    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
-        if not (data_dir / name).exists():
-            raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
-    torch.set_num_threads(int(threads))
-    alphas = config_alphas(cfg)
-    tokenizer = data.load_tokenizer(data_dir)
-    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
-    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
+def reference_tokens(model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print) -> pd.DataFrame:
+    """TOKENS_COLUMNS for every example of `splits` under the z-free `model`; non-finite b is an
+    error naming the split and the first example."""
     bs = 2 * cfg["entangle"]["batch_size"]
     parts = []
     for split, df in splits.items():
@@ -163,9 +161,57 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
         parts.append(pd.DataFrame(dict(task=df.task, example_id=df.example_id, split=split,
                                        n_supervised=df.n_supervised.astype("int64"), b=b)))
         log(f"reference {split}: {len(df)} examples, mean b {np.concatenate(b).mean():.4f}")
-    tokens = pd.concat(parts, ignore_index=True)
+    return pd.concat(parts, ignore_index=True)
+
+
+def shipped_tokens(path: Path, model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print) -> tuple[pd.DataFrame, float]:
+    """The reference table shipped with the base (`path`, installed by the entangle stage), after
+    two checks: its rows are exactly the data's examples, and b recomputed here on the whole
+    validation split (the split S_ref and T_ref come from) agrees within SHIPPED_TOLERANCE.
+    Returns (table, max |b here - b shipped|)."""
+    tokens = read_parquet(path, what="shipped reference table", columns=TOKENS_COLUMNS)
+    for split, df in splits.items():
+        got = tokens[tokens.split == split]
+        if (got.task.tolist(), got.example_id.tolist(), got.n_supervised.tolist()) != \
+                (df.task.tolist(), df.example_id.tolist(), df.n_supervised.astype("int64").tolist()):
+            raise ValueError(f"shipped reference table {path}: its {split} rows are not the data stage's examples "
+                             f"(task, example_id, n_supervised); the shipped base and the data disagree")
+    val = splits["validation"]
+    here = reference_tokens(model, cfg, tokenizer, {"validation": val}, log=lambda m: None).b
+    shipped = tokens[tokens.split == "validation"].b
+    diffs = [float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max()) for a, b in zip(here, shipped)]
+    worst = int(np.argmax(diffs))
+    if diffs[worst] > SHIPPED_TOLERANCE:
+        raise ValueError(f"shipped reference table {path}: b recomputed here differs by {diffs[worst]:.3g} nats "
+                         f"(> {SHIPPED_TOLERANCE}) on validation example {val.example_id.iloc[worst]!r}: the table is "
+                         f"not this model's under this code; ship it again (python -m latentstrat.shipped --config ... "
+                         f"--reference) or compute it here with --config entangle='{{mode: train}}'")
+    log(f"reference: the shipped table, validation split recomputed here: max |b difference| {diffs[worst]:.2g} nats")
+    return tokens, diffs[worst]
+
+
+def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
+    """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
+    the base (`shipped_tokens`), else b computed here. Returns the scales dict."""
+    data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
+    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
+        if not (data_dir / name).exists():
+            raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
+    torch.set_num_threads(int(threads))
+    alphas = config_alphas(cfg)
+    tokenizer = data.load_tokenizer(data_dir)
+    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
+    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
+    mode = cfg["entangle"]["mode"]
+    if mode == "shipped":
+        tokens, diff = shipped_tokens(entangle_dir / SHIPPED_REFERENCE_FILE, model, cfg, tokenizer, splits, log)
+        source = f"the table shipped with the base (validation recomputed here: max |b difference| {diff:.2g})"
+    else:
+        tokens = reference_tokens(model, cfg, tokenizer, splits, log)
+        source = "computed here"
     scales = compute_scales(tokens, alphas)
-    scales["reference_model"] = "backbone (entangle.mode skip)" if cfg["entangle"]["mode"] == "skip" else str(entangle_dir / "model")
+    scales["reference_model"] = "backbone (entangle.mode skip)" if mode == "skip" else str(entangle_dir / "model")
+    scales["b_source"] = source
     write_parquet(tokens, out_dir / REFERENCE_FILES["tokens"])
     write_parquet(token_counts(tokens), out_dir / REFERENCE_FILES["token_counts"])
     dump_json(scales, out_dir / REFERENCE_FILES["scales"])

@@ -9,13 +9,15 @@ A shipped base is a folder `resources/bases/<base>/` (docs/performance.md, "Ship
 |---|---|
 | model/ | the entangled model (save_pretrained: config.json, model.safetensors, ...) |
 | history.parquet, quality.json | the entangle stage's training history and quality report |
-| provenance.json | the recipe (config.base_settings), the data fingerprint, the code version, host and step settings it was trained with, when |
+| reference/tokens.parquet | the reference table: b of every example of every split under this model (latentstrat.reference) |
+| provenance.json | the recipe (config.base_settings), the data fingerprint, the code version, host and step settings it was trained with, when; the code and host the reference table was computed with |
 | SHA256SUMS | sha256 of every other file (`sha256sum -c` format) |
 
 With `entangle.mode: shipped` the entangle stage installs it (`install`): every checksum is
 verified, the recipe must equal the config's and the data fingerprint the data stage's, each
-mismatch an error naming the file or the keys; then the model is copied into the base and the
-quality checks run again on this host. `entangle.mode: train` retrains it from the same recipe.
+mismatch an error naming the file or the keys; then the model (and the reference table, which the reference
+stage checks against this host) is copied into the base and the quality checks run again on
+this host. `entangle.mode: train` retrains it from the same recipe.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ import time
 from pathlib import Path
 
 from latentstrat import data, host
-from latentstrat.config import ENTANGLE_FILES, Paths, base_settings, dump_json, load_config, settings_diff
+from latentstrat.config import (ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths, base_settings, dump_json, load_config,
+                                settings_diff)
 
 MANIFEST = "SHA256SUMS"
+REFERENCE = "reference/tokens.parquet"
 PROVENANCE = "provenance.json"
 COPIED = tuple(ENTANGLE_FILES.values())  # from the entangle stage's folder, besides model/
 
@@ -95,15 +99,50 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
                     "wall_s": training.get("wall_s"), "train_tokens": training.get("train_tokens")},
         "quality_passed": True, "shipped_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    provenance["reference"] = write_reference(cfg, data_dir, tmp)
     dump_json(provenance, tmp / PROVENANCE)
-    (tmp / MANIFEST).write_text("".join(f"{_sha256(tmp / f)}  {f}\n" for f in _files(tmp)))
+    _write_manifest(tmp)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return provenance
 
 
-def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path) -> dict:
+def _write_manifest(d: Path) -> None:
+    (d / MANIFEST).write_text("".join(f"{_sha256(d / f)}  {f}\n" for f in _files(d)))
+
+
+def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, threads: int = 2) -> dict:
+    """The reference table of the shipped model in `shipped_dir` (every split of the data stage's
+    output, latentstrat.reference) as REFERENCE; returns its provenance (code, host, when)."""
+    import torch
+
+    from latentstrat.io import write_parquet
+    from latentstrat.model import load_entangled
+    from latentstrat.reference import reference_tokens
+
+    torch.set_num_threads(threads)
+    tokenizer = data.load_tokenizer(data_dir)
+    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
+    tokens = reference_tokens(load_entangled(shipped_dir), cfg, tokenizer, splits, log=lambda m: None)
+    write_parquet(tokens, Path(shipped_dir) / REFERENCE)
+    return {**host.code_version(), "cpu": host.cpu_model(),
+            "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def add_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
+    """(Re)write the reference table of an already shipped base, after its other files pass
+    their checksums and match the config and data (`verify`); the manifest and provenance are
+    rewritten with it. Returns the provenance."""
+    d = Path(shipped_dir)
+    prov = verify(d, cfg, data_dir, need_reference=False)
+    prov["reference"] = write_reference(cfg, data_dir, d)
+    dump_json(prov, d / PROVENANCE)
+    _write_manifest(d)
+    return prov
+
+
+def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_reference: bool = True) -> dict:
     """Check a shipped base against its checksums, the config's recipe and the data stage's
     output; return its provenance. Every failure names the file or the keys and how to go on."""
     d = Path(shipped_dir)
@@ -128,7 +167,7 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path) -> dict:
             raise ShippedBaseError(f"shipped base {d}: {name} fails its checksum (sha256 {got[:12]}..., "
                                    f"{MANIFEST} says {listed[name][:12]}...): the file is corrupt or was edited; "
                                    f"restore it (git checkout -- {d}) {retrain}")
-    for name in ("model/config.json", PROVENANCE, *COPIED):
+    for name in ("model/config.json", PROVENANCE, *COPIED, *[REFERENCE] * need_reference):
         if name not in listed:
             raise ShippedBaseError(f"shipped base {d}: {name} is missing")
     prov = json.loads((d / PROVENANCE).read_text())
@@ -158,6 +197,7 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
     tmp.rename(final)
     history = ENTANGLE_FILES["entangle_history"]  # quality.json is written anew on this host
     shutil.copy2(d / history, out_dir / history)
+    shutil.copy2(d / REFERENCE, out_dir / SHIPPED_REFERENCE_FILE)  # checked by the reference stage
     return {**prov, "shipped_dir": str(d)}
 
 
@@ -165,10 +205,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.shipped", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
+    ap.add_argument("--reference", action="store_true",
+                    help="only (re)compute the reference table of the already shipped base")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
     out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[2]) / cfg["base"]
+    if args.reference:
+        prov = add_reference(cfg, paths.data_dir, out)
+        print(f"reference table of {cfg['base']} -> {out / REFERENCE} (code {prov['reference']['code_version']})")
+        return
     prov = ship(cfg, paths.data_dir, paths.entangle_dir, out)
     print(f"shipped base {cfg['base']} -> {out} (code {prov['trained']['code_version']}, data {prov['data_fingerprint'][:12]})")
 
