@@ -171,6 +171,7 @@ def test_default_and_quick_collections_ship_their_base(config):
     prov = json.loads((d / "provenance.json").read_text())
     assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
     assert not prov["trained"]["code_dirty"] and len(prov["trained"]["code_commit"]) == 40
+    assert "reference/tokens.parquet" in manifest and not prov["reference"]["code_dirty"]
 
 
 @pytest.mark.parametrize("config", ["quick.yaml", pytest.param("config.yaml", marks=pytest.mark.slow)])
