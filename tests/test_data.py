@@ -67,18 +67,18 @@ def test_tokenizer_round_trips_every_record(data_dir):
     assert len(tok) < 200
     vocab = tok.get_vocab()
     assert [vocab[t] for t in D.SPECIAL_TOKENS] == list(range(len(D.SPECIAL_TOKENS)))
-    assert tok.pad_token == "<pad>" and tok.eos_token == "<eos>" and tok.bos_token == "<bos>"
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (vocab["<pad>"], vocab["<bos>"], vocab["<eos>"])
     unk = vocab["<unk>"]
     for s in D.SPLITS:
         df = D.load_split(data_dir, s)
         for x, y in zip(df.x, df.y):
             for text in (D.render_record(x, y, True, 2), D.render_record(x, y, False),
                          D.render_record(x, y, False, eos=False)):
-                ids = tok(text, add_special_tokens=False)["input_ids"]
+                ids = D.text_ids(tok, [text])[0]
                 assert unk not in ids and len(ids) == len(text.split())
                 assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
     # unknown words map to <unk> (negative control)
-    assert tok("answer zebra", add_special_tokens=False)["input_ids"][1] == unk
+    assert D.text_ids(tok, ["answer zebra"])[0][1] == unk
 
 
 def test_data_card(data_dir, small_data_cfg):

@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
     torch.manual_seed(0)
     backbone = build_backbone({"source": "embedded", "embedded": EMBEDDED}, tok)
     model = LatentStrategyModel(backbone, latent_dim=4, z_slots=2, adaptation="lora")
-    # make the LoRA adapter non-trivial (peft inits B = 0) so the generator adapter matters
+    # make the LoRA adapter non-trivial (B starts at 0) so the generator adapter matters
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:

@@ -327,7 +327,9 @@ def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, t
     assert tr["autocast"] == "bfloat16" and tr["attention"] == "eager" and tr["compiled"] is False
     model = load_entangled(tmp_path)
     assert next(model.parameters()).dtype == torch.float32  # weights saved in backbone.dtype
-    assert model.config._attn_implementation == "sdpa"  # eager was the training step's only
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert hf.config._attn_implementation == "sdpa"  # eager was the training step's only
     plain = run_entangle(smoke_cfg(), data_dir, tmp_path / "plain", threads=1, log=lambda m: None)["training"]
     assert plain["autocast"] == "float32" and plain["attention"] == "sdpa"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from latentstrat import data
-from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+from latentstrat.model import LatentStrategyModel, LoraLinear, build_backbone, load_entangled
 
 EMB = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
        "num_key_value_heads": 1, "max_position_embeddings": 128}
@@ -15,9 +15,7 @@ BB = {"source": "embedded", "dtype": "float32", "embedded": EMB}
 def tok():
     texts = [data.render_record("3 1 2", "a b c 1 2 3"), data.render_record("5 4", "d e 4 5")]
     tk = data.build_tokenizer(texts)
-    from transformers import PreTrainedTokenizerFast
-    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    return data.RecordTokenizer(tk)
 
 
 def batch(tok, ys, xs=None, P=1):
@@ -273,7 +271,7 @@ def test_merged_passes_equal_the_lora_passes(tok):
     at_init = run()
     with torch.no_grad(), m.merged():
         merged_init = run()
-        assert m.lm is not m.peft.base_model.model and m.lm_post is not m.lm
+        assert all(not isinstance(x, LoraLinear) for x in m.lm.modules()) and m.lm_post is not m.lm
     for k in keys:
         assert torch.equal(merged_init[k], at_init[k]), k
     _move_from_init(m)
@@ -286,7 +284,7 @@ def test_merged_passes_equal_the_lora_passes(tok):
     # the heads did not move: mu_q and mu_r moved through the posterior and generator adapters alone
     assert not torch.allclose(moved["mu_q"], at_init["mu_q"]) and not torch.allclose(moved["mu_r"], at_init["mu_r"])
     # afterwards: the LoRA model as it was, trainable
-    assert m.lm is m.peft.base_model.model and m.lm_post is m.lm
+    assert any(isinstance(x, LoraLinear) for x in m.lm.modules()) and m.lm_post is m.lm
     assert all(torch.equal(p, base_weights[n]) for n, p in m.named_parameters() if "base_layer" in n)
     assert all(p.requires_grad for p in m.trainable_parameters())
     assert {"lora_A", "lora_B"} <= {part for n in _grads(m, tok) for part in n.split(".")}

@@ -72,8 +72,8 @@ def test_data_stage_uses_the_backbones_tokenizer_with_single_token_markers(pretr
     assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["type"] == "BPE"
     assert sorted(info["added_token_ids"]) == list(range(len(own), len(own) + len(data.SPECIAL_TOKENS)))
     for m in MARKERS:  # each marker is one token, in the record too
-        ids = tok(f"3 {m} 4", add_special_tokens=False)["input_ids"]
-        assert tok.convert_tokens_to_ids(m) in ids and len(tok(m, add_special_tokens=False)["input_ids"]) == 1
+        ids = data.text_ids(tok, [f"3 {m} 4"])[0]
+        assert tok.convert_tokens_to_ids(m) in ids and len(data.text_ids(tok, [m])[0]) == 1
     df = pd.concat([data.load_split(tmp_path, s) for s in data.SPLITS])
     # token counts are the backbone's, not words
     bpe_counts = [len(own(y, add_special_tokens=False)["input_ids"]) for y in df.y]

@@ -47,7 +47,7 @@ def test_b_equals_hand_computed_token_nll(dirs):
     for split in data.SPLITS:
         df = data.load_split(root / "data", split)
         ex = df.iloc[-1]  # one example per split, by hand: full record (neutral slot), full softmax
-        ids = tok(data.render_record(ex.x, ex.y, with_z=True), add_special_tokens=False)["input_ids"]
+        ids = data.text_ids(tok, [data.render_record(ex.x, ex.y, with_z=True)])[0]
         y_open = ids.index(tok.convert_tokens_to_ids("<y>"))
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), -1)

@@ -158,17 +158,44 @@ def added_token_ids(data_dir: str | Path) -> list[int]:
     return [int(i) for i in json.loads(path.read_text()).get("added_token_ids", [])]
 
 
-def load_tokenizer(data_dir: str | Path):
-    """The data stage's tokenizer.json as a PreTrainedTokenizerFast (word-level, or the
-    pretrained backbone's tokenizer with the record markers added)."""
-    from transformers import PreTrainedTokenizerFast
+class RecordTokenizer:
+    """The data stage's tokenizer.json (a `tokenizers.Tokenizer`: word-level, or the pretrained
+    backbone's with the record markers added) with the few tokenizer methods the stages use,
+    named as transformers names them; reading it does not import transformers."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        ids = {t: backend.token_to_id(t) for t in (PAD, UNK, BOS, EOS)}
+        self.pad_token_id, self.unk_token_id, self.bos_token_id, self.eos_token_id = (ids[t] for t in (PAD, UNK, BOS, EOS))
+
+    def __len__(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
+
+    def encode_batch(self, texts, add_special_tokens: bool = False):
+        return self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        tid = self.backend.token_to_id(token)
+        return self.unk_token_id if tid is None else tid
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.backend.id_to_token(int(i)) for i in ids]
+
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(data_dir: str | Path) -> RecordTokenizer:
+    """The data stage's tokenizer.json (`RecordTokenizer`)."""
+    from tokenizers import Tokenizer
 
     path = Path(data_dir) / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"tokenizer {path} does not exist (run the data stage)")
-    extra = [t for t in SPECIAL_TOKENS if t not in (PAD, UNK, BOS, EOS)]
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                   unk_token=UNK, additional_special_tokens=extra)
+    return RecordTokenizer(Tokenizer.from_file(str(path)))
 
 
 def text_ids(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -177,9 +204,7 @@ def text_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     training, scoring and decoding prompts see the same ids."""
     if not texts:
         return []
-    if hasattr(tokenizer, "encode_batch"):  # a bare `tokenizers.Tokenizer`
-        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
 def decode_y(tokenizer, ids) -> str:

@@ -2,6 +2,8 @@
 
 A backbone is a transformers causal LM: the embedded small Qwen2 (built from a `Qwen2Config`,
 tied embeddings), any hub/local model via `from_pretrained`, or random init from a config JSON.
+A saved Qwen2 (the entangled model the cells start from) loads as our own `qwen2` module: the
+same function and parameter names, without importing transformers (`load_entangled`).
 
 `LatentStrategyModel` wraps one backbone with
 - a router head on the hidden state at `<z>` -> (mu_r, logvar_r),
@@ -13,7 +15,7 @@ tied embeddings), any hub/local model via `from_pretrained`, or random init from
   entangled model's, since it trains on that record (docs/design.md, "Initialization").
   z can then only add information.
 and two "adapters":
-- `lora`: two peft LoRA adapters ("generator" = router+generator, "posterior") over one frozen
+- `lora`: two LoRA adapters (`LoraLinear`: "generator" = router+generator, "posterior") over one frozen
   base; only adapters and heads train.
 - `full`: two trainable copies of the backbone (generator copy, posterior copy). Chosen over one
   shared trainable base so `full` keeps the two-adapter semantics (the posterior's weights never
@@ -143,15 +145,21 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
 def load_entangled(entangle_dir: str | Path, dtype: str | None = None):
     """The entangled (z-free) model saved by the entangle stage: `<entangle_dir>/model/`.
 
-    Accepts the stage directory or the `model/` directory itself.
+    Accepts the stage directory or the `model/` directory itself. A Qwen2 loads as our own
+    `qwen2.Qwen2ForCausalLM` (the same function, without importing transformers), any other
+    architecture through transformers.
     """
-    from transformers import AutoModelForCausalLM
+    from latentstrat import qwen2
 
     d = Path(entangle_dir)
     if (d / "model" / "config.json").exists():
         d = d / "model"
     if not (d / "config.json").exists():
         raise FileNotFoundError(f"entangled model {d} has no config.json (run the entangle stage first)")
+    if qwen2.supported(qwen2.read_config(d)) is None:
+        return qwen2.load(d, DTYPES[dtype] if dtype else None)
+    from transformers import AutoModelForCausalLM
+
     kw = {"dtype": DTYPES[dtype]} if dtype else {}
     return AutoModelForCausalLM.from_pretrained(d, **kw)
 
@@ -184,7 +192,7 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Te
     causal attention is exact and the pads (zeros here) are never read. The same function as
     transformers' padded pass up to float rounding (tests/test_model.py), without its work on
     the pads: a task-mixed batch of short and long tasks is mostly padding."""
-    from transformers.models.qwen2.modeling_qwen2 import rotate_half
+    from latentstrat.qwen2 import rotate_half
 
     m = lm.model
     B, T = mask.shape
@@ -232,13 +240,96 @@ class GaussianHead(nn.Module):
         return mu, logvar
 
 
-def _lora_config(lora_cfg: dict | None):
-    from peft import LoraConfig
+# ----------------------------------------------------------------------------- LoRA
 
+
+class LoraLinear(nn.Module):
+    """A frozen linear layer (`base_layer`) plus named low-rank adapters: y = W x + s B A x for
+    the active adapter (`state.active`, shared by every layer of one model), s = alpha / r
+    (with dropout on x in training when lora.dropout > 0). A
+    starts like a linear layer's weight (Kaiming uniform), B at zero: a new adapter is the
+    identity. The adapters stay float32 under a lower-precision base."""
+
+    def __init__(self, base: nn.Linear, state: "_Active", dropout: float = 0.0):
+        super().__init__()
+        self.base_layer = base
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.lora_A, self.lora_B = nn.ModuleDict(), nn.ModuleDict()
+        self.scaling: dict[str, float] = {}
+        self.state = state
+
+    def add_adapter(self, name: str, r: int, alpha: float) -> None:
+        self.lora_A[name] = nn.Linear(self.base_layer.in_features, r, bias=False)
+        self.lora_B[name] = nn.Linear(r, self.base_layer.out_features, bias=False)
+        nn.init.kaiming_uniform_(self.lora_A[name].weight, a=5 ** 0.5)
+        nn.init.zeros_(self.lora_B[name].weight)
+        self.scaling[name] = alpha / r
+
+    def forward(self, x):
+        y = self.base_layer(x)
+        name = self.state.active
+        if name not in self.lora_A:
+            return y
+        a, b = self.lora_A[name], self.lora_B[name]
+        return (y + b(a(self.lora_dropout(x.to(a.weight.dtype)))) * self.scaling[name]).to(y.dtype)
+
+    def merged(self, name: str) -> nn.Linear:
+        """A plain linear layer with adapter `name` folded into its weight: W + s B A."""
+        base = copy.deepcopy(self.base_layer)
+        with torch.no_grad():
+            delta = (self.lora_B[name].weight @ self.lora_A[name].weight) * self.scaling[name]
+            base.weight += delta.to(base.weight.dtype)
+        return base
+
+
+class _Active:
+    """Which adapter a model's LoRA layers apply (one object shared by all of them)."""
+
+    def __init__(self, name: str):
+        self.active = name
+
+
+def lora_targets(lm, target_modules) -> list[str]:
+    """Names of the linear layers that get adapters: every one but the output projection
+    ("all-linear"), or those whose last name part is listed."""
+    out_proj = lm.get_output_embeddings()
+    names = []
+    for n, mod in lm.named_modules():
+        if not isinstance(mod, nn.Linear) or mod is out_proj:
+            continue
+        if target_modules == "all-linear" or n.rsplit(".", 1)[-1] in target_modules:
+            names.append(n)
+    if not names:
+        raise ValueError(f"config key lora.target_modules: {target_modules!r} matches no linear layer of the backbone")
+    return names
+
+
+def add_lora(lm, lora_cfg: dict | None, adapters=ADAPTERS) -> _Active:
+    """Wrap the backbone's target linear layers (`lora_targets`) in LoraLinear with `adapters`
+    (r, alpha from lora_cfg), in place; returns the shared active-adapter switch."""
     c = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", **(lora_cfg or {})}
-    tm = c["target_modules"]
-    return LoraConfig(r=c["r"], lora_alpha=c["alpha"], lora_dropout=c["dropout"],
-                      target_modules=tm if tm == "all-linear" else list(tm), bias="none")
+    state = _Active(adapters[0])
+    layers = []
+    for n in lora_targets(lm, c["target_modules"]):
+        parent, _, child = n.rpartition(".")
+        holder = lm.get_submodule(parent) if parent else lm
+        layer = LoraLinear(getattr(holder, child), state, float(c["dropout"]))
+        setattr(holder, child, layer)
+        layers.append(layer)
+    for name in adapters:  # one adapter over every layer, then the next
+        for layer in layers:
+            layer.add_adapter(name, int(c["r"]), float(c["alpha"]))
+    return state
+
+
+def merged_copy(lm, name: str):
+    """A copy of a LoRA backbone with plain linear layers, adapter `name` folded in."""
+    out = copy.deepcopy(lm)
+    for n, mod in list(out.named_modules()):
+        if isinstance(mod, LoraLinear):
+            parent, _, child = n.rpartition(".")
+            setattr(out.get_submodule(parent) if parent else out, child, mod.merged(name))
+    return out.eval()
 
 
 class LatentStrategyModel(nn.Module):
@@ -255,13 +346,8 @@ class LatentStrategyModel(nn.Module):
         for p in backbone.parameters():
             p.requires_grad_(False)
         if adaptation == "lora":
-            from peft import get_peft_model
-
-            cfg = _lora_config(lora_cfg)
-            self.peft = get_peft_model(backbone, cfg, adapter_name="generator")
-            self.peft.add_adapter("posterior", copy.deepcopy(cfg))
-            self.lm = self.peft.base_model.model  # the causal LM with LoRA layers injected
-            self.lm_post = self.lm
+            self.lora = add_lora(backbone, lora_cfg)  # adapters "generator" and "posterior"
+            self.lm = self.lm_post = backbone
         elif adaptation == "full":
             self.lm = backbone
             self.lm_post = copy.deepcopy(backbone)
@@ -299,11 +385,8 @@ class LatentStrategyModel(nn.Module):
     def _set_active(self, name: str) -> None:
         if name not in ADAPTERS:
             raise ValueError(f"unknown adapter {name!r} (expected one of {ADAPTERS})")
-        if self.adaptation == "lora" and name != self._active and not self._merged:
-            self.peft.base_model.set_adapter(name)
-            # peft freezes the inactive adapter; both must stay trainable (one backward per step)
-            for p in self._trainable_params:
-                p.requires_grad_(True)
+        if self.adaptation == "lora" and not self._merged:
+            self.lora.active = name
         self._active = name
 
     @contextlib.contextmanager
@@ -318,7 +401,7 @@ class LatentStrategyModel(nn.Module):
     @contextlib.contextmanager
     def merged(self):
         """No-grad passes (validation, evaluation, decoding) on two plain copies of the backbone,
-        each with one adapter folded into its weights (W + scale B A, peft's merge): the same
+        each with one adapter folded into its weights (W + scale B A): the same
         function as the LoRA passes up to float rounding, and exactly the same while B = 0
         (step 0), without each linear layer's two extra small matmuls (1.3x on a validation pass
         on CPU, `python -m latentstrat.bench train`). The copies live for the `with` block (2x
@@ -333,14 +416,12 @@ class LatentStrategyModel(nn.Module):
             self.lm, self.lm_post = self._merged_copy("generator"), self._merged_copy("posterior")
             self._merged = True
             yield
-        finally:  # the LoRA model was never touched (_set_active leaves peft alone meanwhile)
+        finally:  # the LoRA model was never touched (_set_active leaves it alone meanwhile)
             self.lm, self.lm_post = saved
             self._merged = False
 
     def _merged_copy(self, name: str):
-        peft_copy = copy.deepcopy(self.peft)
-        peft_copy.base_model.set_adapter(name)
-        return peft_copy.merge_and_unload(adapter_names=[name]).eval()
+        return merged_copy(self.lm, name)
 
     # -------------------------------------------------------------- passes
 
@@ -422,6 +503,9 @@ class LatentStrategyModel(nn.Module):
             where = str(path_or_state)
         else:
             state, where = path_or_state, "state dict"
+        # cells trained while the adapters were peft's name them under peft's wrapper
+        state = {("lm." + n[len("peft.base_model.model."):]) if n.startswith("peft.base_model.model.") else n: t
+                 for n, t in state.items()}
         missing = sorted(set(self._trainable) - set(state))
         extra = sorted(set(state) - set(self._trainable))
         if missing or extra:
