@@ -51,8 +51,11 @@ def slurm_env():
 
 
 def slurm_run(wd, env, *args):
-    # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct
+    # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct;
+    # its jobs take 10-15 s, so the first status check comes after 4 s, not the profile's 10 (the
+    # plugin adds 10 s to the interval after each round that finds no job finished)
     cmd = [SNAKEMAKE, "--profile", "slurm", "--cores", "2", "--slurm-status-command", "squeue",
+           "--slurm-init-seconds-before-status-checks", "4",
            "--configfile", "config/smoke.yaml", "--config", f"results_dir={wd / 'results'}", *GRID, *args]
     return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
