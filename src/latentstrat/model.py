@@ -273,13 +273,9 @@ class LoraLinear(nn.Module):
         a, b = self.lora_A[name], self.lora_B[name]
         return (y + b(a(self.lora_dropout(x.to(a.weight.dtype)))) * self.scaling[name]).to(y.dtype)
 
-    def merged(self, name: str) -> nn.Linear:
-        """A plain linear layer with adapter `name` folded into its weight: W + s B A."""
-        base = copy.deepcopy(self.base_layer)
-        with torch.no_grad():
-            delta = (self.lora_B[name].weight @ self.lora_A[name].weight) * self.scaling[name]
-            base.weight += delta.to(base.weight.dtype)
-        return base
+    def delta(self, name: str) -> torch.Tensor:
+        """Adapter `name` as a change of the base weight: s B A."""
+        return (self.lora_B[name].weight @ self.lora_A[name].weight) * self.scaling[name]
 
 
 class _Active:
@@ -325,10 +321,13 @@ def add_lora(lm, lora_cfg: dict | None, adapters=ADAPTERS) -> _Active:
 def merged_copy(lm, name: str):
     """A copy of a LoRA backbone with plain linear layers, adapter `name` folded in."""
     out = copy.deepcopy(lm)
-    for n, mod in list(out.named_modules()):
-        if isinstance(mod, LoraLinear):
-            parent, _, child = n.rpartition(".")
-            setattr(out.get_submodule(parent) if parent else out, child, mod.merged(name))
+    with torch.no_grad():
+        for n, mod in list(out.named_modules()):
+            if isinstance(mod, LoraLinear):
+                base = mod.base_layer  # the copy's own weights: W + s B A folded in place
+                base.weight += mod.delta(name).to(base.weight.dtype)
+                parent, _, child = n.rpartition(".")
+                setattr(out.get_submodule(parent) if parent else out, child, base)
     return out.eval()
 
 

@@ -36,8 +36,6 @@ class Qwen2Config:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
     pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
     model_type: str = "qwen2"
     attention_dropout: float = 0.0
     use_sliding_window: bool = False
@@ -76,7 +74,7 @@ def config_from_json(raw: dict) -> Qwen2Config:
         num_key_value_heads=raw.get("num_key_value_heads") or heads,
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope(raw)[1], tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        pad_token_id=raw.get("pad_token_id"), bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
+        pad_token_id=raw.get("pad_token_id"),
         layer_types=list(raw.get("layer_types") or []))
 
 
