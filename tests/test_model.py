@@ -228,6 +228,20 @@ def test_trainable_roundtrip_safetensors(tok, tmp_path):
         model(tok, "frozen").load_trainable(tmp_path / "w.safetensors")
 
 
+def test_cells_saved_under_peft_names_load(tok):
+    """A cell trained while the adapters were peft's stored them as `peft.base_model.model.<lm name>`:
+    its weights load into the same parameters; the heads keep their names."""
+    m1, m2 = model(tok, seed=0), model(tok, seed=0)
+    with torch.no_grad():
+        for p in m1.trainable_parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    state = m1.trainable_state_dict()
+    assert any(n.startswith("lm.") for n in state) and any(not n.startswith("lm.") for n in state)
+    old = {("peft.base_model.model." + n[len("lm."):]) if n.startswith("lm.") else n: t for n, t in state.items()}
+    m2.load_trainable(old)
+    assert all(torch.equal(t, m2.trainable_state_dict()[n]) for n, t in state.items())
+
+
 def test_save_pretrained_loads_through_from_pretrained(tok, tmp_path):
     torch.manual_seed(1)
     bb = build_backbone(BB, tok).eval()
