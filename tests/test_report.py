@@ -3,6 +3,7 @@ import time
 from pathlib import Path
 
 import pytest
+import pandas as pd
 import yaml
 
 from aggregate_helpers import make_cfg, write_collection
@@ -106,3 +107,25 @@ def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tm
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="bad.json is unreadable"):
         load_entangle_quality(tmp_path / "bad.json")
+
+
+def _gap_tables(acc_hi, gap_lo, entangled=0.987):
+    """Two primary cells with the given accuracy upper bounds and gap lower bounds."""
+    from latentstrat.report.findings import q_accuracy_hides_gap
+    s = pd.DataFrame({"cell_id": ["a", "b"], "role": "primary", "final_answer_accuracy": [0.98, 0.98],
+                      "final_answer_accuracy_ci_high": acc_hi, "posterior_router_probe_gap": [0.43, 0.43],
+                      "posterior_router_probe_gap_ci_low": gap_lo, "posterior_router_probe_gap_ci_high": [0.5, 0.5]})
+    sanity = pd.DataFrame({"cell_id": ["a", "b"], "entangled_answer_accuracy": entangled})
+    return q_accuracy_hides_gap({"summary": s, "cell_sanity": sanity}, 0.01)
+
+
+def test_accuracy_hides_gap_is_decided_from_intervals_not_a_saturation_threshold():
+    # accuracy 0.98 (interval up to 0.99) against the entangled 0.987, gap 0.43 with its interval above 0:
+    # the old 0.99 saturation threshold read "not supported"; the intervals say supported
+    f = _gap_tables(acc_hi=[0.99, 0.985], gap_lo=[0.35, 0.3])
+    assert f["status"] == "supported" and f["numbers"]["with_gap_above_0"] == 2
+    # negative controls: the gap's interval reaches 0, or the accuracy is far below the entangled model's
+    assert _gap_tables(acc_hi=[0.99, 0.99], gap_lo=[-0.02, -0.01])["status"] == "not supported"
+    f = _gap_tables(acc_hi=[0.90, 0.91], gap_lo=[0.35, 0.3])
+    assert f["status"] == "not supported" and f["numbers"]["near_entangled_accuracy"] == 0
+    assert _gap_tables(acc_hi=[0.99, 0.99], gap_lo=[0.3, -0.1])["status"] == "cannot tell"

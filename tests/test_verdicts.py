@@ -136,3 +136,73 @@ def test_router_scores_without_signal_above_chance_are_cannot_tell():
     signal = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],
                            above={"p1": True, "p2": False, "r1": True, "r2": True}).iloc[0]
     assert signal.verdict == "negative" and signal.cells_negative == 2 and signal.why == ""
+
+
+def write_config(path, seeds=None):
+    """A collection config whose grid is the tables' (4 families x 3 betas, sum vs matched mean)."""
+    import yaml
+    cfg = {"collection": "toy-power", "base": "toy-base", "data": {"tasks": ["sorting_algorithms"]},
+           "cell": {"token_aggregation": "sum"}, "grid": {"reconstruction_family": FAMILIES, "beta": BETAS},
+           "primary_arm": "sum", "comparison_arms": [{"name": "mean", "settings": {"token_aggregation": "mean"}}]}
+    if seeds:
+        cfg["seeds"] = seeds
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
+    rng = np.random.default_rng(0)
+    mean = 0.5 + rng.normal(0, 0.05, 12)
+    summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
+    ref = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
+    cfg = write_config(tmp_path / "collection.yaml", seeds)
+    out = tmp_path / "out"
+    assert report_cli(["--summary", str(summary), "--comparison", str(ref), "--config", str(cfg), "--out", str(out)]) == 0
+    row = pd.read_parquet(out / "aggregate" / "arm_contrasts.parquet").set_index("metric").loc["matched_router_score"]
+    return row, out
+
+
+def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
+    from latentstrat.config import expand_cells, load_config
+    from latentstrat.power import DETECT
+
+    row, out = run_with_config(tmp_path, delta=-0.03, noise=0.02, half_width=0.12)
+    assert row.verdict == "cannot tell"
+    se = (row.ci_high - row.ci_low) / (2 * 1.959963984540054)
+    assert row.detectable_delta == pytest.approx(DETECT * se)
+    analysis = (out / "analysis.md").read_text()
+    assert f"could detect (80% power, 5% two-sided): {round(row.detectable_delta, 4):g}" in analysis
+    followup = out / "followup.yaml"
+    assert followup.exists() and "followup.yaml" in analysis
+    cfg = load_config(followup)  # runnable: extends the collection's config by a relative path
+    # seeds sized so that the detectable difference reaches the observed |delta|: SE ~ 1/sqrt(n)
+    n = int(np.ceil((DETECT * se / abs(row.mean_delta)) ** 2))
+    assert cfg["seeds"] == [314159 + k for k in range(min(n, 10))]
+    assert cfg["collection"] == "toy-power-followup"
+    assert len(expand_cells(cfg)) == 24 * min(n, 10)
+    assert f"Adds {24 * (min(n, 10) - 1)} cells" in followup.read_text()
+
+
+def test_clearly_separated_arms_get_no_followup(tmp_path):
+    row, out = run_with_config(tmp_path, delta=-0.2, noise=0.02, half_width=0.06)
+    assert row.verdict == "negative"
+    assert not (out / "followup.yaml").exists()
+    assert "Follow-Up" not in (out / "analysis.md").read_text()
+
+
+def test_a_noisy_collection_already_at_its_seed_cap_gets_no_followup(tmp_path):
+    # 10 seeds is the default cap (report.followup_max_seeds): nothing more to ask for
+    row, out = run_with_config(tmp_path, delta=-0.01, noise=0.02, half_width=0.12, seeds=list(range(1, 11)))
+    assert row.verdict == "cannot tell"
+    assert not (out / "followup.yaml").exists()
+
+
+def test_power_arithmetic_by_hand():
+    from latentstrat.power import detectable_difference, next_seeds, seeds_to_detect
+    # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
+    assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
+    assert np.isnan(detectable_difference(float("nan"), 0.1))
+    # SE 0.05 with one seed; to detect 0.07: n = (2.8016 * 0.05 / 0.07)^2 = 4.0046 -> 5 seeds
+    assert seeds_to_detect(0.05, 1, 0.07) == 5
+    assert seeds_to_detect(0.01, 3, 0.07) == 3  # already precise enough: no fewer than now
+    assert next_seeds([314159], 3) == [314159, 314160, 314161]

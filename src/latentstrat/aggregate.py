@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat import host
+from latentstrat import host, power
 from latentstrat.config import CELL_KEYS, beta_label, expand_cells, external_arms, family_label, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import (BOOTSTRAP_FILE, DISTRIBUTION_METRICS, HISTORY_COLUMNS, METRICS, PROBE_METRICS, derive,
@@ -357,7 +357,8 @@ def router_signal(row, above: dict | None) -> bool | None:
 
 def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, above: dict | None = None) -> pd.DataFrame:
     """Per comparison arm and metric: the mean common-cell delta (primary - arm), its 95% paired
-    bootstrap interval (replicates of the mean over cells) and the verdict from it; plus how
+    bootstrap interval (replicates of the mean over cells), the verdict from it and the smallest
+    difference that interval could detect (power.detectable_difference); plus how
     many single-cell deltas are negative / positive / cannot tell. A router-score delta between
     cells none of which has a router probe above chance (`above`: cell id -> bool) compares
     noise with noise: cannot tell, whatever its interval."""
@@ -397,11 +398,12 @@ def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, 
                 v, why = "cannot tell", "no cell of either arm has a router probe above chance"
             rows.append({"comparison_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
                          "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": v, "why": why,
+                         "detectable_delta": power.detectable_difference(lo, hi),
                          "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
                          "cells_negative": each.count("negative"), "cells_positive": each.count("positive"),
                          "cells_cannot_tell": each.count("cannot tell")})
     return pd.DataFrame(rows, columns=["comparison_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict",
-                                       "why", "router_signal_cells", "cells_negative", "cells_positive",
+                                       "why", "detectable_delta", "router_signal_cells", "cells_negative", "cells_positive",
                                        "cells_cannot_tell"])
 
 
@@ -912,13 +914,14 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
 def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: dict, grid_axes, history: pd.DataFrame,
                      out_dir: str | Path, top_k: int = 5, primary_metric: str = "chance_corrected_matched_router_score",
                      meta: dict | None = None, entangle_quality: dict | None = None,
-                     bootstrap: dict | None = None) -> dict:
+                     bootstrap: dict | None = None, costs: pd.DataFrame | None = None) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
     comparisons: external comparison arm name -> validated table; run-here arms come from summary.
     entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
     bootstrap: cell id -> its bootstrap replicates (metrics.bootstrap_replicates), for intervals.
+    costs: per cell job seconds (cell_costs), or None.
     """
     out_dir = Path(out_dir)
     t: dict[str, pd.DataFrame] = {}
@@ -963,6 +966,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
     t["token_dominance_sums"] = share_sums(t["token_dominance"])
     t["gradient_clipping"] = gradient_clipping(h_all) if len(h_all) else gradient_clipping(pd.DataFrame(columns=["metric"]))
     t["collection_metadata"] = collection_metadata(summary, state, host.code_version()["code_version"])
+    t["cell_costs"] = costs if costs is not None else cell_costs(None, [])
     t["cell_sanity"] = cell_sanity(summary, h_all, entangled_reference(entangle_quality),
                                    report_settings((meta or {}).get("report")))
     t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, refs, commons, unmatched, h_all, h_task,
@@ -999,10 +1003,13 @@ def load_entangle_quality(path) -> dict:
 
 
 def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir, quality_path=None,
-                         upstream: dict | None = None) -> dict:
+                         upstream: dict | None = None, bench_dir=None, configfile=None) -> dict:
     """The aggregate job: per-cell metrics + histories of a collection (+ the entangle stage's
-    quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir.
-    `upstream`: see load_cell_metrics (the partial report after a failed run passes it)."""
+    quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir, and
+    FOLLOWUP_FILE: the seeds that would settle a `cannot tell` of the main contrast (or none).
+    `upstream`: see load_cell_metrics (the partial report after a failed run passes it).
+    `bench_dir`: the collection's Snakemake benchmark folder, for what a cell costs; `configfile`:
+    the collection's config file, which a follow-up config extends."""
     quality = load_entangle_quality(quality_path) if quality_path else None
     comparisons = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
@@ -1013,10 +1020,70 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete})
     grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
     meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
-            "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad}
-    return aggregate_tables(summary, state, comparisons, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
-                            primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality,
-                            bootstrap=bootstrap)
+            "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad,
+            "configfile": str(Path(configfile).resolve()) if configfile else None}
+    costs = cell_costs(bench_dir, list(metrics_paths))
+    t = aggregate_tables(summary, state, comparisons, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
+                         primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality,
+                         bootstrap=bootstrap, costs=costs)
+    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs), out_dir)
+    return t
+
+
+def write_followup_plan(plan: dict, out_dir) -> None:
+    import json
+
+    write_text(json.dumps(plan, indent=2, default=str) + "\n", Path(out_dir) / FOLLOWUP_FILE)
+
+
+FOLLOWUP_FILE = "followup.json"
+
+# benchmark folder (per cell job) -> part of a cell's cost
+COST_PARTS = {"train": "train", "evaluate": "evaluate", "probe": "probes", "metrics": "metrics"}
+
+
+def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
+    """Per cell: the seconds of its train, evaluate, probe (summed over its probe jobs) and
+    metrics jobs from Snakemake's benchmark files, and their total; cells whose work was done
+    by another collection (shared cell work) have none here and are left out (all of them
+    without a `bench_dir`)."""
+    rows = []
+    for cid in cells if bench_dir else []:
+        bench_dir = Path(bench_dir)
+        row = {"cell_id": cid}
+        for folder, part in COST_PARTS.items():
+            files = [bench_dir / folder / f"{cid}.tsv"] if folder != "probe" else sorted((bench_dir / folder / cid).glob("*.tsv"))
+            secs = [float(pd.read_csv(f, sep="\t")["s"].iloc[-1]) for f in files if f.is_file()]
+            row[f"{part}_s"] = sum(secs) if secs else math.nan
+        row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"])
+    return df[df.total_s.notna()].reset_index(drop=True)
+
+
+def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> dict:
+    """{"needed": False} when the main contrast (the ranking metric against each comparison arm)
+    decides or is not a matter of power; else the seeds that settle it (power.followup_need) and
+    what they cost: cells added and seconds of one job slot per cell (mean of `costs`)."""
+    import os
+
+    metric = cfg["report"]["primary_metric"]
+    if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
+        metric = FALLBACK_METRIC  # tables without the chance-corrected score (as ranking_metric)
+    seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
+    n_cells = len(expand_cells(cfg, validated=True))
+    rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
+    needs = [n for n in (power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"],
+                                             cfg["report"]["followup_max_seeds"]) for r in rows.to_dict("records")) if n]
+    if not needs:
+        return {"needed": False, "metric": metric}
+    n = max(x["seeds"] for x in needs)
+    per_seed = n_cells // len(seeds)
+    seconds = float(costs.total_s.mean()) if len(costs) else math.nan
+    threads = int(cfg["resources"]["threads"]) or 1
+    return {"needed": True, "metric": metric, "collection": cfg["collection"], "needs": needs,
+            "seeds": power.next_seeds(seeds, n), "cells_now": n_cells, "cells_added": per_seed * (n - len(seeds)),
+            "seconds_per_cell": seconds, "parallel_cells": max(1, (os.cpu_count() or 1) // threads)}
 
 
 def state_from_summary(summary: pd.DataFrame, arm: str = "primary") -> pd.DataFrame:
@@ -1034,8 +1101,13 @@ def grid_axes_from_rows(rows: pd.DataFrame) -> list[str]:
 
 
 def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, out_dir=".", top_k: int = 5,
-                          primary_metric: str = "chance_corrected_matched_router_score") -> dict:
-    """Aggregate tables from a summary table (+ comparison tables, + long history) alone."""
+                          primary_metric: str = "chance_corrected_matched_router_score", config_path=None) -> dict:
+    """Aggregate tables from a summary table (+ comparison tables, + long history) alone.
+    `config_path`: the collection config the tables came from; with it, a `cannot tell` that is a
+    matter of power gets a follow-up plan (FOLLOWUP_FILE) that extends that config."""
+    from latentstrat.config import load_config
+
+    cfg = load_config(config_path) if config_path else None
     summary = read_summary_table(summary_path)  # validate every input before any work
     comparisons = {Path(p).stem: read_summary_table(p) for p in comparison_paths}
     history = pd.DataFrame(columns=HISTORY_COLUMNS)
@@ -1053,6 +1125,10 @@ def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, 
         summary["arm"] = _agg_name(summary)
     state = state_from_summary(summary)
     meta = {"collection": Path(summary_path).stem, "source": "tables", "summary_table": str(summary_path),
-            "comparison_tables": [str(p) for p in comparison_paths], "history_table": str(history_path or "")}
-    return aggregate_tables(summary, state, comparisons, grid_axes_from_rows(summary), history, out_dir,
-                            top_k=top_k, primary_metric=primary_metric, meta=meta)
+            "comparison_tables": [str(p) for p in comparison_paths], "history_table": str(history_path or ""),
+            "configfile": str(Path(config_path).resolve()) if config_path else None}
+    t = aggregate_tables(summary, state, comparisons, grid_axes_from_rows(summary), history, out_dir,
+                         top_k=top_k, primary_metric=primary_metric, meta=meta)
+    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], cell_costs(None, [])) if cfg else {"needed": False},
+                        out_dir)
+    return t

@@ -134,11 +134,13 @@ def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
     return rows
 
 
-def _probe(X, y, cfg):
+def _probe(X, y, cfg) -> tuple[float, float]:
+    """(CV accuracy, chance level: the majority-class rate of the probed examples)."""
     if len(y) == 0:
-        return math.nan
-    return float(linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"],
-                              shuffled_control=False).accuracy)
+        return math.nan, math.nan
+    r = linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"],
+                     shuffled_control=False)
+    return float(r.accuracy), float(r.chance)
 
 
 @torch.no_grad()
@@ -293,15 +295,18 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
     fol = np.array([f if f is not None else "" for f in followed], dtype=object)
     for t in per_task:
         m = (task_arr == t) & ~amb
-        per_task[t]["posterior_probe"] = _probe(mu_q[m], strat[m], cfg)
+        per_task[t]["posterior_probe"], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
         m2 = (task_arr == t) & (fol != "")
-        per_task[t]["within_task_router_probe"] = _probe(zr[m2], fol[m2], cfg)
+        per_task[t]["within_task_router_probe"], per_task[t]["within_task_router_probe_chance"] = _probe(zr[m2], fol[m2], cfg)
     out = {}
     for k in ("posterior_probe", "within_task_router_probe"):
-        vals = [per_task[t][k] for t in per_task]
-        out[k] = float(np.nanmean(vals)) if any(np.isfinite(vals)) else math.nan
+        for key in (k, f"{k}_chance"):
+            # the chance level averaged over the tasks the probe itself covers
+            vals = [per_task[t][key] for t in per_task if np.isfinite(per_task[t][k])]
+            out[key] = float(np.mean(vals)) if vals else math.nan
     g = fol != ""
-    out["global_router_probe"] = _probe(zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
+    out["global_router_probe"], out["global_router_probe_chance"] = _probe(
+        zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
     return out
 
 

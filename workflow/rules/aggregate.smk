@@ -23,6 +23,8 @@ rule aggregate:
     params:
         settings=COLLECTION_SETTINGS,
         cells=list(CELLS),
+        bench_dir=str(P.bench_dir),
+        configfile=CONFIG_FILE,
     conda:
         "../../envs/latentstrat.yaml"
     script:

@@ -11,4 +11,6 @@ with logged(snakemake):
         dict(zip(cells, snakemake.input.history)),
         snakemake.output[0],
         quality_path=snakemake.input.quality,
+        bench_dir=snakemake.params.bench_dir,
+        configfile=snakemake.params.configfile,
     )

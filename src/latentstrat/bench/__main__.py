@@ -1,9 +1,9 @@
-"""python -m latentstrat.bench train|decode|entangle [options]"""
+"""python -m latentstrat.bench train|decode|entangle|curve [options]"""
 import importlib
 import sys
 
 COMMANDS = {"train": "latentstrat.bench.train", "decode": "latentstrat.bench.decode",
-            "entangle": "latentstrat.bench.entangle"}
+            "entangle": "latentstrat.bench.entangle", "curve": "latentstrat.bench.curve"}
 
 
 def main(argv=None) -> int:

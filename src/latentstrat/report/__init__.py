@@ -32,6 +32,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     out_dir = Path(out_dir)
     made, skipped = make_figures(tables, out_dir / "figures")
     findings = compute_findings(tables, thresholds)
+    meta["followup"] = write_followup(Path(aggregate_dir), out_dir, meta.get("configfile"))
     write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
     write_text(analysis_md(tables, meta, findings, thresholds), out_dir / "analysis.md")
     write_text(json.dumps({"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
@@ -48,11 +49,33 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
         **_cell_checks(tables["cell_sanity"]),
         "fairness": {r.claim: r.status for r in tables["fairness"].itertuples()} if len(tables["fairness"]) else {},
         "findings": {f["question"]: f["status"] for f in findings},
+        "followup": "followup.yaml" if meta["followup"].get("needed") else None,
         "figures": [f"figures/{n}.png" for n, _ in made],
         "figures_skipped": [n for n, _ in skipped],
     }
     write_text(yaml.safe_dump(brief, sort_keys=False, width=120), out_dir / "brief.yaml")
     return {"findings": findings, "figures": made, "skipped": skipped, "seconds": time.perf_counter() - t0}
+
+
+def write_followup(aggregate_dir: Path, out_dir: Path, configfile: str | None) -> dict:
+    """FOLLOWUP_FILE of the aggregate as `followup.yaml` beside the report (its `extends:`
+    relative to the report folder), when a `cannot tell` is a matter of power and the collection's
+    config file is known; else no follow-up file (a stale one is removed). Returns the plan."""
+    import os
+
+    from latentstrat.aggregate import FOLLOWUP_FILE
+    from latentstrat.power import followup_text
+
+    p = aggregate_dir / FOLLOWUP_FILE
+    plan = json.loads(p.read_text()) if p.exists() else {"needed": False}
+    target = out_dir / "followup.yaml"
+    if plan.get("needed") and configfile:
+        plan = {**plan, "path": str(target), "extends": os.path.relpath(configfile, out_dir.resolve())}
+        write_text(followup_text(plan), target)
+    else:
+        plan = {**plan, "needed": False}
+        target.unlink(missing_ok=True)
+    return plan
 
 
 def _cell_checks(sanity) -> dict:

@@ -1,7 +1,8 @@
-"""python -m latentstrat.report --summary S [--comparison C ...] [--history H] --out DIR
+"""python -m latentstrat.report --summary S [--comparison C ...] [--history H] [--config CFG] --out DIR
 
 Reports from tables alone (columns in docs/comparison-table.md): writes DIR/aggregate/ and the
-report into DIR.
+report into DIR. With --config (the collection config the tables came from), a `cannot tell`
+that more seeds would settle gets DIR/followup.yaml, which extends that config.
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--title", default="")
     ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--config", help="the collection config the tables came from (enables followup.yaml)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     try:
-        aggregate_from_tables(a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k)
+        aggregate_from_tables(a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k, config_path=a.config)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -150,19 +150,38 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
 
 
 def q_accuracy_hides_gap(t, thr):
+    """Per primary cell, from its 95% intervals: is its answer accuracy near the entangled
+    model's (the interval reaches within near_zero_delta of it), and does its posterior-router
+    probe gap's interval lie above 0? Supported when most near-accuracy cells have such a gap."""
     q = "Does high final answer accuracy hide a posterior-router mismatch (generator solves tasks while router samples carry weak strategy information)?"
-    d = t["metric_distributions"].set_index("metric") if not t["metric_distributions"].empty else pd.DataFrame()
-    if d.empty or not {"final_answer_accuracy", "posterior_router_probe_gap"} <= set(d.index):
-        return _f(q, CANNOT_TELL, "needs final answer accuracy and the posterior-router probe gap", "")
-    acc, gap = d.loc["final_answer_accuracy", "median"], d.loc["posterior_router_probe_gap", "median"]
-    nums = {"median_final_answer_accuracy": acc, "median_posterior_router_gap": gap}
-    ev = f"median final answer accuracy {fmt(acc)}, median posterior-router probe gap {fmt(gap)}"
-    th = f"accuracy >= {fmt(1 - thr)} reads as saturated; gap > {thr} as a mismatch"
-    if acc >= 1 - thr and gap > thr:
+    s, sanity = t["summary"], t.get("cell_sanity", pd.DataFrame())
+    need = ["final_answer_accuracy_ci_high", "posterior_router_probe_gap_ci_low", "posterior_router_probe_gap_ci_high"]
+    if s.empty or sanity.empty or not set(need) <= set(s.columns):
+        return _f(q, CANNOT_TELL, "needs per-cell intervals of final answer accuracy and the posterior-router probe gap, "
+                  "and the entangled model's accuracy", "")
+    primary = s[s["role"] == "primary"] if "role" in s.columns else s
+    ent = dict(zip(sanity.cell_id, sanity.entangled_answer_accuracy))
+    rows = primary.assign(entangled=primary.cell_id.map(ent)).dropna(subset=["entangled", *need])
+    if rows.empty:
+        return _f(q, CANNOT_TELL, "no cell has both intervals and an entangled-model accuracy to compare with", "")
+    near = rows[rows.final_answer_accuracy_ci_high >= rows.entangled - thr]
+    gap = near[near.posterior_router_probe_gap_ci_low > 0]
+    th = (f"accuracy near the entangled model's: its 95% interval reaches within {fmt(thr)} of it; "
+          "a mismatch: the gap's 95% interval above 0")
+    nums = {"cells": int(len(rows)), "near_entangled_accuracy": int(len(near)), "with_gap_above_0": int(len(gap)),
+            "entangled_answer_accuracy": float(rows.entangled.iloc[0]),
+            "median_final_answer_accuracy": float(rows.final_answer_accuracy.median()),
+            "median_posterior_router_gap": float(rows.posterior_router_probe_gap.median())}
+    ev = (f"{len(near)} of {len(rows)} cells answer near the entangled model's accuracy {fmt(nums['entangled_answer_accuracy'])} "
+          f"(median {fmt(nums['median_final_answer_accuracy'])}); {len(gap)} of those {len(near)} have a posterior-router "
+          f"probe gap whose interval lies above 0 (median gap {fmt(nums['median_posterior_router_gap'])})")
+    if near.empty:
+        return _f(q, NOT_SUPPORTED, "accuracy is not near the entangled model's: " + ev, th, nums)
+    if 2 * len(gap) > len(near):
         return _f(q, SUPPORTED, ev, th, nums)
-    if acc >= 1 - thr:
-        return _f(q, NOT_SUPPORTED, "accuracy saturated but no gap: " + ev, th, nums)
-    return _f(q, NOT_SUPPORTED, "accuracy is not saturated: " + ev, th, nums)
+    if gap.empty:
+        return _f(q, NOT_SUPPORTED, "accuracy is high but no cell has a gap above 0: " + ev, th, nums)
+    return _f(q, CANNOT_TELL, "only some near-accuracy cells have a gap: " + ev, th, nums)
 
 
 ALPHA = 0.05  # false-positive rate of a per-cell "rise then fall" call under no change

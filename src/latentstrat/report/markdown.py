@@ -199,10 +199,41 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
         r = row.iloc[0]
         na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
         why = f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
+        detect = (f" The smallest difference this collection could detect (80% power, 5% two-sided): "
+                  f"{fmt(r.detectable_delta)}." if pd.notna(r.get("detectable_delta")) else "")
         out.append(f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
                    f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
-                   f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}.\n")
+                   f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
+                   f"{detect}{clip_sentence(t)}\n")
     return out
+
+
+def followup_sentences(plan: dict) -> list[str]:
+    """What more seeds would settle (the aggregate's follow-up plan, written as followup.yaml)."""
+    from latentstrat.power import cost_text
+
+    if not plan.get("needed"):
+        return []
+    out = ["## Follow-Up\n"]
+    for n in plan["needs"]:
+        out.append(f"Against `{n['comparison_arm']}`, {label(n['metric'])} cannot be told at this precision "
+                   f"(detectable now: {fmt(n['detectable_now'])}, effect to settle: {fmt(n['effect'])}). "
+                   f"`followup.yaml` runs {n['seeds']} seeds per setting, which bring the detectable difference "
+                   f"to about {fmt(n['detectable_then'])}" + (f" (it would take {n['seeds_needed']} seeds to reach "
+                                                              "the target; capped)" if n["capped"] else "") + ".")
+    out.append(f"It adds {plan['cells_added']} cells: {cost_text(plan)}.\n")
+    return out
+
+
+def clip_sentence(t: dict) -> str:
+    """How often gradient clipping bound in each aggregation compared (the report's
+    gradient_clipping table): a threshold that binds for one arm only changes its step size."""
+    clip = t.get("gradient_clipping", pd.DataFrame())
+    if clip.empty:
+        return ""
+    parts = [f"{r.token_aggregation} {fmt(100 * r.clipped_fraction)}% (threshold {fmt(r.grad_clip) if r.grad_clip > 0 else 'none'})"
+             for r in clip.itertuples()]
+    return " Steps clipped: " + ", ".join(parts) + "."
 
 
 def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
@@ -221,6 +252,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> 
     s = t["reference_scale"]
     for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
+    out += followup_sentences(meta.get("followup") or {})
     out += ["## What The Local Data Can Answer\n", md_table(t["data_availability"])]
     out += ["## Fairness Assessment\n", md_table(t["fairness"])]
     out.append("## Diagnostic Questions\n")

@@ -1,0 +1,168 @@
+"""Learning curves of one cell: what a budget buys (design section 5, stage 4).
+
+    python -m latentstrat.bench curve --configfile config/config.yaml \\
+        --cell token_aggregation=sum,reconstruction_family=dist_norm,beta=0.01 \\
+        --set train.steps=600 --set train.batch_size=32 --eval-every 50
+    python -m latentstrat.bench curve --plot results/curves --figure docs/figures/learning-curves.png
+
+Trains the cell exactly as the workflow's train job does (`train.train_cell`, the collection's
+config with `--set` overrides) into `--out/<cell id>/`, validating every `--eval-every` steps,
+and prints per checkpoint: examples seen, base-relative reconstruction, KL, the validation
+router and posterior probes next to their chance levels, and answer accuracy on the decoded
+subset. The table is also written as `curve.csv` beside the cell's history; a finished cell is
+read back, not retrained. The base (data, entangled model, reference) must exist: run the
+collection's base jobs first (`snakemake --cores 2 <base>/reference/scales.json`, the command
+says which path). `--plot` draws every `curve.csv` under a folder into one figure and prints
+a Markdown table of them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from latentstrat import config as cfgmod
+from latentstrat.config import TRAIN_FILES, Paths, load_config
+
+# history metric -> curve column
+COLUMNS = {
+    "distribution_normalized_reconstruction_loss": "base_relative",
+    "kl_prior_loss": "kl",
+    "within_task_router_probe": "router_probe",
+    "within_task_router_probe_chance": "router_chance",
+    "posterior_probe": "posterior_probe",
+    "posterior_probe_chance": "posterior_chance",
+    "final_answer_accuracy": "answer_accuracy",
+    "active_reconstruction_objective": "active",
+    "clipped_fraction": "clipped_fraction",
+}
+CURVE_FILE = "curve.csv"
+
+
+def parse_assignments(items: list[str], sep: str = "=") -> dict:
+    """['train.steps=600', ...] -> nested dict with YAML-typed values."""
+    out: dict = {}
+    for item in items:
+        if sep not in item:
+            raise SystemExit(f"curve: expected key=value, got {item!r}")
+        key, value = item.split(sep, 1)
+        d = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def curve_table(history: pd.DataFrame, batch_size: int) -> pd.DataFrame:
+    """One row per validation checkpoint: step, examples seen and the COLUMNS metrics."""
+    h = history[(history.task == "all") & history.metric.isin(COLUMNS)]
+    t = h.pivot_table(index="step", columns="metric", values="value", aggfunc="first").rename(columns=COLUMNS)
+    t = t.reindex(columns=list(COLUMNS.values())).reset_index()
+    t.insert(1, "examples_seen", t.step * batch_size)
+    return t
+
+
+def format_table(t: pd.DataFrame) -> str:
+    cols = ["step", "examples_seen", "base_relative", "kl", "router_probe", "router_chance", "posterior_probe",
+            "posterior_chance", "answer_accuracy", "clipped_fraction"]
+    lines = ["| " + " | ".join(c.replace("_", " ") for c in cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in t.iterrows():
+        cells = [f"{int(r[c])}" if c in ("step", "examples_seen") else
+                 ("" if pd.isna(r[c]) else f"{r[c]:.3f}") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every: int, out: Path,
+              threads: int) -> pd.DataFrame:
+    from latentstrat import train  # heavy: only when training
+
+    overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}
+    cfg = load_config(configfile, overrides=overrides)
+    settings = {**cfg["cell"], **cell_overrides}
+    unknown = sorted(set(cell_overrides) - set(cfgmod.CELL_KEYS))
+    if unknown:
+        raise SystemExit(f"curve: unknown cell setting(s) {', '.join(unknown)} (known: {', '.join(cfgmod.CELL_KEYS)})")
+    settings = cfgmod._normalize_settings({**cfgmod.schema_cell_defaults(), **settings})
+    cid = cfgmod.cell_id(settings)
+    paths = Paths.from_config(cfg)
+    need = [Path(p) for p in (*paths.data_files().values(), *paths.reference_files().values())]
+    missing = [p for p in need if not p.exists()]
+    if missing or not (paths.entangle_dir / "model").is_dir():
+        raise SystemExit(f"curve: the base of {configfile} is not built ({missing[0] if missing else paths.entangle_dir / 'model'} "
+                         f"is missing); run `snakemake --configfile {configfile} --cores 2 {paths.reference_files()['scales']}` first")
+    cell_dir = out / cid
+    history_path = cell_dir / TRAIN_FILES["history"]
+    if not history_path.exists():
+        train.train_cell(cfg, {"cell_id": cid, **settings}, paths.data_dir, paths.entangle_dir, paths.reference_dir,
+                         cell_dir, threads=threads)
+    t = curve_table(pd.read_parquet(history_path), int(cfg["train"]["batch_size"]))
+    t.insert(0, "cell_id", cid)
+    for k in ("steps", "batch_size", "lr"):
+        t[k] = cfg["train"][k]
+    t["lora_r"] = cfg["lora"]["r"]
+    t.to_csv(cell_dir / CURVE_FILE, index=False)
+    return t
+
+
+def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
+    """Every curve.csv under `folder` -> one figure (base-relative reconstruction and router
+    probe minus its chance level against examples seen) and the concatenated table."""
+    frames = [pd.read_csv(p) for p in sorted(folder.glob(f"*/{CURVE_FILE}"))]
+    if not frames:
+        raise SystemExit(f"curve: no {CURVE_FILE} under {folder}")
+    t = pd.concat(frames, ignore_index=True)
+    if figure is not None:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
+        for (cid, lr, bs), g in t.groupby(["cell_id", "lr", "batch_size"], sort=True):
+            label = f"{cid.replace('_seed-314159', '')} (lr {lr:g}, batch {bs})"
+            axes[0].plot(g.examples_seen, g.base_relative, marker="o", ms=3, label=label)
+            axes[1].plot(g.examples_seen, g.router_probe - g.router_chance, marker="o", ms=3, label=label)
+            axes[2].plot(g.examples_seen, g.posterior_probe - g.posterior_chance, marker="o", ms=3, label=label)
+        axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
+        axes[0].set(title="base-relative reconstruction (validation)", xlabel="training examples seen", ylabel="1 = z-free")
+        for ax, name in ((axes[1], "router probe"), (axes[2], "posterior probe")):
+            ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+            ax.set(title=f"{name} minus its chance level", xlabel="training examples seen", ylabel="accuracy - chance")
+        axes[2].legend(fontsize=7, loc="lower right")
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(figure, dpi=110)
+        plt.close(fig)
+    return t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench curve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configfile", default="config/config.yaml")
+    ap.add_argument("--cell", default="", help="cell settings over the config's `cell`, e.g. "
+                    "token_aggregation=mean,reconstruction_family=raw,beta=0.1")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, e.g. train.steps=600 (repeatable)")
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--out", type=Path, default=Path("results/curves"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plot", type=Path, help="draw every curve under this folder instead of training")
+    ap.add_argument("--figure", type=Path, help="with --plot: where to save the figure")
+    a = ap.parse_args(argv)
+    if a.plot:
+        t = plot_curves(a.plot, a.figure)
+        for (cid, lr, bs), g in t.groupby(["cell_id", "lr", "batch_size"], sort=True):
+            print(f"\n{cid}, lr {lr:g}, batch {bs}\n\n{format_table(g)}")
+        return 0
+    cell = parse_assignments([c for c in a.cell.split(",") if c]) if a.cell else {}
+    t = run_curve(a.configfile, cell, parse_assignments(a.set), a.eval_every, a.out, a.threads)
+    print(f"\n{t.cell_id[0]} (lr {t.lr[0]:g}, batch {t.batch_size[0]}, LoRA r {t.lora_r[0]})\n")
+    print(format_table(t))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
