@@ -220,10 +220,19 @@ def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
 
 def test_grad_clip_per_aggregation_is_explicit():
     from latentstrat.train import grad_clip_for
-    assert grad_clip_for({"grad_clip": 1.0}, "sum") == 1.0
-    assert grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}}, "sum") == 26.0
+    scales = {"S_ref": 26.0, "T_ref": 3.0}
+    absolute = {"grad_clip_unit": "absolute"}
+    assert grad_clip_for({"grad_clip": 1.0, **absolute}, "sum", "raw", scales) == 1.0
+    assert grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, "sum", "raw", scales) == 26.0
     with pytest.raises(ValueError, match="no threshold for token aggregation 'sum_scaled'"):
-        grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}}, "sum_scaled")
+        grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, "sum_scaled", "raw", scales)
+    # in units of the z-free objective: S_ref for raw, 1 for the normalized families, p + q for the mix
+    rel = {"grad_clip": 2.0, "grad_clip_unit": "zfree_objective"}
+    assert grad_clip_for(rel, "sum", "raw", scales) == 52.0
+    assert grad_clip_for(rel, "sum", "dist_norm", scales) == 2.0
+    assert grad_clip_for(rel, "sum", "tokcc_a0.25", scales) == 2.0
+    assert grad_clip_for(rel, "mean", "dist_tokcc_0.05_0.95", scales) == pytest.approx(2.0)
+    assert grad_clip_for({**rel, "grad_clip": 0}, "sum", "raw", scales) == 0.0  # none stays none
     cfg, _ = tiny_cfg(grad_clip={"mean": 1.0, "sum": 30.0})
     assert cfg["train"]["grad_clip"] == {"mean": 1.0, "sum": 30.0}
 

@@ -63,6 +63,18 @@ def reconstruction_per_example(l, b, mask, family: str, aggregation: str, scales
     return {"raw": raw, "dist_norm": dist_norm, "tokcc": tokcc, "active": active}
 
 
+def zfree_objective(family: str, scales: dict) -> float:
+    """The active reconstruction objective of the z-free reference model on the validation split
+    (where S_ref and T_ref are measured): S_ref for `raw`, 1 for `dist_norm` and `tokcc`, p + q
+    for their mix. The objective's natural unit: a cell that ignores z scores about this."""
+    fam = parse_family(family)
+    if fam.kind == "raw":
+        return float(scales["S_ref"])
+    if fam.kind in ("dist_norm", "tokcc"):
+        return 1.0
+    return float(fam.p + fam.q)
+
+
 def reconstruction(l, b, mask, family: str, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
     """Batch means (scalars) of every family: raw, dist_norm, tokcc, active."""
     return {k: v.mean() for k, v in reconstruction_per_example(l, b, mask, family, aggregation, scales).items()}

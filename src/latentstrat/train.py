@@ -92,17 +92,21 @@ def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
     return data.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))[step % per_epoch]
 
 
-def grad_clip_for(tcfg: dict, aggregation: str) -> float:
+def grad_clip_for(tcfg: dict, aggregation: str, family: str, scales: dict) -> float:
     """The gradient-norm clipping threshold of a cell: `train.grad_clip` is one number for every
-    aggregation or a mapping aggregation -> number (0 = no clipping). An explicit, reported
-    choice: `sum`'s loss is ~n_bar times `mean`'s, so one threshold binds for one and not the
-    other (the report shows how often it bound)."""
+    aggregation or a mapping aggregation -> number (0 = no clipping). With `train.grad_clip_unit:
+    zfree_objective` the number is in units of the cell's z-free objective
+    (objective.zfree_objective: S_ref for `raw`, 1 for the normalized families), so a `sum` cell,
+    whose raw loss is ~n_bar times a `mean` cell's, is held to the same relative threshold and
+    both arms clip at comparable rates; `absolute` takes the number as is. The report shows how
+    often it bound."""
     c = tcfg["grad_clip"]
     if isinstance(c, dict):
         if aggregation not in c:
             raise ValueError(f"config key train.grad_clip: no threshold for token aggregation {aggregation!r} (have {sorted(c)})")
         c = c[aggregation]
-    return float(c)
+    unit = obj.zfree_objective(family, scales) if tcfg["grad_clip_unit"] == "zfree_objective" else 1.0
+    return float(c) * unit
 
 
 def batch_stats(cell_id: str, tasks: list[str], steps: list[dict], clip: float, step: int,
@@ -526,7 +530,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     step, history, wall, tokens = 0, [], 0.0, 0
     # per step taken (checkpointed): pre-clip gradient norm and the batch's rows per task
     step_records: list[dict] = []
-    clip = grad_clip_for(tcfg, cell["token_aggregation"])
+    clip = grad_clip_for(tcfg, cell["token_aggregation"], cell["reconstruction_family"], scales)
     ck = read_checkpoint(ckpt_path, log=lambda m: print(f"[{cid}] {m}", flush=True))
     if ck is not None and ck.get("cell_id") != cid:
         raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")

@@ -10,7 +10,8 @@ config with `--set` overrides) into `--out/<cell id>/`, validating every `--eval
 and prints per checkpoint: examples seen, base-relative reconstruction, KL, the validation
 router and posterior probes next to their chance levels, and answer accuracy on the decoded
 subset. The table is also written as `curve.csv` beside the cell's history; a finished cell is
-read back, not retrained. The base (data, entangled model, reference) must exist: run the
+read back, not retrained, and so is the workflow's own cell when the config (with its
+overrides) is the one the collection ran. The base (data, entangled model, reference) must exist: run the
 collection's base jobs first (`snakemake --cores 2 <base>/reference/scales.json`, the command
 says which path). `--plot` draws every `curve.csv` under a folder into one figure and prints
 a Markdown table of them.
@@ -81,7 +82,8 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
               threads: int) -> pd.DataFrame:
     from latentstrat import train  # heavy: only when training
 
-    overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}
+    if eval_every:
+        overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}
     cfg = load_config(configfile, overrides=overrides)
     settings = {**cfg["cell"], **cell_overrides}
     unknown = sorted(set(cell_overrides) - set(cfgmod.CELL_KEYS))
@@ -97,6 +99,9 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
                          f"is missing); run `snakemake --configfile {configfile} --cores 2 {paths.reference_files()['scales']}` first")
     cell_dir = out / cid
     history_path = cell_dir / TRAIN_FILES["history"]
+    trained = Path(paths.train_files(cid)["history"])  # the workflow's own cell, same config
+    if not history_path.exists() and trained.exists():
+        history_path = trained
     if not history_path.exists():
         train.train_cell(cfg, {"cell_id": cid, **settings}, paths.data_dir, paths.entangle_dir, paths.reference_dir,
                          cell_dir, threads=threads)
@@ -105,6 +110,7 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
     for k in ("steps", "batch_size", "lr"):
         t[k] = cfg["train"][k]
     t["lora_r"] = cfg["lora"]["r"]
+    cell_dir.mkdir(parents=True, exist_ok=True)
     t.to_csv(cell_dir / CURVE_FILE, index=False)
     return t
 
@@ -146,7 +152,7 @@ def main(argv=None) -> int:
                     "token_aggregation=mean,reconstruction_family=raw,beta=0.1")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, e.g. train.steps=600 (repeatable)")
-    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: the config's)")
     ap.add_argument("--out", type=Path, default=Path("results/curves"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot", type=Path, help="draw every curve under this folder instead of training")
