@@ -52,3 +52,21 @@ def test_curve_names_a_missing_base_before_training(tmp_path, collection):
     cfg.write_text(yaml.safe_dump(raw))
     with pytest.raises(SystemExit, match="the base of .* is not built .*snakemake --configfile"):
         curve_main(["--configfile", str(cfg), "--out", str(tmp_path / "o")])
+
+
+def test_collection_curves_read_the_workflows_cells_back_and_train_none(collection, capsys):
+    from latentstrat.config import Paths, expand_cells
+    from latentstrat.train import train_cell
+
+    root, cfg_path = collection
+    out = root / "collection-curves"
+    assert curve_main(["--configfile", str(cfg_path), "--collection", "--out", str(out)]) == 0
+    (cell,) = expand_cells(load_config(cfg_path))
+    assert f"not trained yet: {cell.cell_id}" in capsys.readouterr().out and not list(out.rglob("curve.csv"))
+    cfg = load_config(cfg_path)
+    p = Paths.from_config(cfg)  # the workflow's train job, as Snakemake runs it
+    train_cell(cfg, cell.to_json(), p.data_dir, p.entangle_dir, p.reference_dir, p.train_dir(cell.cell_id), threads=1)
+    assert curve_main(["--configfile", str(cfg_path), "--collection", "--out", str(out)]) == 0
+    t = pd.read_csv(out / cell.cell_id / "curve.csv")
+    assert t.step.tolist() == [0, 3, 6]  # the config's own eval_every
+    assert not (out / cell.cell_id / "history.parquet").exists()  # read back, not trained again

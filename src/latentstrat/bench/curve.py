@@ -3,6 +3,7 @@
     python -m latentstrat.bench curve --configfile config/config.yaml \\
         --cell token_aggregation=sum,reconstruction_family=dist_norm,beta=0.01 \\
         --set train.steps=600 --set train.batch_size=32 --eval-every 50
+    python -m latentstrat.bench curve --collection --out results/curves/main    # the collection's own cells
     python -m latentstrat.bench curve --plot results/curves --figure docs/figures/learning-curves.png
 
 Trains the cell exactly as the workflow's train job does (`train.train_cell`, the collection's
@@ -78,6 +79,11 @@ def format_table(t: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def train_grad_clip_label(tcfg: dict) -> str:
+    c = tcfg["grad_clip"]
+    return "none" if c == 0 else f"{c} ({tcfg['grad_clip_unit']})" if not isinstance(c, dict) else str(c)
+
+
 def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every: int, out: Path,
               threads: int) -> pd.DataFrame:
     from latentstrat import train  # heavy: only when training
@@ -109,16 +115,31 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
     t.insert(0, "cell_id", cid)
     for k in ("steps", "batch_size", "lr"):
         t[k] = cfg["train"][k]
+    t["grad_clip"] = train_grad_clip_label(cfg["train"])
     t["lora_r"] = cfg["lora"]["r"]
     cell_dir.mkdir(parents=True, exist_ok=True)
     t.to_csv(cell_dir / CURVE_FILE, index=False)
     return t
 
 
+def collection_curves(configfile: str, out: Path) -> list[str]:
+    """curve.csv under `out` for every cell of the collection that its workflow has trained (read
+    back from the train jobs' histories, nothing trained here). Returns the cells not trained yet."""
+    cfg = load_config(configfile)
+    paths = Paths.from_config(cfg)
+    missing = []
+    for c in cfgmod.expand_cells(cfg, validated=True):
+        if not Path(paths.train_files(c.cell_id)["history"]).exists():
+            missing.append(c.cell_id)
+            continue
+        run_curve(configfile, {k: c.settings[k] for k in cfgmod.CELL_KEYS}, {}, None, out, 1)
+    return missing
+
+
 def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
     """Every curve.csv under `folder` -> one figure (base-relative reconstruction and router
     probe minus its chance level against examples seen) and the concatenated table."""
-    frames = [pd.read_csv(p) for p in sorted(folder.glob(f"*/{CURVE_FILE}"))]
+    frames = [pd.read_csv(p) for p in sorted(folder.rglob(CURVE_FILE))]
     if not frames:
         raise SystemExit(f"curve: no {CURVE_FILE} under {folder}")
     t = pd.concat(frames, ignore_index=True)
@@ -127,9 +148,9 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.4), constrained_layout=True)
-        for (cid, lr, bs), g in t.groupby(["cell_id", "lr", "batch_size"], sort=True):
-            label = f"{cid.replace('_seed-314159', '')} (lr {lr:g}, batch {bs})"
+        fig, axes = plt.subplots(1, 3, figsize=(15, 5.2), constrained_layout=True)
+        for (cid, lr, bs, clip), g in t.groupby(["cell_id", "lr", "batch_size", "grad_clip"], sort=True):
+            label = f"{cid.replace('_seed-314159', '')} (lr {lr:g}, batch {bs}, clip {clip})"
             axes[0].plot(g.examples_seen, g.base_relative, marker="o", ms=3, label=label)
             axes[1].plot(g.examples_seen, g.router_probe - g.router_chance, marker="o", ms=3, label=label)
             axes[2].plot(g.examples_seen, g.posterior_probe - g.posterior_chance, marker="o", ms=3, label=label)
@@ -138,7 +159,8 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
         for ax, name in ((axes[1], "router probe"), (axes[2], "posterior probe")):
             ax.axhline(0.0, color="grey", lw=0.8, ls="--")
             ax.set(title=f"{name} minus its chance level", xlabel="training examples seen", ylabel="accuracy - chance")
-        axes[2].legend(fontsize=7, loc="lower right")
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8)
         figure.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(figure, dpi=110)
         plt.close(fig)
@@ -155,17 +177,25 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: the config's)")
     ap.add_argument("--out", type=Path, default=Path("results/curves"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--collection", action="store_true",
+                    help="the curves of every cell the config's workflow has trained (read back, nothing trained)")
     ap.add_argument("--plot", type=Path, help="draw every curve under this folder instead of training")
     ap.add_argument("--figure", type=Path, help="with --plot: where to save the figure")
     a = ap.parse_args(argv)
     if a.plot:
         t = plot_curves(a.plot, a.figure)
-        for (cid, lr, bs), g in t.groupby(["cell_id", "lr", "batch_size"], sort=True):
-            print(f"\n{cid}, lr {lr:g}, batch {bs}\n\n{format_table(g)}")
+        for (cid, lr, bs, clip), g in t.groupby(["cell_id", "lr", "batch_size", "grad_clip"], sort=True):
+            print(f"\n{cid}, lr {lr:g}, batch {bs}, gradient clipping {clip}\n\n{format_table(g)}")
+        return 0
+    if a.collection:
+        missing = collection_curves(a.configfile, a.out)
+        print(f"curves of the trained cells of {a.configfile} written under {a.out}"
+              + (f"; not trained yet: {', '.join(missing)}" if missing else ""))
         return 0
     cell = parse_assignments([c for c in a.cell.split(",") if c]) if a.cell else {}
     t = run_curve(a.configfile, cell, parse_assignments(a.set), a.eval_every, a.out, a.threads)
-    print(f"\n{t.cell_id[0]} (lr {t.lr[0]:g}, batch {t.batch_size[0]}, LoRA r {t.lora_r[0]})\n")
+    print(f"\n{t.cell_id[0]} (lr {t.lr[0]:g}, batch {t.batch_size[0]}, LoRA r {t.lora_r[0]}, "
+          f"gradient clipping {t.grad_clip[0]})\n")
     print(format_table(t))
     return 0
 

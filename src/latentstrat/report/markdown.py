@@ -201,11 +201,18 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
         why = f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
         detect = (f" The smallest difference this collection could detect (80% power, 5% two-sided): "
                   f"{fmt(r.detectable_delta)}." if pd.notna(r.get("detectable_delta")) else "")
+        if _max_seeds(t) == 1:
+            detect += " With one seed per setting the interval covers the test inputs, not training noise."
         out.append(f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
                    f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
                    f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
                    f"{detect}{clip_sentence(t)}\n")
     return out
+
+
+def _max_seeds(t: dict) -> int:
+    s = t.get("summary_by_setting", pd.DataFrame())
+    return int(s.n_seeds.max()) if not s.empty and "n_seeds" in s.columns else 1
 
 
 def followup_sentences(plan: dict) -> list[str]:
