@@ -81,8 +81,7 @@ def jobs_of(env, rule, cell):
 
 
 def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tmp_path):
-    wd = copy_workflow(tmp_path)
-    shutil.copytree(ROOT / "workflow" / "profiles" / "slurm", wd / "slurm")
+    wd = copy_workflow(tmp_path)  # with `slurm` -> workflow/profiles/slurm, as in the repository
     env = {**slurm_env, "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
 
     # 1. the whole (cut) smoke collection, every job a Slurm job

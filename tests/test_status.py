@@ -2,7 +2,10 @@
 tests/test_slurm.py runs it against a real cluster)."""
 import json
 import os
+import re
 import time
+
+import pytest
 from pathlib import Path
 
 from latentstrat import host
@@ -12,20 +15,32 @@ from latentstrat.status import collection_status, main, render, stage_outputs
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def write_outputs(files, code_version: str) -> None:
+    """Readable stand-ins for a stage's outputs: parquet, safetensors, json (the summary's code version)."""
+    import pandas as pd
+    import torch
+    from safetensors.torch import save_file
+
+    for f in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        if f.suffix == ".parquet":
+            pd.DataFrame({"a": [1.0, 2.0]}).to_parquet(f)
+        elif f.suffix == ".safetensors":
+            save_file({"w": torch.ones(3)}, str(f))
+        else:
+            f.write_text(json.dumps({"code_version": code_version}))
+
+
 def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
     p = Paths.from_config(cfg)
     cells = [c.cell_id for c in expand_cells(cfg)]
     done, failed, running, pending, stale = cells[:5]
     tasks = list(cfg["data"]["tasks"])
-    for cid in (done, stale):
-        for files in stage_outputs(p, cid, tasks).values():
-            for f in files:
-                f.parent.mkdir(parents=True, exist_ok=True)
-                f.write_text("{}")
     now = host.code_version()["code_version"]
-    (p.train_dir(done) / "summary.json").write_text(json.dumps({"code_version": now}))
-    (p.train_dir(stale) / "summary.json").write_text(json.dumps({"code_version": "0ld0ld0ld0ld"}))
+    for cid, code in ((done, now), (stale, "0ld0ld0ld0ld")):
+        for files in stage_outputs(p, cid, tasks).values():
+            write_outputs(files, code)
     log = p.log_path("train", failed)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("step 3/6\nTraceback (most recent call last):\n  ...\nValueError: checkpoint x is broken\n")
@@ -34,9 +49,7 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     jobs = [{"id": "101", "state": "RUNNING", "comment": f"rule_train_wildcards_{running}"},
             {"id": "102", "state": "PENDING", "comment": f"rule_evaluate_wildcards_{pending}"},
             {"id": "99", "state": "COMPLETED", "comment": f"rule_train_wildcards_{pending}"}]
-    for f in stage_outputs(p, pending, tasks)["train"]:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text("{}")
+    write_outputs(stage_outputs(p, pending, tasks)["train"], now)
     st = collection_status(cfg, jobs=jobs)
     by = {c["cell_id"]: {s: v["state"] for s, v in c["stages"].items()} for c in st["cells"]}
     assert by[done] == dict.fromkeys(["train", "evaluate", "probes", "metrics"], "done")
@@ -45,9 +58,94 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     assert next(c for c in st["cells"] if c["cell_id"] == failed)["stages"]["train"]["detail"].startswith("ValueError")
     assert by[running]["train"] == "running" and by[pending] == {"train": "done", "evaluate": "pending",
                                                                  "probes": "missing", "metrics": "missing"}
-    assert st["summary"] == f"2/{len(cells)} cells done, 1 running, 1 failed, 1 stale"
+    assert st["summary"].endswith(f"; 2/{len(cells)} cells done, 1 running, 1 failed, 1 stale")
     text = render(st)
     assert "Slurm job 101" in text and "ValueError: checkpoint x is broken" in text and text.endswith(st["summary"])
     # the command: --json and a missing config in one line
     assert main(["--configfile", str(tmp_path / "nope.yaml")]) == 2
     assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path, capsys):
+    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
+    p = Paths.from_config(cfg)
+    tasks = list(cfg["data"]["tasks"])
+    cid = expand_cells(cfg)[0].cell_id
+    for files in stage_outputs(p, cid, tasks).values():
+        write_outputs(files, host.code_version()["code_version"])
+    by_stage = lambda st: {s: v["state"] for s, v in next(c for c in st["cells"] if c["cell_id"] == cid)["stages"].items()}
+    st = collection_status(cfg, jobs=[])
+    assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "metrics"), "done") and st["corrupt"] == []
+    # the base: nothing built yet, every base stage missing and named in the summary
+    assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "missing"
+    assert st["summary"].startswith("base: data missing, entangle missing, reference missing, step0:init-")
+    records = p.records_path(cid)
+    good = records.read_bytes()
+    records.write_bytes(good[:8] + os.urandom(len(good) - 16) + good[-8:])  # random bytes inside, magic kept
+    weights = p.train_dir(cid) / "model.safetensors"
+    weights.write_bytes(os.urandom(64))
+    st = collection_status(cfg, jobs=[])
+    assert by_stage(st)["evaluate"] == "corrupt" and by_stage(st)["train"] == "corrupt"
+    assert set(st["corrupt"]) == {str(records), str(weights)} and "1 corrupt" in st["summary"]
+    text = render(st)
+    assert f"evaluate: corrupt: {records}" in text and "--rerun-corrupt" in text
+    # a stage that reads such a file names it, the job that wrote it and the command
+    from latentstrat.io import read_parquet
+    with pytest.raises(ValueError, match=r"evaluate records .*records.parquet is unreadable .* the evaluate job that "
+                                         r"wrote it must run again: `python -m latentstrat.status .* --rerun-corrupt`"):
+        read_parquet(records, "evaluate records")
+    # a base stage's output too
+    write_outputs([Path(p.data_files()["train"])], "")
+    st = collection_status(cfg, jobs=[])
+    assert st["base"]["data"]["state"] == "missing"  # not every data output exists yet
+    write_outputs([Path(f) for f in p.data_files().values()], "")
+    Path(p.data_files()["tokenizer"]).write_text("{not json")
+    st = collection_status(cfg, jobs=[])
+    assert st["base"]["data"]["state"] == "corrupt" and p.data_files()["tokenizer"] in st["corrupt"]
+
+
+@pytest.mark.slow
+def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp_path):
+    """A finished one-cell collection; random bytes into the cell's evaluate records; the status
+    shows them corrupt; --rerun-corrupt reruns evaluate, probes, metrics, aggregate and report
+    (not train), and the cell's metrics come back equal to before."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+    import yaml
+
+    from workflow_helpers import copy_workflow, snakemake
+
+    wd = copy_workflow(tmp_path)
+    raw = {"extends": "smoke.yaml", "collection": "corrupt", "results_dir": str(wd / "results"),
+           "data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
+           "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
+           "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
+           "grid": {"reconstruction_family": ["raw"], "beta": [0.1]}, "comparison_arms": []}
+    cfg_path = wd / "config" / "corrupt.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    r = snakemake(wd, "--cores", "2", "-q", configfile="config/corrupt.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    cfg = load_config(cfg_path)
+    p = Paths.from_config(cfg)
+    (cid,) = [c.cell_id for c in expand_cells(cfg)]
+    records, metrics, summary = p.records_path(cid), p.metrics_path(cid), p.train_dir(cid) / "summary.json"
+    before = pd.read_parquet(metrics)
+    train_mtime = summary.stat().st_mtime_ns
+    good = records.read_bytes()
+    records.write_bytes(good[:8] + os.urandom(len(good) - 16) + good[-8:])
+    status = [sys.executable, "-m", "latentstrat.status", "--configfile", "config/corrupt.yaml"]
+    out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
+    assert f"{cid} evaluate: corrupt: {records}" in out and "1 corrupt" in out, out
+    r = subprocess.run(status + ["--rerun-corrupt", "--", "--cores", "2"], cwd=wd, capture_output=True, text=True,
+                       timeout=600)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    ran = re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)", log, flags=re.M)
+    assert sorted(ran) == sorted(["evaluate", "probe_task"] * 1 + ["probe_task"] * 5 + ["probe_global", "metrics",
+                                                                                       "aggregate", "report", "all"]), ran
+    assert summary.stat().st_mtime_ns == train_mtime  # train did not rerun
+    pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
+    out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
+    assert out.rstrip().endswith("base: done; 1/1 cells done, 0 running, 0 failed"), out

@@ -107,6 +107,8 @@ def done(tmp_path_factory):
         else:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.touch()
+    # a model file of real size: larger than Snakemake's default checksum limit (1 MB)
+    (wd / "results" / "base" / "smoke-v2" / "entangle" / "model" / "model.safetensors").write_bytes(os.urandom(3 << 20))
     write_base_config(wd)
     r = snakemake(wd, "--executor", "touch", "--forceall", "-c1", "-q")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
@@ -221,3 +223,66 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     assert len(cells) == 4 and all("_beta-10_" in c and c.startswith("agg-sum_") for c in cells)
     assert rules(jobs) == Counter(train=4, evaluate=4, probe_task=4 * N_TASKS, probe_global=4, metrics=4,
                                   aggregate=1, report=1, all=1)
+
+
+def _recreate(files, content=None):
+    """Write each file again (its own bytes, or `content`), an hour newer than everything: as a
+    re-installed shipped base or a re-run stage leaves it. Returns what to restore."""
+    saved = [(f, f.read_bytes(), f.stat()) for f in files]
+    later = time.time() + 3600
+    for f, data, _ in saved:
+        f.unlink()
+        f.write_bytes(data if content is None else content(f, data))
+        os.utime(f, (later, later))
+    return saved
+
+
+def _restore(saved):
+    for f, data, st in saved:
+        f.write_bytes(data)
+        os.utime(f, (st.st_atime, st.st_mtime))
+
+
+def test_base_outputs_recreated_with_the_same_bytes_rerun_no_cell(done):
+    """Deleting and re-creating the base's outputs (data, entangled model, reference, step 0)
+    with identical bytes, as a re-installed shipped base does: Snakemake compares their checksums
+    with the ones recorded when the cells ran (the 3 MB model too), so no cell or base job
+    reruns. The entangle stage's quality record differs on every run (its timings): only
+    aggregate and report read it."""
+    base = done / "results" / "base" / "smoke-v2"
+    files = [f for d in ("data", "entangle", "reference", "step0") for f in (base / d).rglob("*") if f.is_file()]
+    assert any(f.name == "model.safetensors" and f.stat().st_size > 1 << 20 for f in files)
+    saved = _recreate(files, content=lambda f, data: b'{"quality_s": 1.7}' if f.name == "quality.json" else data)
+    try:
+        rc, jobs, out = dry_run(done)
+    finally:
+        _restore(saved)
+    assert rc == 0, out[-3000:]
+    assert rules(jobs) == Counter(aggregate=1, report=1, all=1), out[-3000:]
+
+
+def test_one_changed_byte_of_the_data_reruns_every_cell(done):
+    train = done / "results" / "base" / "smoke-v2" / "data" / "train.parquet"
+    saved = _recreate([train], content=lambda f, data: data + b"\0")
+    try:
+        rc, jobs, out = dry_run(done)
+    finally:
+        _restore(saved)
+    assert rc == 0, out[-3000:]
+    n = rules(jobs)
+    assert n["entangle"] == n["reference"] == 1 and n["train"] == n["evaluate"] == n["metrics"] == 20, n
+    assert dry_run(done)[1] == []  # the original bytes back: nothing to do again
+
+
+def test_the_slurm_profile_as_a_user_types_it_gets_its_own_settings(wd):
+    """`snakemake --profile slurm` also loads the workflow profile (profiles/default), whose
+    values win: it must not cap the jobs' threads or turn keep-going off. The Qwen config's
+    train jobs ask for 8 threads."""
+    r = snakemake(wd, "-n", "--profile", "slurm", configfile="config/qwen25-05b.yaml")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    threads = re.findall(r"^\s+threads: (\d+)$", out, flags=re.M)
+    assert threads.count("8") >= 20 and set(threads) <= {"2", "8"}, Counter(threads)
+    assert "Using profiles slurm and workflow specific profile profiles/default" in out
+    default = (wd / "workflow" / "profiles" / "default" / "config.yaml").read_text()
+    assert not re.search(r"^(cores|jobs|keep-going):", default, flags=re.M)

@@ -26,6 +26,8 @@ def copy_workflow(dst: Path) -> Path:
     shutil.copytree(ROOT / "config", dst / "config")
     shutil.copytree(ROOT / "envs", dst / "envs")
     shutil.copytree(ROOT / "resources", dst / "resources")  # the shipped bases
+    for link in ("profiles", "slurm"):  # as in the repository: the workflow profile and `--profile slurm`
+        (dst / link).symlink_to(ROOT.joinpath(link).readlink())
     src = dst / "src" / "latentstrat"
     (src / "report").mkdir(parents=True)
     for name in ("aggregate.py", "metrics.py"):

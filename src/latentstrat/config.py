@@ -514,6 +514,16 @@ class Paths:
             files["shipped_reference"] = str(d / SHIPPED_REFERENCE_FILE)
         return files
 
+    def entangled_model_files(self, mode: str = "train") -> dict[str, str]:
+        """The entangle outputs a model job reads: the model's config and weights (and with
+        `entangle.mode: shipped` the reference table shipped with it); with `skip`, the quality
+        record that stands for the backbone used as is. Never the quality record of a trained or
+        installed model, whose timings differ on every run: re-creating the same model must not
+        rerun the jobs downstream of it (docs/rerun-policy.md)."""
+        files = self.entangle_files(mode)
+        keep = ("quality",) if mode == "skip" else ("entangle_config", "entangle_weights", "shipped_reference")
+        return {k: v for k, v in files.items() if k in keep}
+
     def reference_files(self) -> dict[str, str]:
         return {k: str(self.reference_dir / name) for k, name in REFERENCE_FILES.items()}
 

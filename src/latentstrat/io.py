@@ -39,15 +39,61 @@ def write_text(text: str, path: str | Path) -> None:
         Path(tmp).write_text(text)
 
 
+# the job that writes a file, from the stage folder in its path (the layout: config.Paths)
+PRODUCERS = {"data": "data", "entangle": "entangle", "reference": "reference", "step0": "step0", "train": "train",
+             "evaluate": "evaluate", "probes": "probe", "cells": "metrics", "aggregate": "aggregate",
+             "report": "report"}
+RERUN_CORRUPT = "python -m latentstrat.status --configfile <config> --rerun-corrupt"
+
+
+def producer(path: str | Path) -> str:
+    """The workflow job that writes `path` (its nearest stage folder), or 'the' when unknown."""
+    for part in reversed(Path(path).parts[:-1]):
+        if part in PRODUCERS:
+            return PRODUCERS[part]
+    return "the"
+
+
+def unreadable_message(what: str, path: str | Path, reason: str) -> str:
+    reason = " ".join(str(reason).split())
+    return (f"{what} {path} is unreadable ({reason}); the {producer(path)} job that wrote it must run again: "
+            f"`{RERUN_CORRUPT}` finds every unreadable output and reruns its job and what depends on it")
+
+
+def unreadable(path: str | Path) -> str | None:
+    """Why an existing output cannot be read (parquet: every page; safetensors: header and every
+    tensor; json: parses), or None when it reads."""
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.ParquetFile(path).read()
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                for k in f.keys():
+                    f.get_tensor(k)
+        elif path.suffix == ".json":
+            import json
+
+            json.loads(path.read_text())
+    except Exception as e:  # noqa: BLE001 - any failure to read is the answer
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return None
+
+
 def read_parquet(path: str | Path, what: str = "table", columns: list[str] | None = None) -> pd.DataFrame:
-    """Read parquet with an error that names the file and what it should be."""
+    """Read parquet with an error that names the file, what it should be, the job that wrote it
+    and the command that reruns it."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{what} {path} does not exist")
     try:
         df = pd.read_parquet(path)
     except Exception as e:  # corrupt / truncated file
-        raise ValueError(f"{what} {path} is not a readable parquet file: {e}") from None
+        raise ValueError(unreadable_message(what, path, f"not a readable parquet file: {e}")) from None
     if columns:
         missing = [c for c in columns if c not in df.columns]
         if missing:

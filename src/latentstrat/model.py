@@ -498,7 +498,12 @@ class LatentStrategyModel(nn.Module):
 
             if not Path(path_or_state).exists():
                 raise FileNotFoundError(f"trained weights {path_or_state} do not exist")
-            state = load_file(str(path_or_state))
+            try:
+                state = load_file(str(path_or_state))
+            except Exception as e:  # noqa: BLE001 - truncated, random bytes, not safetensors
+                from latentstrat.io import unreadable_message
+
+                raise ValueError(unreadable_message("trained weights", path_or_state, f"{type(e).__name__}: {e}")) from None
             where = str(path_or_state)
         else:
             state, where = path_or_state, "state dict"

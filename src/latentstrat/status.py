@@ -1,10 +1,16 @@
-"""Where a collection stands: cells x stages as done / running / pending / failed / missing /
-stale, from the files the jobs write and the Slurm queue (no workflow graph is built).
+"""Where a collection stands: its base (data, entangle, reference, step 0) and cells x stages as
+done / corrupt / running / pending / failed / missing / stale, from the files the jobs write and
+the Slurm queue (no workflow graph is built).
 
     python -m latentstrat.status --configfile config/config.yaml [--json]
+    python -m latentstrat.status --configfile config/config.yaml --rerun-corrupt [-- snakemake args]
 
-- done: the stage's outputs exist (stale: done, but the cell was trained with other code than
-  the working tree's; see the Collection Metadata section of a report);
+- done: the stage's outputs exist and read (parquet, safetensors, json) (stale: done, but the
+  cell was trained with other code than the working tree's; see the Collection Metadata section
+  of a report);
+- corrupt: an output exists but does not read (named in the detail); `--rerun-corrupt` reruns
+  exactly the jobs that wrote such files, and everything downstream of them, through Snakemake
+  (`--forcerun` on those files; default snakemake arguments `--cores 2`);
 - running / pending: a Slurm job of that stage and cell is running / waiting, or (a local run)
   its log (a train job writes a progress line every 30 s) changed in the last 2 minutes;
 - failed: its Slurm job ended in a failed state, or its log ends in an error (the last line is
@@ -22,11 +28,14 @@ import time
 from pathlib import Path
 
 from latentstrat import host
-from latentstrat.config import ConfigError, Paths, expand_cells, load_config
+from latentstrat.config import INIT_KEYS, ConfigError, Paths, expand_cells, init_id, load_config
+from latentstrat.io import unreadable
 
 STAGES = ("train", "evaluate", "probes", "metrics")
+BASE_STAGES = ("data", "entangle", "reference", "step0")
 SLURM_RULES = {"train": ("train",), "evaluate": ("evaluate",), "probes": ("probe_task", "probe_global"),
-               "metrics": ("metrics",)}
+               "metrics": ("metrics",), "data": ("data",), "entangle": ("entangle",), "reference": ("reference",),
+               "step0": ("step0",)}
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 RECENT_S = 120
 
@@ -87,73 +96,109 @@ def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]
             "metrics": [p.metrics_path(cid)]}
 
 
+def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
+    """The base stages' outputs: data, entangle, reference, and each step-0 validation the
+    collection's cells start from (`step0:<init>`)."""
+    out = {"data": [Path(f) for f in p.data_files().values()],
+           "entangle": [Path(f) for f in p.entangle_files(cfg["entangle"]["mode"]).values()],
+           "reference": [Path(f) for f in p.reference_files().values()]}
+    for iid in sorted({init_id(c.settings) for c in expand_cells(cfg, validated=True)}):
+        out[f"step0:{iid}"] = [Path(f) for f in p.step0_files(iid).values()]
+    return out
+
+
+def stage_state(files: list[Path], log: Path, slurm: tuple, checkpoint: Path | None = None) -> dict:
+    """{state, job, detail} of one job from its outputs, its log and its Slurm job."""
+    state, job = slurm
+    if all(f.exists() for f in files):
+        bad = next(((f, why) for f in files if (why := unreadable(f))), None)
+        if bad:
+            return {"state": "corrupt", "job": job, "detail": f"{bad[0]}: {bad[1]}", "file": str(bad[0])}
+        return {"state": "done", "job": job, "detail": ""}
+    if state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        return {"state": "running", "job": job, "detail": ""}
+    if state in ("PENDING", "REQUEUED", "SUSPENDED"):
+        return {"state": "pending", "job": job, "detail": ""}
+    if state in FAILED_STATES or (state is None and log.exists() and _log_failed(log)):
+        return {"state": "failed", "job": job, "detail": _last_line(log) or f"Slurm state {state}"}
+    if state is None and _recently_written([log] + ([checkpoint] if checkpoint else [])):
+        return {"state": "running", "job": job, "detail": "its log was written in the last 2 minutes (local run)"}
+    have = sum(f.exists() for f in files)
+    return {"state": "missing", "job": job, "detail": f"{have}/{len(files)} outputs" if have else ""}
+
+
 def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
-    """{"cells": [{cell_id, arm, stages: {stage: {state, job, detail}}}], "summary": str}."""
+    """{"base": {stage: {state, job, detail}}, "cells": [{cell_id, arm, stages: {stage: {state, job,
+    detail}}}], "corrupt": [files], "summary": str}."""
     p = Paths.from_config(cfg)
     jobs = slurm_jobs() if jobs is None else jobs
     now_code = host.code_version()["code_version"]
     tasks = list(cfg["data"]["tasks"])
+    base = {}
+    for stage, files in base_outputs(cfg, p).items():
+        rule, _, iid = stage.partition(":")
+        log = p.logs_dir / "step0" / f"{iid}.log" if iid else p.base_logs_dir / f"{rule}.log"
+        base[stage] = stage_state(files, log, _slurm_state(jobs, rule, iid) if iid else _slurm_state(jobs, rule, ""))
     cells = []
     for c in expand_cells(cfg, validated=True):
         cid, stages = c.cell_id, {}
         outputs = stage_outputs(p, cid, tasks)
         for stage in STAGES:
-            files = outputs[stage]
-            state, job = _slurm_state(jobs, stage, cid)
-            log = p.log_path(stage, cid)
-            detail = ""
-            if all(f.exists() for f in files):
-                status = "done"
-                if stage == "train":
-                    try:
-                        code = json.loads(files[1].read_text()).get("code_version")
-                    except (OSError, json.JSONDecodeError):
-                        code = None
-                    if code and code != now_code:
-                        status, detail = "stale", f"trained with {code}, working tree is {now_code}"
-            elif state in ("RUNNING", "COMPLETING", "CONFIGURING"):
-                status = "running"
-            elif state in ("PENDING", "REQUEUED", "SUSPENDED"):
-                status = "pending"
-            elif state in FAILED_STATES or (state is None and log.exists() and _log_failed(log)):
-                status, detail = "failed", _last_line(log) or f"Slurm state {state}"
-            elif state is None and _recently_written([log] + ([p.train_dir(cid) / "checkpoints" / "last.pt"]
-                                                             if stage == "train" else [])):
-                status, detail = "running", "its log was written in the last 2 minutes (local run)"
-            else:
-                status = "missing"
-                have = sum(f.exists() for f in files)
-                detail = f"{have}/{len(files)} outputs" if have else ""
-            stages[stage] = {"state": status, "job": job, "detail": detail}
+            st = stage_state(outputs[stage], p.log_path(stage, cid), _slurm_state(jobs, stage, cid),
+                             p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None)
+            if stage == "train" and st["state"] == "done":
+                code = json.loads(outputs[stage][1].read_text()).get("code_version")
+                if code and code != now_code:
+                    st = {**st, "state": "stale", "detail": f"trained with {code}, working tree is {now_code}"}
+            stages[stage] = st
         cells.append({"cell_id": cid, "arm": c.arm, "stages": stages})
     done = sum(all(s["state"] in ("done", "stale") for s in c["stages"].values()) for c in cells)
     running = sum(any(s["state"] == "running" for s in c["stages"].values()) for c in cells)
     failed = sum(any(s["state"] == "failed" for s in c["stages"].values()) for c in cells)
+    corrupt_cells = sum(any(s["state"] == "corrupt" for s in c["stages"].values()) for c in cells)
     stale = sum(c["stages"]["train"]["state"] == "stale" for c in cells)
-    summary = f"{done}/{len(cells)} cells done, {running} running, {failed} failed" + (f", {stale} stale" if stale else "")
-    return {"collection": cfg["collection"], "cells": cells, "summary": summary}
+    corrupt = [s["file"] for s in base.values() if s["state"] == "corrupt"]
+    corrupt += [s["file"] for c in cells for s in c["stages"].values() if s["state"] == "corrupt"]
+    base_line = ", ".join(f"{k} {v['state']}" for k, v in base.items() if v["state"] != "done")
+    summary = (f"base: {base_line or 'done'}; {done}/{len(cells)} cells done, {running} running, {failed} failed"
+               + (f", {corrupt_cells} corrupt" if corrupt_cells else "") + (f", {stale} stale" if stale else ""))
+    return {"collection": cfg["collection"], "base": base, "cells": cells, "corrupt": corrupt, "summary": summary}
 
 
 def render(status: dict) -> str:
+    lines = ["base: " + "  ".join(f"{k} {v['state']}" for k, v in status["base"].items())]
+    notes = [f"  {k}: {v['state']}" + (f" (Slurm job {v['job']})" if v["job"] else "") + (f": {v['detail']}" if v["detail"] else "")
+             for k, v in status["base"].items() if v["state"] not in ("done", "missing")]
     width = max(len(c["cell_id"]) for c in status["cells"]) if status["cells"] else 10
-    lines = [f"{'cell':<{width}}  " + "  ".join(f"{s:<9}" for s in STAGES)]
-    notes = []
+    lines.append(f"{'cell':<{width}}  " + "  ".join(f"{s:<9}" for s in STAGES))
     for c in status["cells"]:
         row = []
         for s in STAGES:
             st = c["stages"][s]
             row.append(f"{st['state']:<9}")
-            if st["state"] in ("failed", "stale") or (st["job"] and st["state"] != "done"):
+            if st["state"] in ("failed", "stale", "corrupt") or (st["job"] and st["state"] != "done"):
                 notes.append(f"  {c['cell_id']} {s}: {st['state']}" + (f" (Slurm job {st['job']})" if st["job"] else "")
                              + (f": {st['detail']}" if st["detail"] else ""))
         lines.append(f"{c['cell_id']:<{width}}  " + "  ".join(row))
+    if status["corrupt"]:
+        notes.append(f"  {len(status['corrupt'])} unreadable output(s): `python -m latentstrat.status --configfile "
+                     "<config> --rerun-corrupt` reruns the jobs that wrote them and what depends on them")
     return "\n".join(lines + notes + [status["summary"]])
+
+
+def rerun_corrupt_command(configfile: str, corrupt: list[str], snakemake_args: list[str]) -> list[str]:
+    """Snakemake forcing the jobs that wrote the unreadable files (and so everything downstream)."""
+    return ["snakemake", "--configfile", configfile, *(snakemake_args or ["--cores", "2"]), "--forcerun", *corrupt]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.status", description=__doc__.splitlines()[0])
     ap.add_argument("--configfile", default="config/config.yaml", help="the collection config (as for snakemake)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rerun-corrupt", action="store_true",
+                    help="rerun the jobs whose outputs do not read, and what depends on them (arguments after -- go "
+                         "to snakemake; default --cores 2)")
+    ap.add_argument("snakemake_args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     try:
         cfg = load_config(a.configfile)
@@ -161,8 +206,16 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     st = collection_status(cfg)
-    print(json.dumps(st, indent=2) if a.json else render(st))
-    return 0
+    if not a.rerun_corrupt:
+        print(json.dumps(st, indent=2) if a.json else render(st))
+        return 0
+    if not st["corrupt"]:
+        print("no unreadable outputs: nothing to rerun")
+        return 0
+    cmd = rerun_corrupt_command(a.configfile, st["corrupt"], a.snakemake_args)
+    print("unreadable: " + ", ".join(st["corrupt"]) + "\n" + " ".join(cmd), flush=True)
+    snakemake = shutil.which("snakemake") or str(Path(sys.executable).parent / "snakemake")
+    return subprocess.run([snakemake, *cmd[1:]]).returncode
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def shipped_files():
 
 def base_files():
     """What every cell job reads: the data, the entangled model and the reference."""
-    return {**P.data_files(), **P.entangle_files(MODE), **P.reference_files()}
+    return {**P.data_files(), **P.entangled_model_files(MODE), **P.reference_files()}
 
 
 def step0_files(cid):
@@ -169,7 +169,7 @@ def all_targets():
     """Every declared output of the collection, not only the report: Snakemake checks missing
     outputs only for target jobs, so a deleted (or removed, corrupt) cell file reruns its job
     and everything downstream of it, and nothing else."""
-    files = list(base_files().values())
+    files = list({**base_files(), **P.entangle_files(MODE)}.values())
     for iid in INITS:
         files += list(P.step0_files(iid).values())
     for cid in CELLS:

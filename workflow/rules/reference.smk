@@ -4,7 +4,7 @@
 rule reference:
     input:
         **P.data_files(),
-        **P.entangle_files(MODE),
+        **P.entangled_model_files(MODE),
     output:
         **P.reference_files(),
     log:
@@ -15,6 +15,7 @@ rule reference:
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
+        entangle_dir=str(P.entangle_dir),
         settings=sections(*BASE_SECTIONS),
     conda:
         "../../envs/latentstrat.yaml"

@@ -10,7 +10,7 @@ with logged(snakemake):
         cfg,
         snakemake.params.cell,
         data_dir=Path(snakemake.input.tokenizer).parent,
-        entangle_dir=Path(snakemake.input.quality).parent,
+        entangle_dir=Path(snakemake.params.entangle_dir),
         reference_dir=Path(snakemake.input.scales).parent,
         train_dir=Path(snakemake.input.summary).parent,
         out_path=snakemake.output.records,

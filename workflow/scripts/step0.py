@@ -10,7 +10,7 @@ with logged(snakemake):
         cfg,
         snakemake.params.init,
         data_dir=Path(snakemake.input.tokenizer).parent,
-        entangle_dir=Path(snakemake.input.quality).parent,
+        entangle_dir=Path(snakemake.params.entangle_dir),
         out_dir=Path(snakemake.output.measured).parent,
         threads=snakemake.threads,
     )
