@@ -1,9 +1,9 @@
 """Disentangle trainer: one cell per call (design sections 4-5, stage 4, docs/design.md).
 
 Per step: one posterior pass (z ~ q, reparameterized) and one router+generator pass; b comes
-from the reference stage's tokens.parquet (never recomputed); batches are grouped by length.
-The batch order is a pure function of (seed, epoch) and the z noise of (seed, step), so a
-resumed run replays exactly what an uninterrupted one does.
+from the reference stage's tokens.parquet (never recomputed); batches are task-mixed
+(data.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
+of (seed, step), so a resumed run replays exactly what an uninterrupted one does.
 
 Validation (step 0 before any update, every eval_every steps, at the end) on a fixed subset of
 the validation split (the first `val_probe_per_task` examples of each task):
@@ -186,7 +186,7 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int, measured: dict
     """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
     whole validation split, the probes, the decoded subset and the per-task shares.
     `measured`: the model's own measurements (`measure_model`) when they were taken elsewhere:
-    the shared step-0 validation of every cell starting from this model (`Step0`)."""
+    the shared step-0 validation of every cell starting from this model (`step0_validation`)."""
     was_training = model.training
     model.eval()
     rows = val["rows"]
