@@ -11,7 +11,9 @@ tables); across-seed std is the sample std (ddof=1).
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -978,7 +980,6 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
         write_parquet(df, out_dir / f"{name}.parquet")
         with_text = df.to_csv(index=False)
         write_text(with_text, out_dir / f"{name}.csv")
-    import json
     write_text(json.dumps({"grid_axes": list(grid_axes), "top_k": top_k, "primary_metric": primary_metric,
                            "ranking_note": ranking_note,
                            "comparison_arms": list(refs), **(meta or {})}, indent=2, default=str) + "\n",
@@ -993,8 +994,6 @@ def _concat(frames) -> pd.DataFrame:
 
 def load_entangle_quality(path) -> dict:
     """The entangle stage's quality.json (per-task temperature-1 checks)."""
-    import json
-
     p = Path(path)
     try:
         return json.loads(p.read_text())
@@ -1031,8 +1030,6 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
 
 
 def write_followup_plan(plan: dict, out_dir) -> None:
-    import json
-
     write_text(json.dumps(plan, indent=2, default=str) + "\n", Path(out_dir) / FOLLOWUP_FILE)
 
 
@@ -1047,9 +1044,11 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     metrics jobs from Snakemake's benchmark files, and their total; cells whose work was done
     by another collection (shared cell work) have none here and are left out (all of them
     without a `bench_dir`)."""
-    rows = []
-    for cid in cells if bench_dir else []:
-        bench_dir = Path(bench_dir)
+    columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"]
+    if not bench_dir:
+        return pd.DataFrame(columns=columns)
+    bench_dir, rows = Path(bench_dir), []
+    for cid in cells:
         row = {"cell_id": cid}
         for folder, part in COST_PARTS.items():
             files = [bench_dir / folder / f"{cid}.tsv"] if folder != "probe" else sorted((bench_dir / folder / cid).glob("*.tsv"))
@@ -1057,7 +1056,7 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
             row[f"{part}_s"] = sum(secs) if secs else math.nan
         row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())
         rows.append(row)
-    df = pd.DataFrame(rows, columns=["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"])
+    df = pd.DataFrame(rows, columns=columns)
     return df[df.total_s.notna()].reset_index(drop=True)
 
 
@@ -1065,8 +1064,6 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> di
     """{"needed": False} when the main contrast (the ranking metric against each comparison arm)
     decides or is not a matter of power; else the seeds that settle it (power.followup_need) and
     what they cost: cells added and seconds of one job slot per cell (mean of `costs`)."""
-    import os
-
     metric = cfg["report"]["primary_metric"]
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
         metric = FALLBACK_METRIC  # tables without the chance-corrected score (as ranking_metric)

@@ -86,6 +86,11 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     meta_t = t.get("collection_metadata", pd.DataFrame())
     if not meta_t.empty:
         out += ["## Collection Metadata\n", md_table(meta_t)]
+    costs = t.get("cell_costs", pd.DataFrame())
+    if not costs.empty:
+        parts = ", ".join(f"{c[:-2]} {fmt(round(costs[c].mean(), 1))} s" for c in costs.columns if c.endswith("_s") and c != "total_s")
+        out.append(f"What a cell cost ({len(costs)} cells run by this collection, Snakemake benchmarks, seconds of one "
+                   f"job slot, mean): {parts}; {fmt(round(costs.total_s.mean(), 1))} s per cell in all.\n")
     out += ["## Collection State\n",
             f"The collection has {len(st)} expected cells: {n_ok} have final metrics and {len(st) - n_ok} remain without final metrics.\n",
             md_table(counts)]
@@ -238,9 +243,8 @@ def clip_sentence(t: dict) -> str:
     clip = t.get("gradient_clipping", pd.DataFrame())
     if clip.empty:
         return ""
-    parts = [f"{r.token_aggregation} {fmt(100 * r.clipped_fraction)}% (threshold {fmt(r.grad_clip) if r.grad_clip > 0 else 'none'})"
-             for r in clip.itertuples()]
-    return " Steps clipped: " + ", ".join(parts) + "."
+    parts = [f"{r.token_aggregation} {100 * r.clipped_fraction:.0f}%" for r in clip.itertuples()]
+    return " Training steps whose gradient was clipped: " + ", ".join(parts) + " (results.md, Token-Count Dominance)."
 
 
 def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
