@@ -135,6 +135,14 @@ def shipped_files():
     return {"shipped": str(SHIPPED / MANIFEST)} if MODE == "shipped" else {}
 
 
+def entangle_dir(wildcards, input):
+    """The entangle stage's folder, from the model files a job reads (with `entangle.mode: skip`,
+    from the quality record standing for the backbone)."""
+    if hasattr(input, "entangle_config"):
+        return str(Path(input.entangle_config).parent.parent)
+    return str(Path(input.quality).parent)
+
+
 def base_files():
     """What every cell job reads: the data, the entangled model and the reference."""
     return {**P.data_files(), **P.entangled_model_files(MODE), **P.reference_files()}

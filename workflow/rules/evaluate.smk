@@ -17,7 +17,7 @@ rule evaluate:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         cell=cell_work_json,
-        entangle_dir=str(P.entangle_dir),
+        entangle_dir=entangle_dir,
         settings=sections(*EVALUATE_SECTIONS),
     conda:
         "../../envs/latentstrat.yaml"

@@ -15,7 +15,7 @@ rule reference:
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
-        entangle_dir=str(P.entangle_dir),
+        entangle_dir=entangle_dir,
         settings=sections(*BASE_SECTIONS),
     conda:
         "../../envs/latentstrat.yaml"

@@ -18,7 +18,7 @@ rule step0:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         init=init_json,
-        entangle_dir=str(P.entangle_dir),
+        entangle_dir=entangle_dir,
         settings=sections(*EVALUATE_SECTIONS, "probes"),
     conda:
         "../../envs/latentstrat.yaml"
@@ -40,7 +40,7 @@ rule train:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),
     params:
         cell=cell_work_json,
-        entangle_dir=str(P.entangle_dir),
+        entangle_dir=entangle_dir,
         settings=sections(*TRAIN_SECTIONS),
     conda:
         "../../envs/latentstrat.yaml"
