@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from latentstrat import host
-from latentstrat.config import INIT_KEYS, ConfigError, Paths, expand_cells, init_id, load_config
+from latentstrat.config import ConfigError, Paths, expand_cells, init_id, load_config
 from latentstrat.io import unreadable
 
 STAGES = ("train", "evaluate", "probes", "metrics")
