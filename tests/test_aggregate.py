@@ -6,13 +6,19 @@ import pandas as pd
 import pytest
 
 from aggregate_helpers import TASKS, make_cfg, write_collection
-from latentstrat import aggregate as A
+from latentstrat.aggregate.collection import aggregate_collection
+from latentstrat.aggregate.columns import SHARE_METRICS
+from latentstrat.aggregate.contrasts import common_cells, scale_table
+from latentstrat.aggregate.dynamics import task_shares
+from latentstrat.aggregate.fairness import attribution, collection_metadata
+from latentstrat.aggregate.inputs import load_cell_metrics, read_summary_table, validate_summary_table
+from latentstrat.aggregate.settings import metric_distributions, seed_means
 from latentstrat.config import expand_cells, schema_cell_defaults
 
 
 def test_metric_distributions_hand_computed():
     rows = pd.DataFrame({"matched_router_score": [0.1, 0.2, 0.6], "kl_prior_loss": [1.0, 3.0, math.nan]})
-    d = A.metric_distributions(rows).set_index("metric")
+    d = metric_distributions(rows).set_index("metric")
     assert d.loc["matched_router_score", "mean"] == pytest.approx(0.3)
     assert d.loc["matched_router_score", "median"] == pytest.approx(0.2)
     assert d.loc["matched_router_score", "std"] == pytest.approx(math.sqrt(((0.2) ** 2 + 0.1 ** 2 + 0.3 ** 2) / 3))
@@ -25,12 +31,12 @@ def _rows(agg, sched="constant", fams=("raw", "dist_norm"), betas=(0.1, 1.0), ro
     df = pd.DataFrame([{**other, "reconstruction_family": f, "beta": b, "token_aggregation": agg, "beta_schedule": sched,
                         "matched_router_score": router, "final_answer_accuracy": 0.99, "active_reconstruction_objective": 1.0}
                        for f in fams for b in betas])
-    return A.seed_means(A.validate_summary_table(df, f"{agg}-{sched}"))
+    return seed_means(validate_summary_table(df, f"{agg}-{sched}"))
 
 
 def test_common_cells_deltas_and_unmatched():
-    p, r = _rows("sum", router=0.5), _rows("mean", "lin100", betas=(0.1,), router=0.6)
-    common, un = A.common_cells(p, r, ["reconstruction_family", "beta"], "ref")
+    p, c = _rows("sum", router=0.5), _rows("mean", "lin100", betas=(0.1,), router=0.6)
+    common, un = common_cells(p, c, ["reconstruction_family", "beta"], "comparison")
     assert len(common) == 2 and list(common.beta_label) == ["beta=.1", "beta=.1"]
     assert common.delta_matched_router_score.to_numpy() == pytest.approx([-0.1, -0.1])
     assert {"mean_matched_router_score", "sum_matched_router_score"} <= set(common.columns)
@@ -39,26 +45,27 @@ def test_common_cells_deltas_and_unmatched():
 
 def test_attribution_names_schedule_or_supports():
     p = _rows("sum")
-    for ref, want in [(_rows("mean", "lin100"), "not supported"), (_rows("mean"), "supported")]:
-        common, _ = A.common_cells(p, ref, ["reconstruction_family", "beta"], "ref")
-        res = A.attribution(p, ref, common, ["reconstruction_family", "beta"], "ref")
+    for comparison, want in [(_rows("mean", "lin100"), "not supported"), (_rows("mean"), "supported")]:
+        common, _ = common_cells(p, comparison, ["reconstruction_family", "beta"], "comparison")
+        res = attribution(p, comparison, common, ["reconstruction_family", "beta"], "comparison")
         assert res["status"] == want, res
         if want == "not supported":
             assert "beta_schedule" in res["evidence"] and "lin100" in res["evidence"]
-    res = A.attribution(p, _rows("mean"), pd.DataFrame(), ["reconstruction_family", "beta"], "ref")
+    res = attribution(p, _rows("mean"), pd.DataFrame(), ["reconstruction_family", "beta"], "comparison")
     assert res["status"] == "not supported"
-    ref = _rows("mean", record_all=False)  # external table without latent_dim etc.: partial, naming them
-    common, _ = A.common_cells(p, ref, ["reconstruction_family", "beta"], "ref")
-    res = A.attribution(p, ref, common, ["reconstruction_family", "beta"], "ref")
+    comparison = _rows("mean", record_all=False)  # external table without latent_dim etc.: partial, naming them
+    common, _ = common_cells(p, comparison, ["reconstruction_family", "beta"], "comparison")
+    res = attribution(p, comparison, common, ["reconstruction_family", "beta"], "comparison")
     assert res["status"] == "partial" and "latent_dim" in res["evidence"]
 
 
 def test_scale_ratio():
     p = _rows("sum").assign(inferred_zfree_reference_scale=[40.0, 40.0, 42.0, 38.0])
-    r = _rows("mean").assign(inferred_zfree_reference_scale=[1.0, 1.0, 1.0, 1.0])
-    common, _ = A.common_cells(p, r, ["reconstruction_family", "beta"], "ref")
-    s = A.scale_table(p, {"ref": r}, {"ref": common}).set_index("aggregation_mode")
-    assert s.loc["sum_over_mean_reference_ratio", "mean"] == pytest.approx(40.0)
+    c = _rows("mean").assign(inferred_zfree_reference_scale=[1.0, 1.0, 1.0, 1.0])
+    common, _ = common_cells(p, c, ["reconstruction_family", "beta"], "comparison")
+    s = scale_table(p, {"comparison": c}, {"comparison": common}).set_index("aggregation_mode")
+    assert s.loc["sum_over_mean_comparison_ratio", "mean"] == pytest.approx(40.0)
+    assert s.loc["mean_comparison_common_cells", "n"] == 4
     assert s.loc["sum", "std"] == pytest.approx(np.std([40, 40, 42, 38]))
 
 
@@ -69,7 +76,7 @@ def test_task_shares_mean_equal_loss_equals_example_share():
     mean_loss = c * n / n  # A_i under mean
     sum_loss = c * n  # A_i under sum
     ex = pd.Series(np.ones(4)).groupby(task).sum() / 4
-    s_mean, s_sum = A.task_shares(task, mean_loss), A.task_shares(task, sum_loss)
+    s_mean, s_sum = task_shares(task, mean_loss), task_shares(task, sum_loss)
     assert s_mean.sum() == pytest.approx(1) and s_sum.sum() == pytest.approx(1)
     assert s_mean.to_numpy() == pytest.approx(ex.to_numpy())
     assert s_sum["b"] == pytest.approx(50 / 80)  # sum: token share, not example share
@@ -82,7 +89,7 @@ def test_collection_with_missing_cell(monkeypatch, tmp_path):
     missing = cells[0].cell_id
     mp, hp = write_collection(cfg, tmp_path / "cells", skip={missing})
     mp[cells[1].cell_id].write_bytes(b"not parquet")  # unreadable: also incomplete, named
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     st = t["collection_state"].set_index("cell_id")
     assert st.loc[missing, "status"] == "incomplete" and "missing" in st.loc[missing, "reason"]
     assert "unreadable" in st.loc[cells[1].cell_id, "reason"]
@@ -96,7 +103,7 @@ def test_collection_with_missing_cell(monkeypatch, tmp_path):
 def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     cfg = make_cfg(monkeypatch)
     mp, hp = write_collection(cfg, tmp_path / "cells")
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     f = t["fairness"].set_index("claim")
     assert f.loc["aggregation-only causal attribution (mean_matched)", "status"] == "supported"
     lin = f.loc["aggregation-only causal attribution (mean_lin100)"]
@@ -107,7 +114,7 @@ def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     assert c[c.comparison_arm == "mean_matched"].delta_matched_router_score.to_numpy() == pytest.approx([-0.1] * 4)
     assert c[c.comparison_arm == "sum_scaled"].delta_matched_router_score.to_numpy() == pytest.approx([-0.05] * 4)
     s = t["reference_scale"].set_index("aggregation_mode")
-    assert s.loc["sum_over_mean_reference_ratio (mean_matched)", "mean"] == pytest.approx(40.0)
+    assert s.loc["sum_over_mean_comparison_ratio (mean_matched)", "mean"] == pytest.approx(40.0)
     d = t["dynamics_summary"]
     assert set(d.first_checkpoint) == {"initialization"}
     assert d.first_base_relative_reconstruction.iloc[0] == 1.0 and d.final_base_relative_reconstruction.iloc[0] == 0.98
@@ -115,7 +122,7 @@ def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     dom = t["token_dominance"]
     assert set(dom.checkpoint) == {"initialization", "final"}
     sums = t["token_dominance_sums"]
-    for m in A.SHARE_METRICS:
+    for m in SHARE_METRICS:
         assert sums[m].to_numpy() == pytest.approx(1.0)
     mean = dom[dom.token_aggregation == "mean"]
     assert mean.loss_share.to_numpy() == pytest.approx(mean.example_share.to_numpy())
@@ -133,7 +140,7 @@ def test_availability_without_init(monkeypatch, tmp_path):
     for p in hp.values():  # drop step 0: first checkpoint is step 10
         h = pd.read_parquet(p)
         h[h.step > 0].to_parquet(p)
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     a = t["data_availability"].set_index("diagnostic")
     assert a.loc["Initialization / first-eval scale", "local_data"] == "partial"
     assert "step 10" in a.loc["Initialization / first-eval scale", "missing_data_note"]
@@ -144,7 +151,7 @@ def test_availability_without_init(monkeypatch, tmp_path):
 def test_three_seeds_give_std(monkeypatch, tmp_path):
     cfg = make_cfg(monkeypatch, seeds=[0, 1, 2], lin100=False)
     mp, hp = write_collection(cfg, tmp_path / "cells", with_history=False)
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     by = t["summary_by_setting"]
     sum_rows = by[by.arm == "sum"]
     assert (sum_rows.n_seeds == 3).all()
@@ -154,15 +161,15 @@ def test_three_seeds_give_std(monkeypatch, tmp_path):
     assert t["fairness"].set_index("claim").loc["seed replication", "status"] == "supported"
 
 
-def test_bad_reference_table_names_column(tmp_path):
-    p = tmp_path / "ref.csv"
+def test_bad_comparison_table_names_column(tmp_path):
+    p = tmp_path / "comparison.csv"
     pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"]}).to_csv(p, index=False)
-    with pytest.raises(ValueError, match="beta_schedule.*ref.csv|ref.csv.*beta_schedule"):
-        A.read_summary_table(p)
+    with pytest.raises(ValueError, match="beta_schedule.*comparison.csv|comparison.csv.*beta_schedule"):
+        read_summary_table(p)
     pd.DataFrame({"reconstruction_family": ["bogus"], "beta": [0.1], "token_aggregation": ["mean"], "beta_schedule": ["constant"],
                   "matched_router_score": [0.5]}).to_csv(p, index=False)
     with pytest.raises(ValueError, match="reconstruction_family"):
-        A.read_summary_table(p)
+        read_summary_table(p)
 
 
 @pytest.mark.parametrize("seeds,expect_bars", [([0, 1, 2], True), ([0], False)])
@@ -177,7 +184,7 @@ def test_three_seeds_draw_error_bars(monkeypatch, tmp_path, seeds, expect_bars):
 
     cfg = make_cfg(monkeypatch, seeds=seeds, lin100=False)
     mp, hp = write_collection(cfg, tmp_path / "cells", with_history=False)
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     for make in (F.kl_vs_reconstruction, F.kl_recon_ratio):
         fig = make(t)
         assert fig is not None
@@ -191,12 +198,12 @@ def test_collection_metadata_names_dates_code_versions_and_stale_cells():
                             "train_finished_at": ["2026-12-01T00:12:00Z", "2026-12-01T00:07:00Z", "2026-12-01T00:30:00Z"],
                             "train_host": "n1", "train_device": "cpu"})
     state = pd.DataFrame({"cell_id": list("abcd"), "status": ["complete"] * 3 + ["incomplete"]})
-    m = A.collection_metadata(summary, state, code_now="abc123").set_index("field").value
+    m = collection_metadata(summary, state, code_now="abc123").set_index("field").value
     assert m["planned cells"] == "4" and m["observed cells (with final metrics)"] == "3"
     assert m["first cell started"] == "2026-12-01T00:05:00Z" and m["last cell finished"] == "2026-12-01T00:30:00Z"
     assert m["code versions"] == "abc123 (2 cells), def456+dirty (1 cells)"
     assert m["cells trained with other code than now"].startswith("1 ")
-    empty = A.collection_metadata(pd.DataFrame({"x": [1]}), state).set_index("field").value
+    empty = collection_metadata(pd.DataFrame({"x": [1]}), state).set_index("field").value
     assert empty["code versions"] == "NA (not recorded)"
 
 
@@ -215,7 +222,7 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
     records.write_bytes(b"garbage")
     t = os.path.getmtime(mp[cid])
     os.utime(records, (t + 10, t + 10))
-    summary, state = A.load_cell_metrics(cfg, mp, upstream={cid: [records]})
+    summary, state = load_cell_metrics(cfg, mp, upstream={cid: [records]})
     row = state.set_index("cell_id").loc[cid]
     assert row.status == "incomplete" and "older than" in row.reason and "records.parquet" in row.reason
     assert cid not in set(summary.cell_id)

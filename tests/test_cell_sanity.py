@@ -6,7 +6,7 @@ import pandas as pd
 import yaml
 
 import aggregate_helpers as H
-from latentstrat import aggregate as A
+from latentstrat.aggregate.collection import aggregate_collection
 from latentstrat.config import expand_cells
 from latentstrat.report import build_report
 
@@ -45,7 +45,7 @@ def report(tmp_path, monkeypatch, broken_ids, q):
     broken = {cells[i] for i in broken_ids}
     mp, hp = write_broken(cfg, tmp_path / "cells", broken)
     (tmp_path / "quality.json").write_text(__import__("json").dumps(q))
-    A.aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "quality.json")
+    aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "quality.json")
     build_report(tmp_path / "agg", tmp_path / "rep", {"entangle_quality": q})
     brief = yaml.safe_load((tmp_path / "rep" / "brief.yaml").read_text())
     return cells, broken, brief, (tmp_path / "rep" / "results.md").read_text(), (tmp_path / "rep" / "analysis.md").read_text()
@@ -73,7 +73,7 @@ def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
     assert fair.loc["cells are working models (cell sanity)", "status"] == "not supported"
     # findings measured on the cells cannot tell; the settings-only one (confounding) still answers
     statuses = brief["findings"]
-    assert statuses["Are mean-reference comparisons confounded by schedule (or other setting) differences?"] != "cannot tell"
+    assert statuses["Are the comparisons with a mean arm confounded by schedule (or other setting) differences?"] != "cannot tell"
     assert sum(s == "cannot tell" for s in statuses.values()) >= 5
     assert "fail the cell sanity check" in analysis
     # no empty number in a sentence
@@ -96,7 +96,7 @@ def test_a_weak_entangled_model_lowers_the_bar_but_a_cell_below_it_still_fails(t
 def test_without_an_entangled_check_the_cell_is_not_fully_checked(tmp_path, monkeypatch):
     cfg = H.make_cfg(monkeypatch)
     mp, hp = H.write_collection(cfg, tmp_path / "cells")
-    A.aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     s = pd.read_parquet(tmp_path / "agg" / "cell_sanity.parquet")
     assert s.passed.isna().all() and s.failures.str.contains("not checked: answer accuracy, strategy match").all()
 
@@ -116,7 +116,7 @@ def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path
                    followed_strategy_tv_max=tv)
         pd.DataFrame([row]).to_parquet(mp[cid])
     (tmp_path / "q.json").write_text(__import__("json").dumps(quality()))
-    t = A.aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "q.json")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "q.json")
     top = t["top_rows"]
     assert top.cell_id.iloc[0] == informative and top.cell_id.iloc[-1] != informative
     assert {"within_task_router_probe_chance", "within_task_router_probe_shuffled",

@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> package modules it imports (subpackages tasks/, report/, bench/ as one node)."""
+    """module -> package modules it imports (subpackages tasks/, aggregate/, report/, bench/ as one node)."""
     def node(name: str) -> str:
         return ".".join(name.split(".")[:2])
 

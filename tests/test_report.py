@@ -7,7 +7,7 @@ import pandas as pd
 import yaml
 
 from aggregate_helpers import make_cfg, write_collection
-from latentstrat import aggregate as A
+from latentstrat.aggregate.collection import aggregate_collection
 from latentstrat.config import expand_cells
 from latentstrat.report import build_report
 from latentstrat.report.__main__ import main as cli_main
@@ -23,7 +23,7 @@ def partial_report(tmp_path_factory):
     cells = expand_cells(cfg, validated=True)
     missing = cells[2].cell_id
     mp, hp = write_collection(cfg, tmp / "cells", skip={missing})
-    A.aggregate_collection(cfg, mp, hp, tmp / "agg")
+    aggregate_collection(cfg, mp, hp, tmp / "agg")
     t0 = time.perf_counter()
     res = build_report(tmp / "agg", tmp / "report", {})
     res["wall"] = time.perf_counter() - t0

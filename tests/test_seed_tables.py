@@ -4,7 +4,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from latentstrat.aggregate import aggregate_from_tables
+from latentstrat.aggregate.collection import aggregate_from_tables
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -40,8 +40,8 @@ def test_beta1_rows_named_unmatched(tables):
 
 def test_scale_ratio_matches_seed(tables):
     s = tables["reference_scale"].set_index("aggregation_mode")
-    assert s.loc["sum_over_mean_reference_ratio", "mean"] == pytest.approx(40.0771, rel=0.005)
-    assert s.loc["mean_reference_common_cells", "n"] == 8 and s.loc["sum", "n"] == 12
+    assert s.loc["sum_over_mean_comparison_ratio", "mean"] == pytest.approx(40.0771, rel=0.005)
+    assert s.loc["mean_comparison_common_cells", "n"] == 8 and s.loc["sum", "n"] == 12
 
 
 def test_seed_fairness(tables):

@@ -32,8 +32,8 @@ def run(tmp_path, delta, noise, half_width, seed=0):
     rng = np.random.default_rng(seed)
     mean = 0.5 + rng.normal(0, 0.05, 12)
     summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
-    ref = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
-    assert report_cli(["--summary", str(summary), "--comparison", str(ref), "--out", str(tmp_path / "out")]) == 0
+    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
+    assert report_cli(["--summary", str(summary), "--comparison", str(comparison), "--out", str(tmp_path / "out")]) == 0
     contrasts = pd.read_parquet(tmp_path / "out" / "aggregate" / "arm_contrasts.parquet")
     analysis = (tmp_path / "out" / "analysis.md").read_text()
     return contrasts.set_index("metric").loc["matched_router_score"], analysis
@@ -125,7 +125,7 @@ def test_learn_then_collapse_is_found_when_it_happens():
 def test_router_scores_without_signal_above_chance_are_cannot_tell():
     """Two arms whose router probes are both at or below chance differ in raw accuracy because
     their class balance differs, not because z carries strategy: never a sign."""
-    from latentstrat.aggregate import arm_contrasts
+    from latentstrat.aggregate.contrasts import arm_contrasts
 
     c = pd.DataFrame({"primary_cell": ["p1", "p2"], "comparison_cell": ["r1", "r2"],
                       "delta_matched_router_score": [-0.08, -0.09],
@@ -154,10 +154,10 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
     rng = np.random.default_rng(0)
     mean = 0.5 + rng.normal(0, 0.05, 12)
     summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
-    ref = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
+    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
     cfg = write_config(tmp_path / "collection.yaml", seeds)
     out = tmp_path / "out"
-    assert report_cli(["--summary", str(summary), "--comparison", str(ref), "--config", str(cfg), "--out", str(out)]) == 0
+    assert report_cli(["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]) == 0
     row = pd.read_parquet(out / "aggregate" / "arm_contrasts.parquet").set_index("metric").loc["matched_router_score"]
     return row, out
 

@@ -199,7 +199,7 @@ def test_report_code_edit_reruns_only_report(done):
 
 
 def test_aggregate_code_edit_reruns_only_aggregate_and_report(done):
-    rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "aggregate.py")
+    rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "aggregate" / "contrasts.py")
     assert rc == 0, out[-3000:]
     assert rules(jobs) == Counter(aggregate=1, report=1, all=1)
 

@@ -30,9 +30,11 @@ def copy_workflow(dst: Path) -> Path:
         (dst / link).symlink_to(ROOT.joinpath(link).readlink())
     src = dst / "src" / "latentstrat"
     (src / "report").mkdir(parents=True)
-    for name in ("aggregate.py", "metrics.py"):
-        if (ROOT / "src" / "latentstrat" / name).exists():
-            shutil.copy(ROOT / "src" / "latentstrat" / name, src / name)
+    (src / "aggregate").mkdir()
+    for f in (ROOT / "src" / "latentstrat" / "aggregate").glob("*.py"):
+        shutil.copy(f, src / "aggregate" / f.name)
+    if (ROOT / "src" / "latentstrat" / "metrics.py").exists():
+        shutil.copy(ROOT / "src" / "latentstrat" / "metrics.py", src / "metrics.py")
     for f in (ROOT / "src" / "latentstrat" / "report").glob("*.py"):
         shutil.copy(f, src / "report" / f.name)
     (src / "report" / "__init__.py").touch()

@@ -1,7 +1,7 @@
 """Power: the smallest difference a collection could detect, and the follow-up that would settle
 a `cannot tell` (design section 6, docs/design.md).
 
-A verdict comes from a 95% interval of a delta (`aggregate.arm_contrasts`). Read as a normal
+A verdict comes from a 95% interval of a delta (`aggregate.contrasts.arm_contrasts`). Read as a normal
 interval, its half-width is 1.96 standard errors. A true difference d is found (the interval
 excludes 0) with 80% power when |d| >= (z_0.975 + z_0.8) * SE = 2.80 * SE: that is the
 *detectable difference* printed next to every verdict.

@@ -10,7 +10,7 @@ rule aggregate:
         history=[P.train_files(c)["history"] for c in CELLS],
         comparison_tables=comparison_tables(),
         quality=P.entangle_files(MODE)["quality"],
-        code=code_files("aggregate.py", "metrics.py"),
+        code=code_files("aggregate", "metrics.py"),
     output:
         directory(str(P.aggregate_dir)),
     log:

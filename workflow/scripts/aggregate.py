@@ -1,11 +1,11 @@
 from _stage import logged, stage_config
 
-from latentstrat import aggregate
+from latentstrat.aggregate.collection import aggregate_collection
 
 with logged(snakemake):
     cfg = stage_config(snakemake)
     cells = snakemake.params.cells
-    aggregate.aggregate_collection(
+    aggregate_collection(
         cfg,
         dict(zip(cells, snakemake.input.metrics)),
         dict(zip(cells, snakemake.input.history)),

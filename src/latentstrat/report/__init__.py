@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from latentstrat.aggregate import load_entangle_quality  # noqa: F401 (the report rule's reader)
-from latentstrat.aggregate import report_settings
+from latentstrat.aggregate.collection import report_settings
+from latentstrat.aggregate.inputs import load_entangle_quality  # noqa: F401 (the report rule's reader)
 from latentstrat.io import write_text
 
 
@@ -63,7 +63,7 @@ def write_followup(aggregate_dir: Path, out_dir: Path, configfile: str | None) -
     config file is known; else no follow-up file (a stale one is removed). Returns the plan."""
     import os
 
-    from latentstrat.aggregate import FOLLOWUP_FILE
+    from latentstrat.aggregate.followup import FOLLOWUP_FILE
     from latentstrat.power import followup_text
 
     p = aggregate_dir / FOLLOWUP_FILE

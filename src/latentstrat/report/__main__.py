@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from latentstrat.aggregate import aggregate_from_tables
+from latentstrat.aggregate.collection import aggregate_from_tables
 from latentstrat.report import build_report
 
 

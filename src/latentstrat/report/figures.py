@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from latentstrat.aggregate import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
+from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
 from latentstrat.io import atomic_path  # noqa: E402
 from latentstrat.metrics import history_label, label  # noqa: E402
 
@@ -151,7 +151,7 @@ def inferred_scale(t):
         return None
     is_ratio = s.aggregation_mode.str.contains("_ratio")
     bars, ratios = s[~is_ratio].copy(), s[is_ratio]
-    bars["bar"] = bars.source.str.replace("primary arm", "primary") + "\n(" + bars.aggregation_mode.str.split("_reference").str[0].str.split(" ").str[0] + ")"
+    bars["bar"] = bars.source.str.replace("primary arm", "primary") + "\n(" + bars.aggregation_mode.str.split("_comparison").str[0].str.split(" ").str[0] + ")"
     fig, ax = plt.subplots(figsize=(max(5.5, 1.8 * len(bars) + 1), 4.2))
     sns.barplot(data=bars, x="bar", y="mean", ax=ax, errorbar=None, color="tab:blue")
     ax.errorbar(range(len(bars)), bars["mean"], yerr=bars["std"], fmt="none", ecolor="0.2", capsize=3)

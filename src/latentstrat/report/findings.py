@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import pandas as pd
 
-from latentstrat.aggregate import FAMILY_COL
+from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.config import parse_family
 from latentstrat.metrics import label
 from latentstrat.report.tables import fmt
@@ -128,8 +128,8 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
     norm = c[c[FAMILY_COL] != "raw"]
     if norm.empty or len(pre) < 2:
         return _f(q, CANNOT_TELL, "no normalized-family common cells", "")
-    p_col, r_col = f"{pre[1]}_active_reconstruction_objective", f"{pre[0]}_active_reconstruction_objective"
-    rel = (norm[p_col] / norm[r_col]).median()
+    p_col, c_col = f"{pre[1]}_active_reconstruction_objective", f"{pre[0]}_active_reconstruction_objective"
+    rel = (norm[p_col] / norm[c_col]).median()
     d_router = norm["delta_matched_router_score"].mean()
     nums = {"scale_ratio": float(ratio.iloc[0]) if len(ratio) else None, "median_active_ratio_normalized": rel,
             "mean_router_delta_normalized": d_router}
@@ -291,7 +291,7 @@ def q_tokcc_narrow(t, thr_one, thr):
 
 
 def q_confounded(t):
-    q = "Are mean-reference comparisons confounded by schedule (or other setting) differences?"
+    q = "Are the comparisons with a mean arm confounded by schedule (or other setting) differences?"
     f = t["fairness"]
     rows = f[f.claim.str.startswith("aggregation-only causal attribution")] if not f.empty else f
     if rows.empty:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from latentstrat.aggregate import CELL_CHECK_COL, FAMILY_COL
+from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
 from latentstrat.quality import quality_table
 from latentstrat.report.tables import fmt, md_table

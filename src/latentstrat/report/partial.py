@@ -3,13 +3,14 @@ report over the cells whose metrics exist, listing the others as incomplete with
 
 Called by the workflow's `onerror` handler in the main Snakemake process; the next complete run
 replaces these outputs (the missing metrics are newer). A cell whose metrics are older than its
-records or probes (rewritten or corrupt outputs) is incomplete too (aggregate.load_cell_metrics).
+records or probes (rewritten or corrupt outputs) is incomplete too (aggregate.inputs.load_cell_metrics).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from latentstrat.aggregate import aggregate_collection, load_entangle_quality
+from latentstrat.aggregate.collection import aggregate_collection
+from latentstrat.aggregate.inputs import load_entangle_quality
 from latentstrat.config import Paths, expand_cells
 from latentstrat.report import build_report
 

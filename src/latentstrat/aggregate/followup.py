@@ -1,0 +1,69 @@
+"""What a cell cost (from the collection's Snakemake benchmark files) and the follow-up plan:
+the seeds that would settle a `cannot tell` of the main contrast, and what they would cost
+(FOLLOWUP_FILE beside the aggregate tables)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from latentstrat import power
+from latentstrat.aggregate.columns import FALLBACK_METRIC
+from latentstrat.config import expand_cells
+from latentstrat.io import write_text
+
+FOLLOWUP_FILE = "followup.json"
+
+# benchmark folder (per cell job) -> part of a cell's cost
+COST_PARTS = {"train": "train", "evaluate": "evaluate", "probe": "probes", "metrics": "metrics"}
+
+
+def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
+    """Per cell: the seconds of its train, evaluate, probe (summed over its probe jobs) and
+    metrics jobs from Snakemake's benchmark files, and their total; cells whose work was done
+    by another collection (shared cell work) have none here and are left out (all of them
+    without a `bench_dir`)."""
+    columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"]
+    if not bench_dir:
+        return pd.DataFrame(columns=columns)
+    bench_dir, rows = Path(bench_dir), []
+    for cid in cells:
+        row = {"cell_id": cid}
+        for folder, part in COST_PARTS.items():
+            files = [bench_dir / folder / f"{cid}.tsv"] if folder != "probe" else sorted((bench_dir / folder / cid).glob("*.tsv"))
+            secs = [float(pd.read_csv(f, sep="\t")["s"].iloc[-1]) for f in files if f.is_file()]
+            row[f"{part}_s"] = sum(secs) if secs else math.nan
+        row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=columns)
+    return df[df.total_s.notna()].reset_index(drop=True)
+
+
+def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> dict:
+    """{"needed": False} when the main contrast (the ranking metric against each comparison arm)
+    decides or is not a matter of power; else the seeds that settle it (power.followup_need) and
+    what they cost: cells added and seconds of one job slot per cell (mean of `costs`)."""
+    metric = cfg["report"]["primary_metric"]
+    if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
+        metric = FALLBACK_METRIC  # tables without the chance-corrected score (as settings.ranking_metric)
+    seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
+    n_cells = len(expand_cells(cfg, validated=True))
+    rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
+    needs = [n for n in (power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"],
+                                             cfg["report"]["followup_max_seeds"]) for r in rows.to_dict("records")) if n]
+    if not needs:
+        return {"needed": False, "metric": metric}
+    n = max(x["seeds"] for x in needs)
+    per_seed = n_cells // len(seeds)
+    seconds = float(costs.total_s.mean()) if len(costs) else math.nan
+    threads = int(cfg["resources"]["threads"]) or 1
+    return {"needed": True, "metric": metric, "collection": cfg["collection"], "needs": needs,
+            "seeds": power.next_seeds(seeds, n), "cells_now": n_cells, "cells_added": per_seed * (n - len(seeds)),
+            "seconds_per_cell": seconds, "parallel_cells": max(1, (os.cpu_count() or 1) // threads)}
+
+
+def write_followup_plan(plan: dict, out_dir) -> None:
+    write_text(json.dumps(plan, indent=2, default=str) + "\n", Path(out_dir) / FOLLOWUP_FILE)
