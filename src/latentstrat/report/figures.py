@@ -92,7 +92,7 @@ def objective_scale_heatmap(t):
     for (i, j), v in np.ndenumerate(delta.to_numpy(dtype=float)):
         if np.isnan(v):  # seaborn skips annotations on NaN cells
             ax.text(j + 0.5, i + 0.5, "NA", ha="center", va="center", fontsize=8, color="0.3")
-    ax.set(xlabel="", ylabel="", title="Primary minus comparison arm (annotations: true deltas; colors row-normalized)")
+    ax.set(xlabel="", ylabel="", title="Primary minus comparison arm\n(annotations: true deltas; colors row-normalized)")
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
     fig.tight_layout()
     return fig
@@ -137,7 +137,7 @@ def base_relative_vs_router(t):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
     fig = _scatter(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe",
-                   "Base-relative reconstruction vs router probe (grey ticks: each cell's chance level)")
+                   "Base-relative reconstruction vs router probe\n(grey ticks: each cell's chance level)")
     fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
     if "within_task_router_probe_chance" in df.columns:  # the probe's chance level under each point
         fig.axes[0].scatter(df["distribution_normalized_reconstruction_loss"], df["within_task_router_probe_chance"],
@@ -302,7 +302,8 @@ def make_figures(t: dict, fig_dir: str | Path) -> tuple[list[tuple[str, str]], l
             skipped.append((name, title))
             continue
         with atomic_path(fig_dir / f"{name}.png", suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
+            # the canvas grows to hold every title, label and outside legend: nothing is cut off
+            fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight", pad_inches=0.1)
         plt.close(fig)
         made.append((name, title))
     return made, skipped
