@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from latentstrat import data
+from latentstrat.model import write_model_extras
 from latentstrat.model import build_backbone
 from latentstrat.reference import run_reference
 
@@ -33,5 +34,6 @@ def make_base(root: Path, cfg: dict) -> dict:
     tok = data.load_tokenizer(dd)
     torch.manual_seed(0)
     build_backbone(cfg["backbone"], tok).save_pretrained(ed / "model")
+    write_model_extras(ed / "model", tok, cfg)  # as the entangle stage does: tokenizer and card
     run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
     return {"data_dir": dd, "entangle_dir": ed, "reference_dir": rd}

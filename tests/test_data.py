@@ -239,7 +239,7 @@ def test_batches_grouped_by_strategy_free_length_mix_the_strategies():
     # batch to batch (the entangled model's prior ended 73/27 that way)
     df = D.generate_task("base_conversion", {"train": 1024, "validation": 1, "test": 1}, seed=3)
     df = df[df.split == "train"].reset_index(drop=True)
-    enc = D.encode(df, D.build_tokenizer(list(df.x) + list(df.y)))
+    enc = D.encode(df, D.record_tokenizer(D.build_tokenizer(list(df.x) + list(df.y))))
 
     def majority_share(lengths):
         batches = list(D.length_grouped_batches(lengths, 32, np.random.default_rng(0)))

@@ -148,16 +148,18 @@ def test_missing_and_corrupt_checkpoint_named(smoke, tmp_path):
     cfg, cell = smoke["cfg"], smoke["cell"]
     empty = tmp_path / "empty_train"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=str(empty / "model.safetensors")):
+    with pytest.raises(FileNotFoundError, match=str(empty / "heads" / "heads.safetensors")):
         evaluate_cell(cfg, cell, dd, ed, rd, empty, tmp_path / "r.parquet", threads=1)
+    import shutil
     bad = tmp_path / "bad_train"
-    bad.mkdir()
-    (bad / "model.safetensors").write_bytes((td / "model.safetensors").read_bytes()[:100])
-    with pytest.raises(ValueError, match=f"{bad / 'model.safetensors'}.*corrupt"):
+    shutil.copytree(td, bad)
+    w = bad / "adapters" / "generator" / "adapter_model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"cell {cell['cell_id']}: trained generator adapter {w} is unreadable"):
         evaluate_cell(cfg, cell, dd, ed, rd, bad, tmp_path / "r.parquet", threads=1)
     # weights of a different latent size: named, with the cell
     other = dict(cell, latent_dim=3)
-    with pytest.raises(ValueError, match=f"{td / 'model.safetensors'}.*do not fit"):
+    with pytest.raises(ValueError, match=f"cell {other['cell_id']}: {td / 'heads' / 'config.json'} does not fit"):
         evaluate_cell(cfg, other, dd, ed, rd, td, tmp_path / "r.parquet", threads=1)
     assert not (tmp_path / "r.parquet").exists()
 

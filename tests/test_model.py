@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from latentstrat import data
-from latentstrat.model import LatentStrategyModel, LoraLinear, build_backbone, load_entangled
+from peft.tuners.lora import LoraLayer
+
+from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
 
 EMB = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
        "num_key_value_heads": 1, "max_position_embeddings": 128}
@@ -15,7 +17,7 @@ BB = {"source": "embedded", "dtype": "float32", "embedded": EMB}
 def tok():
     texts = [data.render_record("3 1 2", "a b c 1 2 3"), data.render_record("5 4", "d e 4 5")]
     tk = data.build_tokenizer(texts)
-    return data.RecordTokenizer(tk)
+    return data.record_tokenizer(tk)
 
 
 def batch(tok, ys, xs=None, P=1):
@@ -211,35 +213,62 @@ def test_frozen_and_full(tok):
     assert any(n.startswith("lm.model.layers") for n in got) and any(n.startswith("lm_post.model.layers") for n in got)
 
 
-def test_trainable_roundtrip_safetensors(tok, tmp_path):
-    m1, m2 = model(tok, seed=0), model(tok, seed=0)
+def _perturbed(tok, adaptation="lora"):
+    m1, m2 = model(tok, adaptation, seed=0), model(tok, adaptation, seed=0)
     with torch.no_grad():
         for p in m1.trainable_parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    m1.save_trainable(tmp_path / "w.safetensors")
+    return m1.eval(), m2.eval()
+
+
+@pytest.mark.parametrize("adaptation", ["lora", "full", "frozen"])
+def test_trained_cell_roundtrip(tok, tmp_path, adaptation):
+    """save_trained / load_trained: peft adapter folders (lora) or backbone copies (full), and
+    the heads; the loaded model computes what the saved one did, a fresh one does not."""
+    m1, m2 = _perturbed(tok, adaptation)
+    m1.save_trained(tmp_path)
+    assert (tmp_path / "heads" / "heads.safetensors").exists() and (tmp_path / "heads" / "config.json").exists()
+    if adaptation == "lora":
+        assert sorted(p.name for p in (tmp_path / "adapters").iterdir() if p.is_dir()) == ["generator", "posterior"]
     b = batch(tok, ["a b c 1 2 3"])
     z = torch.randn(1, 4)
-    m1.eval(), m2.eval()
-    out1 = m1.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0]
-    assert not torch.allclose(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
-    m2.load_trainable(tmp_path / "w.safetensors")
-    assert torch.equal(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
-    with pytest.raises(ValueError, match="does not match"):
-        model(tok, "frozen").load_trainable(tmp_path / "w.safetensors")
-
-
-def test_cells_saved_under_peft_names_load(tok):
-    """A cell trained while the adapters were peft's stored them as `peft.base_model.model.<lm name>`:
-    its weights load into the same parameters; the heads keep their names."""
-    m1, m2 = model(tok, seed=0), model(tok, seed=0)
     with torch.no_grad():
-        for p in m1.trainable_parameters():
-            p.add_(torch.randn_like(p) * 0.1)
+        out1 = m1.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0]
+        q1 = m1.posterior(b.post_ids, b.post_mask)[0]
+        assert not torch.allclose(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
+        m2.load_trained(tmp_path)
+        assert torch.equal(out1, m2.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0])
+        assert torch.equal(q1, m2.posterior(b.post_ids, b.post_mask)[0])
+    other = "frozen" if adaptation != "frozen" else "lora"
+    with pytest.raises(ValueError, match="does not fit this cell"):
+        model(tok, other).load_trained(tmp_path)
+
+
+def test_trained_cell_errors_name_the_file(tok, tmp_path):
+    m1, _ = _perturbed(tok)
+    m1.save_trained(tmp_path)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nothing" / "heads" / "config.json")):
+        model(tok).load_trained(tmp_path / "nothing")
+    w = tmp_path / "adapters" / "posterior" / "adapter_model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    with pytest.raises(ValueError, match=f"{w} is unreadable"):
+        model(tok).load_trained(tmp_path)
+    m1.save_trained(tmp_path)
+    with pytest.raises(ValueError, match="other LoRA settings.*'r': \\(4, 2\\)"):
+        torch.manual_seed(0)
+        LatentStrategyModel(build_backbone(BB, tok), 4, 1, "lora", {"r": 2}).load_trained(tmp_path)
+
+
+def test_checkpoint_state_roundtrip(tok):
+    """A checkpoint's trainable state dict (adapters + heads under the model's names) loads into
+    the same parameters; a state of another adaptation is refused."""
+    m1, m2 = _perturbed(tok)
     state = m1.trainable_state_dict()
-    assert any(n.startswith("lm.") for n in state) and any(not n.startswith("lm.") for n in state)
-    old = {("peft.base_model.model." + n[len("lm."):]) if n.startswith("lm.") else n: t for n, t in state.items()}
-    m2.load_trainable(old)
+    assert any(".lora_A.posterior." in n for n in state) and "z_proj.weight" in state
+    m2.load_trainable(state)
     assert all(torch.equal(t, m2.trainable_state_dict()[n]) for n, t in state.items())
+    with pytest.raises(ValueError, match="does not match"):
+        model(tok, "frozen").load_trainable(state)
 
 
 def test_save_pretrained_loads_through_from_pretrained(tok, tmp_path):
@@ -285,7 +314,7 @@ def test_merged_passes_equal_the_lora_passes(tok):
     at_init = run()
     with torch.no_grad(), m.merged():
         merged_init = run()
-        assert all(not isinstance(x, LoraLinear) for x in m.lm.modules()) and m.lm_post is not m.lm
+        assert all(not isinstance(x, LoraLayer) for x in m.lm.modules()) and m.lm_post is not m.lm
     for k in keys:
         assert torch.equal(merged_init[k], at_init[k]), k
     _move_from_init(m)
@@ -298,7 +327,7 @@ def test_merged_passes_equal_the_lora_passes(tok):
     # the heads did not move: mu_q and mu_r moved through the posterior and generator adapters alone
     assert not torch.allclose(moved["mu_q"], at_init["mu_q"]) and not torch.allclose(moved["mu_r"], at_init["mu_r"])
     # afterwards: the LoRA model as it was, trainable
-    assert any(isinstance(x, LoraLinear) for x in m.lm.modules()) and m.lm_post is m.lm
+    assert any(isinstance(x, LoraLayer) for x in m.lm.modules()) and m.lm_post is m.lm
     assert all(torch.equal(p, base_weights[n]) for n, p in m.named_parameters() if "base_layer" in n)
     assert all(p.requires_grad for p in m.trainable_parameters())
     assert {"lora_A", "lora_B"} <= {part for n in _grads(m, tok) for part in n.split(".")}
@@ -312,3 +341,89 @@ def test_merged_is_a_no_op_for_full_and_frozen(tok):
         lm, lm_post = m.lm, m.lm_post
         with m.merged():  # no copies, whatever the grad mode
             assert m.lm is lm and m.lm_post is lm_post
+
+
+def test_packed_pass_is_a_cpu_path(tok):
+    """On any other device the model runs transformers' attention (its SDPA / flash path),
+    never the packed pass's own SDPA call."""
+    from latentstrat.model import packable
+
+    m = model(tok)
+    assert packable(m.lm, torch.ones(2, 3, dtype=torch.long))
+    assert not packable(m.lm, torch.ones(2, 3, dtype=torch.long, device="meta"))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
+    """train.gradient_checkpointing recomputes transformers' layers in the backward pass: the
+    same losses and gradients as without (on transformers' padded pass, which it applies to)."""
+    from latentstrat import model as model_module
+    from latentstrat.objective import forward_losses
+
+    monkeypatch.setattr(model_module, "PACKED", False)
+    b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
+    b.b = torch.rand(b.sup_ids.shape)
+    cell = {"reconstruction_family": "raw", "token_aggregation": "sum", "beta": 0.1, "beta_schedule": "constant",
+            "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+    eps = torch.randn(2, 4)
+
+    def grads(checkpointing):
+        m = model(tok)
+        _move_from_init(m)
+        if checkpointing:
+            m.gradient_checkpointing_enable()
+        m.train()
+        calls = []
+        m.lm.model.layers[0].mlp.down_proj.base_layer.register_forward_pre_hook(lambda *_: calls.append(1))
+        out = forward_losses(m, b, cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}, 1, eps)
+        out["total"].backward()
+        return out["total"].detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}, len(calls)
+
+    (l0, g0, n0), (l1, g1, n1) = grads(False), grads(True)
+    assert n1 > n0  # the layers really ran again in the backward pass
+    assert torch.equal(l0, l1) and set(g0) == set(g1) and any(".lora_B.posterior" in n for n in g1)
+    bad = {n: float((g0[n] - g1[n]).abs().max()) for n in g0 if not torch.allclose(g0[n], g1[n], atol=1e-6)}
+    assert not bad, bad
+
+
+def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
+    """A bf16 backbone on CPU (adapters and heads stay float32): the cell's training step runs
+    and its losses agree with the float32 model's within 2% (bf16 keeps 8 bits of mantissa);
+    greedy decoding runs and its first-step logits agree within 0.05."""
+    from latentstrat import decode
+    from latentstrat.objective import forward_losses
+
+    torch.manual_seed(3)
+    bb = build_backbone(BB, tok)
+    with torch.no_grad():  # a backbone whose outputs are not all near zero
+        for p in bb.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else None
+    bb.save_pretrained(tmp_path / "m")
+    rows = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]
+    b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
+    b.b = torch.rand(b.sup_ids.shape)
+    cell = {"reconstruction_family": "raw", "token_aggregation": "mean", "beta": 0.1, "beta_schedule": "constant",
+            "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+    eps = torch.randn(len(rows), 4)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        m = LatentStrategyModel(load_entangled(tmp_path / "m", dtype=dtype), 4, 1, "lora", {"r": 4})
+        _move_from_init(m)
+        assert next(m.lm.parameters()).dtype == getattr(torch, dtype)
+        assert all(p.dtype == torch.float32 for p in m.trainable_parameters())
+        losses = forward_losses(m, b, cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}, 1, eps)
+        losses["total"].backward()
+        assert all(torch.isfinite(p.grad).all() for p in m.trainable_parameters() if p.grad is not None)
+        m.eval()
+        with torch.no_grad(), m.adapter("generator"):
+            p = decode.encode_prompts(tok, [x for _, x in rows], 1)
+            ids, mask = decode._pad(p.prompt, tok.pad_token_id, left=True)
+            slots = torch.tensor(p.slot_pos) + (ids.shape[1] - mask.sum(1))[:, None]
+            first = m.lm(inputs_embeds=m.embed_with_z(ids, eps, slots), attention_mask=mask,
+                         position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits[:, -1].float()
+            gen = decode.generate(m, tok, [x for _, x in rows], z=eps, max_new_tokens=6, progress=False)
+        out[dtype] = (losses["raw"].detach(), first, gen)
+    (l32, f32, g32), (l16, f16, g16) = out["float32"], out["bfloat16"]
+    assert (l16 - l32).abs().max() <= 0.02 * l32.abs().max()
+    assert (f16 - f32).abs().max() < 0.05 and f32.std() > 0.1
+    assert all(len(t) > 0 for t in g16.token_ids)

@@ -82,11 +82,15 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     records = p.records_path(cid)
     good = records.read_bytes()
     records.write_bytes(good[:8] + os.urandom(len(good) - 16) + good[-8:])  # random bytes inside, magic kept
-    weights = p.train_dir(cid) / "model.safetensors"
-    weights.write_bytes(os.urandom(64))
+    weights = p.train_dir(cid) / "adapters" / "posterior" / "adapter_model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(os.urandom(64))  # not a declared output: the train job's heads are forced
     st = collection_status(cfg, jobs=[])
     assert by_stage(st)["evaluate"] == "corrupt" and by_stage(st)["train"] == "corrupt"
-    assert set(st["corrupt"]) == {str(records), str(weights)} and "1 corrupt" in st["summary"]
+    heads = p.train_dir(cid) / "heads" / "heads.safetensors"
+    assert set(st["corrupt"]) == {str(records), str(heads)} and "1 corrupt" in st["summary"]
+    train = next(c for c in st["cells"] if c["cell_id"] == cid)["stages"]["train"]
+    assert train["detail"].startswith(f"{weights}: ")
     text = render(st)
     assert f"evaluate: corrupt: {records}" in text and "--rerun-corrupt" in text
     # a stage that reads such a file names it, the job that wrote it and the command

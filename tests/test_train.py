@@ -11,6 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+
+def weights(d):
+    """A trained cell's weights: both peft adapters and the heads, under one set of names."""
+    from pathlib import Path
+    d = Path(d)
+    out = {f"heads.{k}": v for k, v in load_file(d / "heads" / "heads.safetensors").items()}
+    for name in ("generator", "posterior"):
+        out.update({f"{name}.{k}": v for k, v in load_file(d / "adapters" / name / "adapter_model.safetensors").items()})
+    return out
+
 from latentstrat.config import expand_cells, load_config
 from latentstrat.io import write_parquet
 from base_helpers import TINY
@@ -36,7 +46,8 @@ def test_outputs_and_determinism(base, tmp_path):
     cfg, cell = tiny_cfg()
     s1 = run(cfg, cell, base, tmp_path / "a")
     run(cfg, cell, base, tmp_path / "b")
-    for f in ("model.safetensors", "history.parquet", "summary.json"):
+    for f in ("heads/heads.safetensors", "heads/config.json", "adapters/generator/adapter_config.json",
+              "adapters/posterior/adapter_model.safetensors", "history.parquet", "summary.json"):
         assert (tmp_path / "a" / f).exists()
     h1 = pd.read_parquet(tmp_path / "a" / "history.parquet")
     h2 = pd.read_parquet(tmp_path / "b" / "history.parquet")
@@ -95,7 +106,7 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
         train_cell(cfg, c, *args, tmp_path / f"shared{i}", threads=1, step0_dir=s0)
         own, shared = (pd.read_parquet(tmp_path / f"{d}{i}" / "history.parquet") for d in ("own", "shared"))
         pd.testing.assert_frame_equal(own, shared, check_exact=True)
-        w_own, w_sh = (load_file(tmp_path / f"{d}{i}" / "model.safetensors") for d in ("own", "shared"))
+        w_own, w_sh = (weights(tmp_path / f"{d}{i}") for d in ("own", "shared"))
         assert all(torch.equal(w_own[k], w_sh[k]) for k in w_own)
         assert own[own.step == 0].metric.nunique() > 15
     with pytest.raises(ValueError, match=f"step-0 validation {s0}.*another model"):
@@ -140,7 +151,7 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     h_full = pd.read_parquet(full / "history.parquet")
     h_res = pd.read_parquet(out / "history.parquet")
     pd.testing.assert_frame_equal(h_full, h_res)
-    w_full, w_res = load_file(full / "model.safetensors"), load_file(out / "model.safetensors")
+    w_full, w_res = weights(full), weights(out)
     assert w_full.keys() == w_res.keys()
     assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
 
@@ -168,7 +179,7 @@ def test_nan_loss_names_cell_step_term_and_keeps_checkpoint(base, tmp_path, monk
     ck = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert ck["step"] == 2
     assert all(torch.isfinite(v).all() for v in ck["trainable"].values())
-    assert not (out / "model.safetensors").exists()
+    assert not (out / "heads" / "heads.safetensors").exists()
 
 
 def test_missing_reference_example_is_named(base, tmp_path):
@@ -214,7 +225,7 @@ def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
     run(cfg2, cell2, base, tmp_path / "fresh")
     pd.testing.assert_frame_equal(pd.read_parquet(out / "history.parquet"),
                                   pd.read_parquet(tmp_path / "fresh" / "history.parquet"))
-    w, w_fresh = load_file(out / "model.safetensors"), load_file(tmp_path / "fresh" / "model.safetensors")
+    w, w_fresh = weights(out), weights(tmp_path / "fresh")
     assert all(torch.equal(w[k], w_fresh[k]) for k in w)
 
 

@@ -448,11 +448,15 @@ def external_arms(cfg: dict) -> list[dict]:
 # evaluate and probe jobs compute. Collections on one base whose sections agree share those
 # outputs: a follow-up collection that repeats a cell reuses it instead of retraining it.
 CELL_WORK_SECTIONS = ("lora", "train", "evaluate", "probes")
+# how a cell's training is run, not what it computes: left out of the work key
+RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
 
 
 def cell_work_key(cfg: dict) -> str:
     """`w` + 10 hex digits of the hash of CELL_WORK_SECTIONS (validated, defaults filled)."""
-    blob = json.dumps({k: cfg[k] for k in CELL_WORK_SECTIONS}, sort_keys=True, default=str)
+    work = {k: cfg[k] for k in CELL_WORK_SECTIONS}
+    work["train"] = {k: v for k, v in work["train"].items() if k not in RUN_ONLY_TRAIN_KEYS}
+    blob = json.dumps(work, sort_keys=True, default=str)
     return "w" + hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -463,7 +467,10 @@ ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parque
 SHIPPED_REFERENCE_FILE = "reference_tokens.parquet"
 REFERENCE_FILES = {"tokens": "tokens.parquet", "scales": "scales.json", "token_counts": "token_counts.parquet"}
 STEP0_FILES = {"passes": "passes.parquet", "measured": "measured.json"}
-TRAIN_FILES = {"cell_model": "model.safetensors", "history": "history.parquet", "summary": "summary.json"}
+# a trained cell (model.LatentStrategyModel.save_trained): the heads, written last, mark it
+# complete; beside them its peft adapters (adapters/<name>/) or full copies (backbones/<name>/)
+TRAIN_FILES = {"heads": "heads/heads.safetensors", "heads_config": "heads/config.json", "history": "history.parquet",
+               "summary": "summary.json"}
 
 
 @dataclass(frozen=True)
@@ -540,6 +547,11 @@ class Paths:
     def train_files(self, cid: str) -> dict[str, str]:
         return {k: str(self.train_dir(cid) / name) for k, name in TRAIN_FILES.items()}
 
+    def trained_weight_files(self, cid: str) -> list[Path]:
+        """The trained cell's adapter or backbone weights that exist (beside the heads)."""
+        d = self.train_dir(cid)
+        return sorted([*d.glob("adapters/*/adapter_model.safetensors"), *d.glob("backbones/*/model.safetensors")])
+
     def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
     def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"
 
@@ -580,9 +592,11 @@ def base_settings(cfg: dict) -> dict:
     """The config sections that define the shared base (data, backbone, entangle) and the
     tokenizer the data is encoded with: a base built with one tokenizer is never reused with
     another. `entangle.mode` is left out: it says how the entangled model is obtained (trained
-    here or shipped, latentstrat.shipped), not what it is."""
+    here or shipped, latentstrat.shipped), not what it is; `backbone.attn_implementation` says
+    how the model is run."""
     entangle = {k: v for k, v in cfg["entangle"].items() if k != "mode"}
-    return {"data": cfg["data"], "backbone": cfg["backbone"], "entangle": entangle,
+    backbone = {k: v for k, v in cfg["backbone"].items() if k != "attn_implementation"}
+    return {"data": cfg["data"], "backbone": backbone, "entangle": entangle,
             "tokenizer": tokenizer_identity(cfg["backbone"])}
 
 

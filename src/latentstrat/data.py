@@ -158,44 +158,29 @@ def added_token_ids(data_dir: str | Path) -> list[int]:
     return [int(i) for i in json.loads(path.read_text()).get("added_token_ids", [])]
 
 
-class RecordTokenizer:
-    """The data stage's tokenizer.json (a `tokenizers.Tokenizer`: word-level, or the pretrained
-    backbone's with the record markers added) with the few tokenizer methods the stages use,
-    named as transformers names them; reading it does not import transformers."""
+def record_tokenizer(backend) -> "PreTrainedTokenizerFast":  # noqa: F821
+    """transformers' fast tokenizer over a `tokenizers.Tokenizer` (word-level, or the pretrained
+    backbone's with the record markers added), with the record's pad/unk/bos/eos tokens."""
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, backend):
-        self.backend = backend
-        ids = {t: backend.token_to_id(t) for t in (PAD, UNK, BOS, EOS)}
-        self.pad_token_id, self.unk_token_id, self.bos_token_id, self.eos_token_id = (ids[t] for t in (PAD, UNK, BOS, EOS))
-
-    def __len__(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
-
-    def get_vocab(self) -> dict[str, int]:
-        return self.backend.get_vocab(with_added_tokens=True)
-
-    def encode_batch(self, texts, add_special_tokens: bool = False):
-        return self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-
-    def convert_tokens_to_ids(self, token: str) -> int | None:
-        tid = self.backend.token_to_id(token)
-        return self.unk_token_id if tid is None else tid
-
-    def convert_ids_to_tokens(self, ids) -> list[str]:
-        return [self.backend.id_to_token(int(i)) for i in ids]
-
-    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
-        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, unk_token=UNK, bos_token=BOS,
+                                   eos_token=EOS, clean_up_tokenization_spaces=False)
 
 
-def load_tokenizer(data_dir: str | Path) -> RecordTokenizer:
-    """The data stage's tokenizer.json (`RecordTokenizer`)."""
+def load_tokenizer(data_dir: str | Path) -> "PreTrainedTokenizerFast":  # noqa: F821
+    """The data stage's tokenizer.json as transformers' `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer
 
     path = Path(data_dir) / "tokenizer.json"
     if not path.exists():
         raise FileNotFoundError(f"tokenizer {path} does not exist (run the data stage)")
-    return RecordTokenizer(Tokenizer.from_file(str(path)))
+    try:
+        backend = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - truncated or not a tokenizer file
+        from latentstrat.io import unreadable_message
+
+        raise ValueError(unreadable_message("tokenizer", path, f"{type(e).__name__}: {e}")) from None
+    return record_tokenizer(backend)
 
 
 def text_ids(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -204,7 +189,7 @@ def text_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     training, scoring and decoding prompts see the same ids."""
     if not texts:
         return []
-    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
 
 def decode_y(tokenizer, ids) -> str:

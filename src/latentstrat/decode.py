@@ -96,10 +96,11 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
 
 
 def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+    """Greedy (temperature 0) or sampled, on the logits' device (`gen` lives there too)."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
-    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(1).to(logits.device)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
 
 @torch.no_grad()
@@ -168,7 +169,7 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
             elif tuple(z.shape) != (N, model.latent_dim):
                 raise ValueError(f"z has shape {tuple(z.shape)}, expected ({N}, {model.latent_dim})")
             order = sorted(range(N), key=lambda i: len(prompts.prompt[i]))
-            gen = torch.Generator().manual_seed(seed + 1) if temperature > 0 else None
+            gen = torch.Generator(device_of(model)).manual_seed(seed + 1) if temperature > 0 else None
             token_ids: list[list[int]] = [[] for _ in range(N)]
             # a terminal gets a bar; a log file (a job's) a line every 30 s
             tty = progress and sys.stderr.isatty()

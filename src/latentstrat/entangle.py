@@ -43,7 +43,8 @@ from latentstrat import data, host, parallel, shipped
 from latentstrat.config import ENTANGLE_FILES, dump_json
 from latentstrat.io import write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
-from latentstrat.model import DTYPES, build_backbone, count_params, device_for, device_of, load_entangled
+from latentstrat.model import (DTYPES, build_backbone, count_params, device_for, device_of, load_entangled,
+                               write_model_extras)
 from latentstrat.objective import zfree_token_nll
 from latentstrat.quality import quality_table
 from latentstrat.tasks import TASKS
@@ -600,6 +601,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
                    torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice,
                    code=code)
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
+    write_model_extras(out_dir / "model.tmp", tokenizer, cfg)  # tokenizer files and model card
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
 

@@ -45,7 +45,7 @@ from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
 from latentstrat.tasks import TASKS
 
-WEIGHTS = TRAIN_FILES["cell_model"]
+HEADS = TRAIN_FILES["heads"]
 RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "x", "y_true", "y_generated",
                   "matched_strategies", "followed_strategy", "generation_ambiguous", "ambiguous", "correct",
                   "router_z", "router_mu", "posterior_mu", "n_supervised", "n_generated", *LOSS_METRICS]
@@ -60,21 +60,16 @@ def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
 
 
 def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
-    """The cell's model (model.build_model) with its trained weights; a missing or unreadable
-    weights file gives an error naming it."""
-    path = Path(train_dir) / WEIGHTS
-    if not path.exists():
-        raise FileNotFoundError(f"evaluate: trained weights {path} do not exist (run the train stage for cell {cell['cell_id']})")
+    """The cell's model (model.build_model) with its trained adapters and heads
+    (LatentStrategyModel.load_trained); a missing, unreadable or mismatched file gives an error
+    naming it and the cell."""
     model = build_model(cfg, cell, tokenizer, entangle_dir, new_token_ids)
     try:
-        from safetensors.torch import load_file
-        state = load_file(str(path))
-    except Exception as e:  # truncated / not safetensors
-        raise ValueError(f"evaluate: trained weights {path} are corrupt or not a safetensors file: {e}") from None
-    try:
-        model.load_trainable(state)
+        model.load_trained(train_dir)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"evaluate: cell {cell['cell_id']}: {e}") from None
     except ValueError as e:
-        raise ValueError(f"evaluate: trained weights {path} do not fit cell {cell['cell_id']}: {e}") from None
+        raise ValueError(f"evaluate: cell {cell['cell_id']}: {e}") from None
     return model.eval()
 
 
@@ -115,7 +110,7 @@ def score_generations(df: pd.DataFrame, texts: list[str]) -> pd.DataFrame:
 def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
     for p, stage in ((data_dir / "tokenizer.json", "data"), (data_dir / "test.parquet", "data"),
                      (reference_dir / REFERENCE_FILES["tokens"], "reference"), (reference_dir / REFERENCE_FILES["scales"], "reference"),
-                     (train_dir / WEIGHTS, "train")):
+                     (train_dir / HEADS, "train")):
         if not p.exists():
             raise FileNotFoundError(f"evaluate: input {p} does not exist (run the {stage} stage)")
 

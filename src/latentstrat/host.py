@@ -1,8 +1,9 @@
 """What this machine can do: CPU model, native bf16 support, a C++ compiler for torch.compile.
 
-The training step's `auto` settings start from these facts and are then checked by a short
-timed trial (entangle.choose_step_settings): on a CPU without native bf16 (no AVX512_BF16 or
-AMX), bf16 autocast emulates bf16 and runs slower than float32, so it is never a candidate
+The CPU's features come from `torch.cpu.get_capabilities()` (x86 and ARM). The training step's
+`auto` settings start from these facts and are then checked by a short timed trial
+(entangle.choose_step_settings): on a CPU without native bf16 (no AVX512_BF16, AMX or ARM
+BF16), bf16 autocast emulates bf16 and runs slower than float32, so it is never a candidate
 there.
 """
 from __future__ import annotations
@@ -11,34 +12,33 @@ import functools
 import platform
 from pathlib import Path
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# native bf16 matmuls: x86 AVX512_BF16 or AMX-BF16; ARM BF16 (NEON or SVE)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+def capabilities() -> dict:
+    """What torch found this CPU can do (`torch.cpu.get_capabilities()`: x86 and ARM alike)."""
+    import torch
+
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+        return dict(torch.cpu.get_capabilities())
+    except (AttributeError, RuntimeError):
+        return {}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU features torch reports as present."""
+    return frozenset(k for k, v in capabilities().items() if v is True)
 
 
 @functools.cache
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return str(capabilities().get("cpu_name") or platform.processor() or platform.machine())
 
 
 def native_bf16() -> bool:
-    """bf16 matmuls in hardware (AVX512_BF16 or AMX-BF16)."""
+    """bf16 matmuls in hardware (AVX512_BF16, AMX-BF16, or ARM's BF16)."""
     return any(f in cpu_flags() for f in BF16_FLAGS)
 
 

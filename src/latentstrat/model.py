@@ -2,8 +2,8 @@
 
 A backbone is a transformers causal LM: the embedded small Qwen2 (built from a `Qwen2Config`,
 tied embeddings), any hub/local model via `from_pretrained`, or random init from a config JSON.
-A saved Qwen2 (the entangled model the cells start from) loads as our own `qwen2` module: the
-same function and parameter names, without importing transformers (`load_entangled`).
+The entangled model the cells start from loads with `AutoModelForCausalLM.from_pretrained`
+(`load_entangled`), with the config's `backbone.attn_implementation`.
 
 `LatentStrategyModel` wraps one backbone with
 - a router head on the hidden state at `<z>` -> (mu_r, logvar_r),
@@ -14,18 +14,21 @@ same function and parameter names, without importing transformers (`load_entangl
   generator computes exactly the backbone's p(y|x) on the record with a neutral slot: the
   entangled model's, since it trains on that record (docs/design.md, "Initialization").
   z can then only add information.
-and two "adapters":
-- `lora`: two LoRA adapters (`LoraLinear`: "generator" = router+generator, "posterior") over one frozen
-  base; only adapters and heads train.
-- `full`: two trainable copies of the backbone (generator copy, posterior copy). Chosen over one
-  shared trainable base so `full` keeps the two-adapter semantics (the posterior's weights never
-  see the generator's gradients and vice versa); memory is 2x the backbone.
+and one of three adaptations:
+- `lora`: two peft LoRA adapters over one frozen backbone, "generator" (router + generator) and
+  "posterior"; only the adapters and the heads train. A trained cell saves them in peft's own
+  format (`save_trained`): `adapters/generator/` and `adapters/posterior/` open with
+  `PeftModel.from_pretrained` on the entangled model.
+- `full`: two trainable copies of the backbone (generator copy, posterior copy), so `full` keeps
+  the two-adapter semantics (the posterior's weights never see the generator's gradients and
+  vice versa); memory is 2x the backbone.
 - `frozen`: one frozen backbone, heads only.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -35,9 +38,12 @@ from latentstrat.config import pretrained_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ADAPTERS = ("generator", "posterior")
-# the cells' passes run packed (`packed_hidden`) where the backbone allows it; False: always
+# the cells' CPU passes run packed (`packed_hidden`) where the backbone allows it; False: always
 # transformers' padded pass (the benchmark's baseline)
 PACKED = True
+# a trained cell's folder (save_trained / load_trained): peft adapters, full copies, the heads
+ADAPTERS_DIR, BACKBONES_DIR, HEADS_DIR = "adapters", "backbones", "heads"
+HEADS_WEIGHTS, HEADS_CONFIG = "heads.safetensors", "config.json"
 
 
 # ----------------------------------------------------------------------------- backbones
@@ -111,14 +117,15 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
 
     source = backbone_cfg.get("source", "embedded")
     dtype = DTYPES[backbone_cfg.get("dtype", "float32")]
+    attn = {"attn_implementation": backbone_cfg.get("attn_implementation", "sdpa")}
     if source == "embedded":
         if tokenizer is None:
             raise ValueError("build_backbone: backbone.source 'embedded' needs the dataset tokenizer")
-        model = AutoModelForCausalLM.from_config(embedded_config(backbone_cfg["embedded"], tokenizer))
+        model = AutoModelForCausalLM.from_config(embedded_config(backbone_cfg["embedded"], tokenizer), **attn)
     elif source == "pretrained":
         path, revision = pretrained_source(backbone_cfg)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, **attn)
         except OSError as e:
             raise OSError(f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
                           f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
@@ -129,7 +136,7 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
             raise FileNotFoundError(f"config key backbone.name_or_path: config JSON {path!r} does not exist")
         config = AutoConfig.from_pretrained(path)
         config.use_cache = False
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, **attn)
     else:
         raise ValueError(f"config key backbone.source: unknown source {source!r}")
     if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
@@ -142,26 +149,70 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
     return model.to(dtype)
 
 
-def load_entangled(entangle_dir: str | Path, dtype: str | None = None):
-    """The entangled (z-free) model saved by the entangle stage: `<entangle_dir>/model/`.
-
-    Accepts the stage directory or the `model/` directory itself. A Qwen2 loads as our own
-    `qwen2.Qwen2ForCausalLM` (the same function, without importing transformers), any other
-    architecture through transformers.
-    """
-    from latentstrat import qwen2
+def load_entangled(entangle_dir: str | Path, dtype: str | None = None, attn_implementation: str | None = None):
+    """The entangled (z-free) model saved by the entangle stage (`<entangle_dir>/model/`, or that
+    folder itself) with `AutoModelForCausalLM.from_pretrained`, in `dtype` (default: as saved)
+    and with `attn_implementation` (sdpa, flash_attention_2, eager; default: transformers')."""
+    from transformers import AutoModelForCausalLM
 
     d = Path(entangle_dir)
     if (d / "model" / "config.json").exists():
         d = d / "model"
     if not (d / "config.json").exists():
         raise FileNotFoundError(f"entangled model {d} has no config.json (run the entangle stage first)")
-    if qwen2.supported(qwen2.read_config(d)) is None:
-        return qwen2.load(d, DTYPES[dtype] if dtype else None)
-    from transformers import AutoModelForCausalLM
-
     kw = {"dtype": DTYPES[dtype]} if dtype else {}
-    return AutoModelForCausalLM.from_pretrained(d, **kw)
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    from safetensors import SafetensorError
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(d, **kw)
+    except (OSError, SafetensorError) as e:  # a truncated or overwritten weights file
+        from latentstrat.io import unreadable_message
+
+        raise ValueError(unreadable_message("entangled model", d, f"{type(e).__name__}: {e}")) from None
+
+
+MODEL_CARD = """\
+# {base}: the entangled model of a latentstrat base
+
+A causal LM (transformers `{arch}`, {params:,} parameters) trained on the z-free records of the
+base's tasks ({tasks}): p(y | x) over every strategy of each task, the model every cell of a
+collection on this base starts from. The tokenizer is the data stage's ({tokenizer}), with the
+record markers as single tokens.
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained("<this folder>")
+    model = AutoModelForCausalLM.from_pretrained("<this folder>")
+
+A record reads `<bos> <x> {{x}} </x> <z> [Z] </z> <y> {{y}} </y> <eos>`; the entangled model sees a
+neutral `[Z]` slot (no strategy code) and samples a strategy itself. A trained cell's adapters
+(`train/adapters/generator`, `train/adapters/posterior`) open on this model with
+`peft.PeftModel.from_pretrained` (the project's README, "Open a trained cell").
+"""
+
+
+def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
+    """Beside a saved entangled model: its tokenizer (transformers' files) and a short model
+    card, so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
+    from safetensors.torch import load_file
+
+    tokenizer.save_pretrained(str(folder))
+    if type(tokenizer.backend_tokenizer.model).__name__ == "WordLevel":
+        # transformers maps model_type qwen2 to its BPE tokenizer class, which would rebuild this
+        # word-level vocabulary as byte-level BPE; naming the generic class in auto_map makes
+        # AutoTokenizer load tokenizer.json as it is (tests/test_peft_format.py)
+        path = folder / "tokenizer_config.json"
+        tc = json.loads(path.read_text())
+        tc.update(tokenizer_class="PreTrainedTokenizerFast", auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]})
+        path.write_text(json.dumps(tc, indent=2) + "\n")
+    c = json.loads((folder / "config.json").read_text())
+    n = sum(t.numel() for f in sorted(folder.glob("*.safetensors")) for t in load_file(str(f)).values())
+    card = MODEL_CARD.format(base=cfg["base"], arch=(c.get("architectures") or ["?"])[0], params=n,
+                             tasks=", ".join(cfg["data"]["tasks"]),
+                             tokenizer="word-level" if cfg["backbone"]["source"] != "pretrained"
+                             else f"{cfg['backbone']['name_or_path']}'s, extended")
+    (folder / "README.md").write_text(card)
 
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
@@ -172,8 +223,11 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 def packable(lm, mask) -> bool:
-    """Whether `packed_hidden` computes exactly `lm`'s function on this batch: a Qwen2 decoder
-    (full causal attention, no attention dropout while training) and a right-padded mask."""
+    """Whether `packed_hidden` computes exactly `lm`'s function on this batch: a CPU batch (on a
+    GPU transformers' own attention path runs), a Qwen2 decoder (full causal attention, no
+    attention dropout while training) and a right-padded mask."""
+    if mask.device.type != "cpu":
+        return False
     c = lm.config
     if c.model_type != "qwen2" or getattr(c, "use_sliding_window", False):
         return False
@@ -192,7 +246,7 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Te
     causal attention is exact and the pads (zeros here) are never read. The same function as
     transformers' padded pass up to float rounding (tests/test_model.py), without its work on
     the pads: a task-mixed batch of short and long tasks is mostly padding."""
-    from latentstrat.qwen2 import rotate_half
+    from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
     m = lm.model
     B, T = mask.shape
@@ -240,95 +294,40 @@ class GaussianHead(nn.Module):
         return mu, logvar
 
 
-# ----------------------------------------------------------------------------- LoRA
+# ----------------------------------------------------------------------------- LoRA (peft)
 
 
-class LoraLinear(nn.Module):
-    """A frozen linear layer (`base_layer`) plus named low-rank adapters: y = W x + s B A x for
-    the active adapter (`state.active`, shared by every layer of one model), s = alpha / r
-    (with dropout on x in training when lora.dropout > 0). A
-    starts like a linear layer's weight (Kaiming uniform), B at zero: a new adapter is the
-    identity. The adapters stay float32 under a lower-precision base."""
+def lora_config(lora_cfg: dict | None, base_model_name_or_path: str | None = None):
+    """peft's LoraConfig for the config's `lora` section: r, alpha, dropout, target modules
+    ("all-linear": every linear layer but the output projection, or the listed names)."""
+    from peft import LoraConfig
 
-    def __init__(self, base: nn.Linear, state: "_Active", dropout: float = 0.0):
-        super().__init__()
-        self.base_layer = base
-        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.lora_A, self.lora_B = nn.ModuleDict(), nn.ModuleDict()
-        self.scaling: dict[str, float] = {}
-        self.state = state
-
-    def add_adapter(self, name: str, r: int, alpha: float) -> None:
-        self.lora_A[name] = nn.Linear(self.base_layer.in_features, r, bias=False)
-        self.lora_B[name] = nn.Linear(r, self.base_layer.out_features, bias=False)
-        nn.init.kaiming_uniform_(self.lora_A[name].weight, a=5 ** 0.5)
-        nn.init.zeros_(self.lora_B[name].weight)
-        self.scaling[name] = alpha / r
-
-    def forward(self, x):
-        y = self.base_layer(x)
-        name = self.state.active
-        if name not in self.lora_A:
-            return y
-        a, b = self.lora_A[name], self.lora_B[name]
-        return (y + b(a(self.lora_dropout(x.to(a.weight.dtype)))) * self.scaling[name]).to(y.dtype)
-
-    def delta(self, name: str) -> torch.Tensor:
-        """Adapter `name` as a change of the base weight: s B A."""
-        return (self.lora_B[name].weight @ self.lora_A[name].weight) * self.scaling[name]
-
-
-class _Active:
-    """Which adapter a model's LoRA layers apply (one object shared by all of them)."""
-
-    def __init__(self, name: str):
-        self.active = name
-
-
-def lora_targets(lm, target_modules) -> list[str]:
-    """Names of the linear layers that get adapters: every one but the output projection
-    ("all-linear"), or those whose last name part is listed."""
-    out_proj = lm.get_output_embeddings()
-    names = []
-    for n, mod in lm.named_modules():
-        if not isinstance(mod, nn.Linear) or mod is out_proj:
-            continue
-        if target_modules == "all-linear" or n.rsplit(".", 1)[-1] in target_modules:
-            names.append(n)
-    if not names:
-        raise ValueError(f"config key lora.target_modules: {target_modules!r} matches no linear layer of the backbone")
-    return names
-
-
-def add_lora(lm, lora_cfg: dict | None, adapters=ADAPTERS) -> _Active:
-    """Wrap the backbone's target linear layers (`lora_targets`) in LoraLinear with `adapters`
-    (r, alpha from lora_cfg), in place; returns the shared active-adapter switch."""
     c = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", **(lora_cfg or {})}
-    state = _Active(adapters[0])
-    layers = []
-    for n in lora_targets(lm, c["target_modules"]):
-        parent, _, child = n.rpartition(".")
-        holder = lm.get_submodule(parent) if parent else lm
-        layer = LoraLinear(getattr(holder, child), state, float(c["dropout"]))
-        setattr(holder, child, layer)
-        layers.append(layer)
-    for name in adapters:  # one adapter over every layer, then the next
-        for layer in layers:
-            layer.add_adapter(name, int(c["r"]), float(c["alpha"]))
-    return state
+    targets = c["target_modules"] if c["target_modules"] == "all-linear" else list(c["target_modules"])
+    return LoraConfig(r=int(c["r"]), lora_alpha=float(c["alpha"]), lora_dropout=float(c["dropout"]),
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM",
+                      base_model_name_or_path=base_model_name_or_path)
 
 
-def merged_copy(lm, name: str):
-    """A copy of a LoRA backbone with plain linear layers, adapter `name` folded in."""
-    out = copy.deepcopy(lm)
-    with torch.no_grad():
-        for n, mod in list(out.named_modules()):
-            if isinstance(mod, LoraLinear):
-                base = mod.base_layer  # the copy's own weights: W + s B A folded in place
-                base.weight += mod.delta(name).to(base.weight.dtype)
-                parent, _, child = n.rpartition(".")
-                setattr(out.get_submodule(parent) if parent else out, child, base)
-    return out.eval()
+def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
+    """The backbone as a peft model with one LoRA adapter per name in `adapters` (A Kaiming
+    uniform, B zero: each starts as the identity), float32 under a lower-precision backbone."""
+    from peft import get_peft_model
+
+    cfg = lora_config(lora_cfg, getattr(backbone, "name_or_path", None) or None)
+    try:
+        peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0])
+    except ValueError as e:
+        raise ValueError(f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}") from None
+    for name in adapters[1:]:
+        peft_model.add_adapter(name, lora_config(lora_cfg, cfg.base_model_name_or_path))
+    return peft_model
+
+
+def merged_copy(peft_model, name: str):
+    """A plain transformers model: a copy of the peft model's backbone with adapter `name`
+    folded into its weights (peft's merge_and_unload; W + scale B A)."""
+    return copy.deepcopy(peft_model).merge_and_unload(adapter_names=[name]).eval()
 
 
 class LatentStrategyModel(nn.Module):
@@ -345,8 +344,8 @@ class LatentStrategyModel(nn.Module):
         for p in backbone.parameters():
             p.requires_grad_(False)
         if adaptation == "lora":
-            self.lora = add_lora(backbone, lora_cfg)  # adapters "generator" and "posterior"
-            self.lm = self.lm_post = backbone
+            self.peft = add_lora(backbone, lora_cfg)  # adapters "generator" and "posterior"
+            self._set_lms(backbone, backbone)  # peft put its LoRA layers into the backbone itself
         elif adaptation == "full":
             self.lm = backbone
             self.lm_post = copy.deepcopy(backbone)
@@ -367,6 +366,12 @@ class LatentStrategyModel(nn.Module):
         for p in self._trainable_params:
             p.requires_grad_(True)
 
+    def _set_lms(self, lm, lm_post) -> None:
+        """With lora, `lm` / `lm_post` are views of the peft model's backbone (or the merged
+        copies), not submodules of their own: the weights are registered once, under `peft.`."""
+        object.__setattr__(self, "lm", lm)
+        object.__setattr__(self, "lm_post", lm_post)
+
     # -------------------------------------------------------------- adapters
 
     def _trainable_names(self) -> list[str]:
@@ -384,8 +389,12 @@ class LatentStrategyModel(nn.Module):
     def _set_active(self, name: str) -> None:
         if name not in ADAPTERS:
             raise ValueError(f"unknown adapter {name!r} (expected one of {ADAPTERS})")
-        if self.adaptation == "lora" and not self._merged:
-            self.lora.active = name
+        if self.adaptation == "lora" and not self._merged and self.peft.active_adapter != name:
+            self.peft.set_adapter(name)
+            # peft's set_adapter freezes the other adapter; both train in one step (the
+            # posterior pass, then the generator pass, one backward)
+            for p in self._trainable_params:
+                p.requires_grad_(True)
         self._active = name
 
     @contextlib.contextmanager
@@ -400,11 +409,11 @@ class LatentStrategyModel(nn.Module):
     @contextlib.contextmanager
     def merged(self):
         """No-grad passes (validation, evaluation, decoding) on two plain copies of the backbone,
-        each with one adapter folded into its weights (W + scale B A): the same
-        function as the LoRA passes up to float rounding, and exactly the same while B = 0
-        (step 0), without each linear layer's two extra small matmuls (1.3x on a validation pass
-        on CPU, `python -m latentstrat.bench train`). The copies live for the `with` block (2x
-        the backbone's memory meanwhile). `full` and `frozen` models run as they are."""
+        each with one adapter merged into its weights by peft (`merged_copy`): the same function
+        as the LoRA passes up to float rounding, and exactly the same while B = 0 (step 0),
+        without each linear layer's two extra small matmuls (`python -m latentstrat.bench
+        train`). The copies live for the `with` block (2x the backbone's memory meanwhile).
+        `full` and `frozen` models run as they are."""
         if self.adaptation != "lora":
             yield
             return
@@ -412,22 +421,19 @@ class LatentStrategyModel(nn.Module):
             raise RuntimeError("LatentStrategyModel.merged() is for no-grad passes (use torch.no_grad())")
         saved = self.lm, self.lm_post
         try:
-            self.lm, self.lm_post = self._merged_copy("generator"), self._merged_copy("posterior")
+            self._set_lms(merged_copy(self.peft, "generator"), merged_copy(self.peft, "posterior"))
             self._merged = True
             yield
-        finally:  # the LoRA model was never touched (_set_active leaves it alone meanwhile)
-            self.lm, self.lm_post = saved
+        finally:  # the peft model was never touched (_set_active leaves it alone meanwhile)
+            self._set_lms(*saved)
             self._merged = False
-
-    def _merged_copy(self, name: str):
-        return merged_copy(self.lm, name)
 
     # -------------------------------------------------------------- passes
 
     def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None):
         """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not to be
-        read): the packed pass for a Qwen2 backbone (`packed_hidden`), transformers' own padded
-        pass otherwise."""
+        read): the packed pass for a Qwen2 backbone on CPU (`packed_hidden`), transformers' own
+        padded pass otherwise."""
         if PACKED and packable(lm, mask):
             return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask)
         return lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask,
@@ -472,6 +478,18 @@ class LatentStrategyModel(nn.Module):
             logits = self.lm.lm_head(h)
         return logits, mu_r, logvar_r
 
+    def gradient_checkpointing_enable(self) -> None:
+        """transformers' activation checkpointing on the trained backbone passes (non-reentrant,
+        so the frozen embeddings need no gradient). With lora both adapters' passes share one
+        backbone and run before one backward, so each recomputation runs under the adapter its
+        forward ran with (torch's `context_fn`). The packed CPU pass runs the layers itself and
+        does not recompute: checkpointing is a GPU memory option."""
+        kwargs = {"use_reentrant": False}
+        if self.adaptation == "lora":
+            kwargs["context_fn"] = lambda: (contextlib.nullcontext(), self.adapter(self._active))
+        for lm in {id(self.lm): self.lm, id(self.lm_post): self.lm_post}.values():
+            lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+
     # -------------------------------------------------------------- weights
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -481,45 +499,129 @@ class LatentStrategyModel(nn.Module):
         params = dict(self.named_parameters())
         return {n: params[n].detach().contiguous() for n in self._trainable}
 
-    def save_trainable(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        from latentstrat.io import atomic_path
-
-        sd = {n: t.cpu().clone() for n, t in self.trainable_state_dict().items()}
-        with atomic_path(path, suffix=".safetensors") as tmp:
-            save_file(sd, str(tmp), metadata={"adaptation": self.adaptation, "latent_dim": str(self.latent_dim),
-                                              "z_slots": str(self.z_slots)})
-
-    def load_trainable(self, path_or_state) -> None:
-        """Load adapters + heads (lora), everything (full) or heads (frozen). Strict on names."""
-        if isinstance(path_or_state, (str, Path)):
-            from safetensors.torch import load_file
-
-            if not Path(path_or_state).exists():
-                raise FileNotFoundError(f"trained weights {path_or_state} do not exist")
-            try:
-                state = load_file(str(path_or_state))
-            except Exception as e:  # noqa: BLE001 - truncated, random bytes, not safetensors
-                from latentstrat.io import unreadable_message
-
-                raise ValueError(unreadable_message("trained weights", path_or_state, f"{type(e).__name__}: {e}")) from None
-            where = str(path_or_state)
-        else:
-            state, where = path_or_state, "state dict"
-        # cells trained while the adapters were peft's name them under peft's wrapper
-        state = {("lm." + n[len("peft.base_model.model."):]) if n.startswith("peft.base_model.model.") else n: t
-                 for n, t in state.items()}
+    def load_trainable(self, state: dict) -> None:
+        """Load a `trainable_state_dict` (a checkpoint's): strict on names and shapes."""
         missing = sorted(set(self._trainable) - set(state))
         extra = sorted(set(state) - set(self._trainable))
         if missing or extra:
-            raise ValueError(f"{where} does not match this model ({self.adaptation}): missing {missing[:5]}, unexpected {extra[:5]}")
+            raise ValueError(f"state dict does not match this model ({self.adaptation}): missing {missing[:5]}, unexpected {extra[:5]}")
         params = dict(self.named_parameters())
         with torch.no_grad():
             for n, t in state.items():
                 if params[n].shape != t.shape:
+                    raise ValueError(f"state dict: {n} has shape {tuple(t.shape)}, model has {tuple(params[n].shape)}")
+                params[n].copy_(t.to(params[n].dtype))
+
+    def heads_state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: t for n, t in self.trainable_state_dict().items() if n.startswith(("router_head.", "posterior_head.", "z_proj."))}
+
+    def save_trained(self, out_dir: str | Path) -> None:
+        """A trained cell in the formats of its tools: with lora, peft's own adapter folders
+        (`adapters/generator/`, `adapters/posterior/`: adapter_config.json +
+        adapter_model.safetensors); with full, the two backbone copies as transformers folders
+        (`backbones/generator/`, `backbones/posterior/`); always the heads (router, posterior,
+        z projection) in `heads/heads.safetensors` with `heads/config.json`, written last."""
+        from safetensors.torch import save_file
+
+        from latentstrat.io import atomic_path, write_text
+
+        out = Path(out_dir)
+        if self.adaptation == "lora":
+            self.peft.save_pretrained(str(out / ADAPTERS_DIR), selected_adapters=list(ADAPTERS))
+        elif self.adaptation == "full":
+            for name, lm in (("generator", self.lm), ("posterior", self.lm_post)):
+                lm.save_pretrained(str(out / BACKBONES_DIR / name))
+        heads = {n: t.cpu().clone() for n, t in self.heads_state_dict().items()}
+        cfg = {"adaptation": self.adaptation, "latent_dim": self.latent_dim, "z_slots": self.z_slots,
+               "hidden_size": self.hidden, "tensors": {n: list(t.shape) for n, t in heads.items()},
+               "router_head": "Linear(hidden_size, 2 latent_dim) on the hidden state at <z> -> (mu_r, logvar_r)",
+               "posterior_head": "Linear(hidden_size, 2 latent_dim) on the posterior pass's last token -> (mu_q, logvar_q)",
+               "z_proj": "Linear(latent_dim, z_slots hidden_size): z -> slot embeddings added at the [Z] positions"}
+        write_text(json.dumps(cfg, indent=2) + "\n", out / HEADS_DIR / HEADS_CONFIG)
+        with atomic_path(out / HEADS_DIR / HEADS_WEIGHTS, suffix=".safetensors") as tmp:
+            save_file(heads, str(tmp), metadata={"adaptation": self.adaptation})
+
+    def load_trained(self, train_dir: str | Path) -> None:
+        """The weights `save_trained` wrote; a missing, unreadable or mismatched file gives an
+        error naming it."""
+        d = Path(train_dir)
+        cfg = _read_json(d / HEADS_DIR / HEADS_CONFIG, "trained heads config")
+        want = {"adaptation": self.adaptation, "latent_dim": self.latent_dim, "z_slots": self.z_slots, "hidden_size": self.hidden}
+        diff = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
+        if diff:
+            raise ValueError(f"{d / HEADS_DIR / HEADS_CONFIG} does not fit this cell: (saved, expected) {diff}")
+        heads = _read_safetensors(d / HEADS_DIR / HEADS_WEIGHTS, "trained heads")
+        if self.adaptation == "lora":
+            for name in ADAPTERS:
+                self._load_adapter(d / ADAPTERS_DIR / name, name)
+        elif self.adaptation == "full":
+            for name, lm in (("generator", self.lm), ("posterior", self.lm_post)):
+                folder = d / BACKBONES_DIR / name
+                state = _read_safetensors(folder / "model.safetensors", f"trained {name} backbone")
+                missing, unexpected = lm.load_state_dict(state, strict=False)
+                if unexpected or [k for k in missing if k != "lm_head.weight"]:
+                    raise ValueError(f"{folder} does not fit this backbone: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self._load_heads(heads, d / HEADS_DIR / HEADS_WEIGHTS)
+
+    def _load_heads(self, heads: dict, where) -> None:
+        params = dict(self.named_parameters())
+        want = set(self.heads_state_dict())
+        if set(heads) != want:
+            raise ValueError(f"{where} does not match this model: missing {sorted(want - set(heads))[:5]}, "
+                             f"unexpected {sorted(set(heads) - want)[:5]}")
+        with torch.no_grad():
+            for n, t in heads.items():
+                if params[n].shape != t.shape:
                     raise ValueError(f"{where}: {n} has shape {tuple(t.shape)}, model has {tuple(params[n].shape)}")
                 params[n].copy_(t.to(params[n].dtype))
+
+    def _load_adapter(self, folder: Path, name: str) -> None:
+        """One peft adapter folder into the adapter `name`: its LoRA settings must be the
+        cell's, and every LoRA weight of that adapter must be in it."""
+        from peft import LoraConfig
+        from peft.utils import set_peft_model_state_dict
+
+        if not (folder / "adapter_config.json").exists():
+            raise FileNotFoundError(f"trained {name} adapter {folder} has no adapter_config.json (run the train stage)")
+        saved, ours = LoraConfig.from_pretrained(str(folder)), self.peft.peft_config[name]
+        diff = {k: (getattr(saved, k), getattr(ours, k)) for k in ("r", "lora_alpha", "target_modules")
+                if _norm(getattr(saved, k)) != _norm(getattr(ours, k))}
+        if diff:
+            raise ValueError(f"trained {name} adapter {folder} was saved with other LoRA settings: (saved, config) {diff}")
+        state = _read_safetensors(folder / "adapter_model.safetensors", f"trained {name} adapter")
+        result = set_peft_model_state_dict(self.peft, state, adapter_name=name)
+        missing = [k for k in result.missing_keys if f".lora_A.{name}." in k or f".lora_B.{name}." in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"trained {name} adapter {folder} does not fit this backbone: missing {missing[:5]}, "
+                             f"unexpected {list(result.unexpected_keys)[:5]}")
+
+
+def _norm(v):
+    return sorted(v) if isinstance(v, (set, list, tuple)) else v
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist (run the train stage)")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        from latentstrat.io import unreadable_message
+
+        raise ValueError(unreadable_message(what, path, f"{type(e).__name__}: {e}")) from None
+
+
+def _read_safetensors(path: Path, what: str) -> dict:
+    from safetensors.torch import load_file
+
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist (run the train stage)")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - truncated, random bytes, not safetensors
+        from latentstrat.io import unreadable_message
+
+        raise ValueError(unreadable_message(what, path, f"{type(e).__name__}: {e}")) from None
 
 
 # ----------------------------------------------------------------------------- a cell's model
@@ -531,7 +633,8 @@ def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()
     with the cell's latent settings. Seeded: the same cell builds the same model."""
     torch.manual_seed(int(cell["seed"]))
     if cell["init"] == "entangled":
-        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"])
+        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"],
+                                  attn_implementation=cfg["backbone"]["attn_implementation"])
     else:
         backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
     return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])

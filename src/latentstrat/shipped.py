@@ -7,7 +7,7 @@ A shipped base is a folder `resources/bases/<base>/` (docs/performance.md, "Ship
 
 | file | what |
 |---|---|
-| model/ | the entangled model (save_pretrained: config.json, model.safetensors, ...) |
+| model/ | the entangled model (save_pretrained: config.json, model.safetensors, ...), its tokenizer and a model card: opens with AutoTokenizer / AutoModelForCausalLM |
 | history.parquet, quality.json | the entangle stage's training history and quality report |
 | reference/tokens.parquet | the reference table: b of every example of every split under this model (latentstrat.reference) |
 | provenance.json | the recipe (config.base_settings), the data fingerprint, the code version, host and step settings it was trained with, when; the code and host the reference table was computed with |
@@ -142,6 +142,18 @@ def add_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> d
     return prov
 
 
+def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> None:
+    """Put the tokenizer files and the model card (model.write_model_extras) into an already
+    shipped base's model/ folder, after its files pass their checksums and match the config and
+    data (`verify`); the manifest is rewritten."""
+    from latentstrat.model import write_model_extras
+
+    d = Path(shipped_dir)
+    verify(d, cfg, data_dir, need_reference=False)
+    write_model_extras(d / "model", data.load_tokenizer(data_dir), cfg)
+    _write_manifest(d)
+
+
 def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_reference: bool = True) -> dict:
     """Check a shipped base against its checksums, the config's recipe and the data stage's
     output; return its provenance. Every failure names the file or the keys and how to go on."""
@@ -207,10 +219,16 @@ def main(argv=None) -> None:
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
     ap.add_argument("--reference", action="store_true",
                     help="only (re)compute the reference table of the already shipped base")
+    ap.add_argument("--model-extras", action="store_true",
+                    help="only add the tokenizer files and model card to the already shipped base's model/")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
     out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[2]) / cfg["base"]
+    if args.model_extras:
+        add_model_extras(cfg, paths.data_dir, out)
+        print(f"tokenizer and model card -> {out / 'model'}")
+        return
     if args.reference:
         prov = add_reference(cfg, paths.data_dir, out)
         print(f"reference table of {cfg['base']} -> {out / REFERENCE} (code {prov['reference']['code_version']})")

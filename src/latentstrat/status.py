@@ -90,7 +90,7 @@ def _recently_written(paths) -> bool:
 
 def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]:
     train = p.train_files(cid)
-    return {"train": [Path(train["cell_model"]), Path(train["summary"])],
+    return {"train": [Path(train["heads"]), Path(train["summary"])],
             "evaluate": [p.records_path(cid)],
             "probes": [Path(f) for f in p.probe_files(cid, tasks)],
             "metrics": [p.metrics_path(cid)]}
@@ -107,13 +107,17 @@ def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
     return out
 
 
-def stage_state(files: list[Path], log: Path, slurm: tuple, checkpoint: Path | None = None) -> dict:
-    """{state, job, detail} of one job from its outputs, its log and its Slurm job."""
+def stage_state(files: list[Path], log: Path, slurm: tuple, checkpoint: Path | None = None,
+                also: list[Path] = ()) -> dict:
+    """{state, job, detail} of one job from its outputs, its log and its Slurm job. `also`: files
+    the job writes beside its declared outputs (a trained cell's adapters), read as well; one
+    that does not read marks the job corrupt through its first output."""
     state, job = slurm
     if all(f.exists() for f in files):
-        bad = next(((f, why) for f in files if (why := unreadable(f))), None)
+        bad = next(((f, why) for f in [*files, *also] if (why := unreadable(f))), None)
         if bad:
-            return {"state": "corrupt", "job": job, "detail": f"{bad[0]}: {bad[1]}", "file": str(bad[0])}
+            return {"state": "corrupt", "job": job, "detail": f"{bad[0]}: {bad[1]}",
+                    "file": str(bad[0] if bad[0] in files else files[0])}
         return {"state": "done", "job": job, "detail": ""}
     if state in ("RUNNING", "COMPLETING", "CONFIGURING"):
         return {"state": "running", "job": job, "detail": ""}
@@ -145,7 +149,8 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
         outputs = stage_outputs(p, cid, tasks)
         for stage in STAGES:
             st = stage_state(outputs[stage], p.log_path(stage, cid), _slurm_state(jobs, stage, cid),
-                             p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None)
+                             p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None,
+                             p.trained_weight_files(cid) if stage == "train" else ())
             if stage == "train" and st["state"] == "done":
                 code = json.loads(outputs[stage][1].read_text()).get("code_version")
                 if code and code != now_code:

@@ -501,7 +501,8 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 
 def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None,
                step0_dir=None) -> dict:
-    """Train one cell; write model.safetensors, history.parquet, summary.json. Resumes from
+    """Train one cell; write its adapters and heads (model.LatentStrategyModel.save_trained),
+    history.parquet, summary.json. Resumes from
     out_dir/checkpoints/last.pt. `step0_dir`: the shared step-0 validation of the cell's init
     (`step0_validation`), else the cell measures its model at step 0 itself. Returns the
     summary."""
@@ -521,6 +522,8 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
 
     dev = device_for(cfg)
     model = build_model(cfg, cell, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(dev)
+    if tcfg["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
@@ -591,7 +594,7 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
 
-    model.save_trainable(out_dir / TRAIN_FILES["cell_model"])
+    model.save_trained(out_dir)
     write_parquet(pd.DataFrame(history, columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
     summary = {"cell_id": cid, "steps": step, "wall_time_s": wall, "train_tokens": tokens,
                "tokens_per_s": tokens / wall if wall > 0 else math.nan, "threads": torch.get_num_threads(), **scales,

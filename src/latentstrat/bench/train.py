@@ -95,7 +95,7 @@ def train_split_and_tokenizer(args):
     df = data.generate({"seed": 0, "tasks": args.tasks.split(","), "train_per_task": args.examples_per_task,
                         "validation_per_task": 1, "test_per_task": 1})
     df = df[df.split == "train"].reset_index(drop=True)
-    tok = data.RecordTokenizer(data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y)))
+    tok = data.record_tokenizer(data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y)))
     return df, tok
 
 
