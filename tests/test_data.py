@@ -223,6 +223,16 @@ def test_length_grouped_batches(encoded):
         list(D.length_grouped_batches(lengths, 0, 0))
 
 
+def test_length_batches_are_the_stable_length_order_in_chunks():
+    lengths = [5, 3, 5, 1, 3, 9, 5]
+    # stable: equal lengths keep their row order; the last batch holds the rest
+    assert list(D.length_batches(lengths, 3)) == [[3, 1, 4], [0, 2, 6], [5]]
+    assert [i for b in D.length_batches(lengths, 1) for i in b] == [3, 1, 4, 0, 2, 6, 5]
+    assert list(D.length_batches([], 4)) == []
+    with pytest.raises(ValueError, match="batch_size"):
+        list(D.length_batches(lengths, 0))
+
+
 def test_strategy_free_lengths_by_hand():
     x = "convert 1 0 1 1 0 1 1 to base 8"  # 11 words
     # group_from_right `0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3`: 20 words;

@@ -1,5 +1,6 @@
-"""Entangle stage: lr schedule, quality checks on hand-made samplers, KV-cache sampling, and a
-tiny end-to-end run (loadable model dir, quality report, skip mode, input errors)."""
+"""Entangle stage: lr schedule, quality checks on hand-made samplers (latentstrat.quality), the
+entangled model's KV-cache sampling (decode.generate_zfree), and a tiny end-to-end run
+(loadable model dir, quality report, skip mode, input errors)."""
 import json
 import math
 from pathlib import Path
@@ -8,12 +9,18 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data
+from latentstrat import data, decode
 from latentstrat.config import load_config
-from latentstrat.quality import quality_table
-from latentstrat.entangle import (CHECKS, QualityError, epoch_batches, lr_at, quality_report,
-                                  prompts_from, run_entangle, sample_y, strategy_alternatives, strategy_distribution,
-                                  total_variation)
+from latentstrat.data import epoch_batches
+from latentstrat.entangle import lr_at, run_entangle, strategy_alternatives
+from latentstrat.quality import (
+    CHECKS,
+    QualityError,
+    quality_report,
+    quality_table,
+    strategy_distribution,
+    total_variation,
+)
 from latentstrat.tasks import TASKS
 from workflow_helpers import smoke_cfg
 
@@ -138,16 +145,18 @@ def _naive_greedy(model, prompt, eos, n):
     return ids[len(prompt):]
 
 
-def test_sample_y_kv_cache_left_padding_matches_naive_loop(data_dir):
+def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
     torch.set_num_threads(1)
     tok = data.load_tokenizer(data_dir)
     model = _tiny_model(tok)
     df = data.load_split(data_dir, "test")
     enc = data.encode(df, tok)
-    prompts = prompts_from(enc)[:5]
+    xs = df.x.tolist()[:5]
+    prompts = decode.encode_prompts(tok, xs, 1).prompt
+    assert prompts == [ids[:p + 4] for ids, p in zip(enc.gen_ids[:5], enc.z_open_pos)]  # the record cut after <y>
     assert len({len(p) for p in prompts}) > 1  # left padding is exercised
     # temperature -> 0 makes sampling greedy: the cached, padded batch must equal per-prompt recompute
-    got = sample_y(model, tok, prompts, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
+    got = decode.generate_zfree(model, tok, xs, 1, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
     itos = {i: w for w, i in tok.get_vocab().items()}
     eos = tok.get_vocab()["<eos>"]
     for p, text in zip(prompts, got):
@@ -158,9 +167,9 @@ def test_sample_y_kv_cache_left_padding_matches_naive_loop(data_dir):
             words.append(itos[t])
         assert text == " ".join(words)
     # seeded: same seed, same samples; different seed, (almost surely) different samples
-    a = sample_y(model, tok, prompts, 6, 2, seed=1)
-    assert a == sample_y(model, tok, prompts, 6, 2, seed=1)
-    assert a != sample_y(model, tok, prompts, 6, 2, seed=2)
+    a = decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=1)
+    assert a == decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=1)
+    assert a != decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=2)
 
 
 # ----------------------------------------------------------------------------- strategy resampling
@@ -279,7 +288,7 @@ def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_pa
 
 
 def _step_nll_and_grads(model, batch, fn, amp_dtype=torch.float32):
-    from latentstrat.entangle import autocast_for
+    from latentstrat.entangle_step import autocast_for
     model.zero_grad(set_to_none=True)
     with autocast_for(model, amp_dtype):
         nll = fn(model, batch)
@@ -409,7 +418,8 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     """auto on a CPU without native bf16 (the Intel Xeon case, where bf16 runs at 0.66x of
     float32) keeps float32; with native bf16 the bf16 step is timed against plain float32 and
     chosen only if it beats it by MIN_GAIN; the record names the host and the measured rates."""
-    from latentstrat import entangle as E, host
+    from latentstrat import entangle_step as E
+    from latentstrat import host
     from latentstrat.model import build_backbone
 
     cfg = smoke_cfg(autocast="auto", attention="auto", compile="auto", processes="auto")

@@ -82,7 +82,7 @@ def test_cli_bad_table_names_column(tmp_path, capsys):
 
 
 def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tmp_path):
-    from latentstrat.entangle import quality_report
+    from latentstrat.quality import quality_report
     from latentstrat.report import load_entangle_quality
     from latentstrat.tasks import TASKS
     t = TASKS["multidigit_addition"]

@@ -378,6 +378,29 @@ def length_grouped_batches(lengths, batch_size: int, rng):
     yield from batches
 
 
+def epoch_batches(lengths: list, batch_size: int, rng, alternatives: list[list[int]] | None = None):
+    """One epoch of the entangle stage's length-grouped batches (lists of encoded row numbers).
+    With `alternatives` (strategy resampling: per train example, the rows of its alternative
+    traces), each train example contributes one of its alternative rows, drawn uniformly afresh
+    every epoch; else every row once."""
+    if alternatives is None:
+        return length_grouped_batches(lengths, batch_size, rng)
+    picks = [alt[int(rng.integers(len(alt)))] for alt in alternatives]
+    batches = length_grouped_batches([lengths[r] for r in picks], batch_size, rng)
+    return ([picks[i] for i in b] for b in batches)
+
+
+def length_batches(lengths, batch_size: int):
+    """Yield index lists of consecutive rows in length order (a stable sort: equal lengths keep
+    their row order), `batch_size` at a time: the no-grad passes over a whole split and the
+    decoding batches, where similar lengths together waste the least padding."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    for s in range(0, len(order), batch_size):
+        yield order[s:s + batch_size]
+
+
 def task_mixed_batches(task_idx, batch_size: int, rng) -> list[list[int]]:
     """One epoch of batches whose task mix follows the data's mixture: each task's rows are
     shuffled, the k-th of n_t rows of task t gets the key (k + u) / n_t (u uniform), and the

@@ -1,22 +1,30 @@
-"""Batched decoding conditioned on a latent strategy z, with a KV cache (design section 5.5, docs/design.md).
+"""Decoding: the one path from prompts to generated y, batched with a KV cache (design section
+5.5, docs/design.md). Every generation of the project comes from `decode_batch`: a cell's
+(`generate`: the evaluate stage, the trainer's decoded validation subset) and the entangled
+model's quality samples (`generate_zfree`).
 
 For each input x:
-  1. router: the prefix `<bos> <x> x-tokens </x> <z>` -> (mu_r, logvar_r) (model.router_prefix);
-     z = mu_r + sigma_r * eps with eps drawn once for the whole list from a seeded generator
-     (so z does not depend on batching), or z given by the caller;
-  2. prompt `<bos> <x> .. </x> <z> [Z]*P </z> <y>` with z written into the slots
-     (model.embed_with_z), left-padded, with an attention mask and position ids that count
-     only real tokens, one forward that fills the KV cache;
-  3. one token per step (greedy, or sampled at a temperature) until every row has produced
-     `<eos>` or max_new_tokens tokens.
-The generated y text is the decoded tokens before the first `</y>` / `<eos>`.
+  1. router (a cell only): the prefix `<bos> <x> x-tokens </x> <z>` -> (mu_r, logvar_r)
+     (model.router_prefix); z = mu_r + sigma_r * eps with eps drawn once for the whole list
+     from a seeded generator (so z does not depend on batching), or z given by the caller;
+  2. prompt `<bos> <x> .. </x> <z> [Z]*P </z> <y>` (the training record cut after `<y>`), with
+     z written into the slots (model.embed_with_z) for a cell, the slots' own token embedding
+     (a neutral slot, as it was trained) for the entangled model; left-padded, with an
+     attention mask and position ids that count only real tokens, one forward that fills the
+     KV cache;
+  3. one token per step (greedy, or sampled at a temperature from a torch.Generator) until
+     every row has produced `<eos>` or max_new_tokens tokens; finished rows leave the batch.
+Prompts are batched by length (data.length_batches). The generated y text is the decoded
+tokens before the first `</y>` / `<eos>` (data.decode_y).
 
-The model interface used here (latentstrat.model.LatentStrategyModel): `router_prefix`,
+The model interface used for a cell (latentstrat.model.LatentStrategyModel): `router_prefix`,
 `embed_with_z`, `adapter("generator")`, `z_slots`, and `lm`: the adapted causal LM (an HF
-forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache).
+forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache). The entangled
+model is such a causal LM itself.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 
@@ -96,34 +104,44 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
 
 
 def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
-    """Greedy (temperature 0) or sampled, on the logits' device (`gen` lives there too)."""
+    """Greedy (temperature 0) or sampled on `gen`'s device (the draws are the generator's,
+    wherever the model runs); the token comes back on the logits' device."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
+    if gen is not None:
+        probs = probs.to(gen.device)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1).to(logits.device)
 
 
 @torch.no_grad()
-def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list[int]], z: torch.Tensor,
+def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list[int]], z: torch.Tensor | None,
                  max_new_tokens: int, temperature: float = 0.0, gen: torch.Generator | None = None) -> list[list[int]]:
     """Generated ids per prompt (up to and including <eos>, or max_new_tokens tokens).
 
-    Left padding; position ids count real tokens only, so each row sees the positions it
-    would see alone. One forward over the prompts fills the KV cache, then one token per step;
-    rows that produced <eos> leave the batch (and the cache).
+    `z` [B, D]: `model` is a LatentStrategyModel, z goes into the `[Z]` slots at `slot_pos`
+    and its generator adapter decodes. `z` None: `model` is a plain causal LM (the entangled
+    model) reading the `[Z]` slots' token embedding. Left padding; position ids count real
+    tokens only, so each row sees the positions it would see alone. One forward over the
+    prompts fills the KV cache, then one token per step; rows that produced <eos> leave the
+    batch (and the cache).
     """
     pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), device_of(model)
     ids, mask = _pad(prompts, pad, left=True)
     shift = (ids.shape[1] - mask.sum(1))[:, None]
-    slots = torch.tensor(slot_pos) + shift
-    ids, mask, slots, z = ids.to(dev), mask.to(dev), slots.to(dev), z.to(dev)
+    ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     out_ids = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.long, device=dev)
     active = torch.arange(len(prompts), device=dev)  # rows still decoding
     n = 0
-    with model.adapter("generator"):
-        out = model.lm(inputs_embeds=model.embed_with_z(ids, z, slots), attention_mask=mask,
-                       position_ids=pos, use_cache=True, logits_to_keep=1)
+    with contextlib.nullcontext() if z is None else model.adapter("generator"):
+        lm = model if z is None else model.lm
+        if z is None:
+            first = {"input_ids": ids}
+        else:
+            slots = (torch.tensor(slot_pos) + shift).to(dev)
+            first = {"inputs_embeds": model.embed_with_z(ids, z.to(dev), slots)}
+        out = lm(**first, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         while True:
             tok = _next_token(out.logits[:, -1], temperature, gen)
             out_ids[active, n] = tok
@@ -138,16 +156,41 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
                 active, tok, mask, pos = active[keep], tok[keep], mask[keep], pos[keep]
             mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=dev)], 1)
             pos = pos[:, -1:] + 1
-            out = model.lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+            out = lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
     rows = out_ids[:, :n].tolist()
     return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
+
+
+def decode_prompts(model, tokenizer, prompts: Prompts, z: torch.Tensor | None, max_new_tokens: int,
+                   batch_size: int, temperature: float = 0.0, gen: torch.Generator | None = None,
+                   progress: bool = False, desc: str = "decode") -> list[list[int]]:
+    """`decode_batch` over every prompt, batched by prompt length (data.length_batches);
+    generated ids in input order. `z`: [N, D] for a cell, None for the entangled model."""
+    N = len(prompts.prompt)
+    token_ids: list[list[int]] = [[] for _ in range(N)]
+    # a terminal gets a bar; a log file (a job's) a line every 30 s
+    tty = progress and sys.stderr.isatty()
+    bar = tqdm(total=N, desc=desc, unit="ex", disable=not tty, mininterval=5)
+    lines = Progress(desc, N, unit="example") if progress and not tty else None
+    done = 0
+    for idx in data.length_batches([len(p) for p in prompts.prompt], batch_size):
+        out = decode_batch(model, tokenizer, [prompts.prompt[i] for i in idx], [prompts.slot_pos[i] for i in idx],
+                           None if z is None else z[idx], max_new_tokens, temperature, gen)
+        for i, ids in zip(idx, out):
+            token_ids[i] = ids
+        done += len(idx)
+        bar.update(len(idx))
+        if lines:
+            lines.update(done, tokens=sum(len(ids) for ids in out))
+    bar.close()
+    return token_ids
 
 
 @torch.no_grad()
 def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None, sample_z_from: str = "router",
              max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
              progress: bool = True, desc: str = "decode") -> Generation:
-    """Decode y for every x, conditioned on z: given [N, D], or from the router.
+    """A cell's generations: y for every x, conditioned on z, given [N, D] or from the router.
 
     sample_z_from: 'router' (z ~ N(mu_r, sigma_r), seeded) or 'router_mean' (z = mu_r); ignored
     when z is given. Prompts are batched by length (similar lengths together); outputs come
@@ -168,24 +211,27 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
                 z, mu, logvar = router_z(model, tokenizer, prompts, batch_size, seed, sample=sample_z_from == "router")
             elif tuple(z.shape) != (N, model.latent_dim):
                 raise ValueError(f"z has shape {tuple(z.shape)}, expected ({N}, {model.latent_dim})")
-            order = sorted(range(N), key=lambda i: len(prompts.prompt[i]))
             gen = torch.Generator(device_of(model)).manual_seed(seed + 1) if temperature > 0 else None
-            token_ids: list[list[int]] = [[] for _ in range(N)]
-            # a terminal gets a bar; a log file (a job's) a line every 30 s
-            tty = progress and sys.stderr.isatty()
-            bar = tqdm(total=N, desc=desc, unit="ex", disable=not tty, mininterval=5)
-            lines = Progress(desc, N, unit="example") if progress and not tty else None
-            for s in range(0, N, batch_size):
-                idx = order[s:s + batch_size]
-                out = decode_batch(model, tokenizer, [prompts.prompt[i] for i in idx],
-                                   [prompts.slot_pos[i] for i in idx], z[idx], max_new_tokens, temperature, gen)
-                for i, ids in zip(idx, out):
-                    token_ids[i] = ids
-                bar.update(len(idx))
-                if lines:
-                    lines.update(min(s + batch_size, N), tokens=sum(len(ids) for ids in out))
-            bar.close()
+            token_ids = decode_prompts(model, tokenizer, prompts, z, max_new_tokens, batch_size, temperature, gen,
+                                       progress, desc)
     finally:
         model.train(was_training)
     texts = [data.decode_y(tokenizer, ids) for ids in token_ids]
     return Generation(texts, z, mu, logvar, [len(t) for t in token_ids], token_ids)
+
+
+@torch.no_grad()
+def generate_zfree(model, tokenizer, x_texts: list[str], z_slots: int, max_new_tokens: int, batch_size: int,
+                   temperature: float = 1.0, seed: int = 0) -> list[str]:
+    """The entangled (z-free) model's y text for every x: the cell's prompt layout with a
+    neutral slot of `z_slots` `[Z]` tokens, sampled at `temperature` from a CPU generator
+    seeded with `seed` (the draws do not depend on the device; 0 = greedy)."""
+    prompts = encode_prompts(tokenizer, x_texts, z_slots)
+    was_training = model.training
+    model.eval()
+    try:
+        gen = torch.Generator().manual_seed(seed) if temperature > 0 else None
+        token_ids = decode_prompts(model, tokenizer, prompts, None, max_new_tokens, batch_size, temperature, gen)
+    finally:
+        model.train(was_training)
+    return [data.decode_y(tokenizer, ids) for ids in token_ids]

@@ -3,7 +3,7 @@ stage resolves them) against the plain float32 step, with the CPU model and its 
 
     python -m latentstrat.bench entangle [--config config/config.yaml] [--steps 40] [--threads 2] ...
 
-Both steps are `latentstrat.entangle.train_step` (z-free NLL per supervised token, AdamW, grad
+Both steps are `latentstrat.entangle_step.train_step` (z-free NLL per supervised token, AdamW, grad
 clip) on the same strategy-mixed, length-grouped batches of the six tasks, each from the same
 initial weights:
 - plain step: float32, SDPA attention, eager PyTorch;
@@ -27,9 +27,14 @@ import numpy as np
 import torch
 
 from latentstrat import data, parallel
-from latentstrat.bench.train import _sync, add_data_and_model_args, embedded_backbone_cfg, matmul_peak, \
-    train_split_and_tokenizer
-from latentstrat.entangle import make_optimizer, rank_share, step_settings, train_step
+from latentstrat.bench.train import (
+    _sync,
+    add_data_and_model_args,
+    embedded_backbone_cfg,
+    matmul_peak,
+    train_split_and_tokenizer,
+)
+from latentstrat.entangle_step import make_optimizer, rank_share, step_settings, train_step
 from latentstrat.model import build_backbone
 
 
@@ -72,7 +77,7 @@ def run(args) -> dict:
                                                np.random.default_rng(0)))
     from latentstrat import host
     from latentstrat.config import load_config
-    from latentstrat.entangle import SPEED_KEYS, choose_step_settings
+    from latentstrat.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
     ecfg = load_config(args.config)["entangle"]
     choice = None
     if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
@@ -81,9 +86,10 @@ def run(args) -> dict:
         ecfg, choice = choose_step_settings(ecfg, model, enc, data.strategy_free_lengths(df), device, args.threads,
                                             torch.float32, log=lambda m: None)
     fast_cfg = {k: ecfg[k] for k in SPEED_KEYS}
-    plain = time_variant(bcfg, tok, enc, batches, device, args, {"autocast": "none", "attention": "sdpa", "compile": False})
+    plain = time_variant(bcfg, tok, enc, batches, device, args, PLAIN)
     # as the stage runs it: with processes > 1, the threads split between processes
-    fast = parallel.run(fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg))
+    fast = parallel.run(fast_cfg["processes"], args.threads, time_variant,
+                        (bcfg, tok, enc, batches, device, args, fast_cfg))
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
     peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
@@ -106,7 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=20,
-                    help="untimed first steps: the compiled step compiles in them, and once more at the first batch over 4096 tokens")
+                    help="untimed first steps: the compiled step compiles in them, and once more at the first batch "
+                         "over 4096 tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=1024)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -116,7 +123,8 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=2))
         return 0
     p, f = res["plain"], res["fast"]
-    print(f"host: {res['host']['cpu']}, native bf16: {res['host']['native_bf16']} ({', '.join(res['host']['bf16_flags']) or 'no bf16 flags'})")
+    flags = ", ".join(res["host"]["bf16_flags"]) or "no bf16 flags"
+    print(f"host: {res['host']['cpu']}, native bf16: {res['host']['native_bf16']} ({flags})")
     print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
           f"batch {res['batch_size']}, {res['steps']} timed steps")
     if res["auto_choice"]:
