@@ -95,7 +95,8 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
     exactly what measuring step 0 in the cell gives, for two cells with different objectives;
     a cell with another seed (other weights, other noise) is refused with the folder named."""
     from latentstrat.config import INIT_KEYS
-    from latentstrat.train import step0_validation, train_cell
+    from latentstrat.step0 import step0_validation
+    from latentstrat.train import train_cell
 
     cfg, cell = tiny_cfg(steps=3, eval_every=3)
     s0 = tmp_path / "step0"

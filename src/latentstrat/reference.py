@@ -61,9 +61,8 @@ def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndar
     model.eval()
     dev = device_of(model)
     out: list[np.ndarray | None] = [None] * len(encoded)
-    order = sorted(range(len(encoded)), key=lambda i: encoded.lengths[i])
-    for s in range(0, len(order), batch_size):
-        batch = data.collate(encoded, order[s:s + batch_size]).to(dev)
+    for idx in data.length_batches(encoded.lengths, batch_size):
+        batch = data.collate(encoded, idx).to(dev)
         b = zfree_token_nll(model, batch).float().cpu().numpy()
         n = batch.sup_mask.sum(1).cpu().numpy()
         for r, i in enumerate(batch.row_idx.tolist()):

@@ -2,11 +2,11 @@ from pathlib import Path
 
 from _stage import logged, stage_config
 
-from latentstrat import train
+from latentstrat import step0
 
 with logged(snakemake):
     cfg = stage_config(snakemake)
-    train.step0_validation(
+    step0.step0_validation(
         cfg,
         snakemake.params.init,
         data_dir=Path(snakemake.input.tokenizer).parent,

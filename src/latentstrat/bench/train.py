@@ -3,12 +3,18 @@
     python -m latentstrat.bench train [--steps 10] [--batch-size 32] [--threads 2] ...
     python -m latentstrat.bench train --config-json qwen2.5-0.5b/config.json --dtype bfloat16 --device cuda
 
-Trainer step (latentstrat.objective.forward_losses): one posterior pass + one router/generator
-pass, each packed (per-token layers over the real tokens only), b read from a table computed
-once, logits only at supervised positions. Naive step: three separate padded passes
-(posterior, generator with full logits, and a z-free reference pass recomputing b every step),
-every batch padded to the longest sequence of the dataset, random batches. Both optimize the
-same objective on the same examples.
+Trainer step: the cell trainer's (latentstrat.objective.forward_losses on train.batch_at's
+task-mixed batches with train.step_noise's z noise, AdamW; without the gradient clipping): one
+posterior pass + one router/generator pass, packed on a CPU (per-token layers over the real
+tokens only, model.packed_hidden; on a GPU transformers' own passes), b read from a table
+computed once, logits only at supervised positions. Naive step: three separate passes of
+transformers' padded forward (posterior, generator with full logits, and a z-free reference
+pass recomputing b every step), every batch padded to the longest sequence of the dataset,
+random batches. Both optimize the same objective (active reconstruction + beta x KL of CELL;
+its penalty weights are 0) on the same train split, not on the same batches. Also timed: the
+trainer's step with transformers' padded passes instead of packed ones and under bf16 autocast
+(which the trainer does not use), and the no-grad pass of validation and evaluation on merged
+adapters against the LoRA layers.
 
 Tokens/s counts the real (non-pad) tokens of the two trained passes (generator record +
 posterior input) per second, the same numerator for both, so the ratio is the speedup in
@@ -19,6 +25,7 @@ gradients); peak = a measured matmul (fp32 on CPU, the model dtype on GPU).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -29,7 +36,9 @@ from latentstrat import data, host
 from latentstrat import model as model_module
 from latentstrat import objective as obj
 from latentstrat.model import LatentStrategyModel, build_backbone
-from latentstrat.train import batch_at, forward_losses, step_noise
+from latentstrat.objective import forward_losses
+from latentstrat.reference import reference_nll
+from latentstrat.train import batch_at, step_noise
 
 CELL = {"reconstruction_family": "dist_tokcc_0.05_0.95", "token_aggregation": "sum", "beta": 0.1,
         "beta_schedule": "constant", "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
@@ -73,8 +82,8 @@ def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
     mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps
     logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos)
-    l = obj.token_nll(logits[rows, batch.gen_sup_pos], batch.sup_ids)
-    rec = obj.reconstruction(l, b, batch.sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales)
+    nll = obj.token_nll(logits[rows, batch.gen_sup_pos], batch.sup_ids)
+    rec = obj.reconstruction(nll, b, batch.sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales)
     return rec["active"] + cell["beta"] * obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r).mean()
 
 
@@ -128,24 +137,49 @@ def time_steps(step_fn, n_steps: int, warmup: int, device) -> tuple[float, int]:
     return time.perf_counter() - t, tokens
 
 
-def run(args) -> dict:
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+def setup(args, device):
+    """The frozen reference LM, the latent model on a copy of it, its optimizer, the encoded
+    train split, b computed once up front (what the reference stage stores) and the scales."""
     df, tok, bcfg, ref_lm = build(args)
     ref_lm = ref_lm.to(device).eval()
     for p in ref_lm.parameters():
         p.requires_grad_(False)
-    n_params = sum(p.numel() for p in ref_lm.parameters())
-    import copy
     model = LatentStrategyModel(copy.deepcopy(ref_lm), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
     enc = data.encode(df, tok)
-    # b once, up front (what the reference stage stores)
-    from latentstrat.reference import reference_nll
     b = reference_nll(ref_lm, enc, args.batch_size)
     n_bar = float(df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
     scales = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
+    return bcfg, ref_lm, model, opt, enc, b, scales
+
+
+def time_eval_passes(model, enc, b, scales, args, device) -> tuple[tuple[float, int], tuple[float, int]]:
+    """The no-grad pass of validation and evaluation (the adapters have moved by now), timed on
+    the LoRA layers and on merged copies of the backbone (model.merged(), the copies made inside
+    the timed block, as a validation makes them): ((seconds, tokens) LoRA, (seconds, tokens) merged)."""
+    @torch.no_grad()
+    def eval_pass(i):
+        idx = batch_at(enc.task_idx, args.batch_size, 0, i)
+        batch = data.collate(enc, idx, b).to(device)
+        forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))
+        return int(batch.gen_mask.sum() + batch.post_mask.sum())
+
+    model.eval()
+    lora = time_steps(eval_pass, args.steps, args.warmup, device)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        with model.merged():
+            t_merge = time.perf_counter() - t0
+            t_merged, tok_merged = time_steps(eval_pass, args.steps, args.warmup, device)
+    return lora, (t_merged + t_merge, tok_merged)
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    bcfg, ref_lm, model, opt, enc, b, scales = setup(args, device)
+    n_params = sum(p.numel() for p in ref_lm.parameters())
     model.train()
     widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids))}
     rng = np.random.default_rng(0)
@@ -164,7 +198,8 @@ def run(args) -> dict:
     def naive_step(i):
         idx = rng.choice(len(enc), size=args.batch_size, replace=False).tolist()
         batch = pad_to(data.collate(enc, idx), widths, enc.pad_id).to(device)
-        update(naive_losses(model, ref_lm, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)).to(device)))
+        eps = step_noise(0, i, (len(idx), args.latent_dim)).to(device)
+        update(naive_losses(model, ref_lm, batch, CELL, scales, i, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     t_fast, tok_fast = time_steps(trainer_step, args.steps, args.warmup, device)
@@ -186,24 +221,8 @@ def run(args) -> dict:
     finally:
         model_module.PACKED = True
 
-    # the no-grad pass of validation and evaluation (the adapters have moved by now): on merged
-    # copies of the backbone (model.merged(), the copies made inside the timed block, as a
-    # validation makes them) against the LoRA layers
-    @torch.no_grad()
-    def eval_pass(i):
-        idx = batch_at(enc.task_idx, args.batch_size, 0, i)
-        batch = data.collate(enc, idx, b).to(device)
-        forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))
-        return int(batch.gen_mask.sum() + batch.post_mask.sum())
-
-    model.eval()
-    t_lora_eval, tok_lora_eval = time_steps(eval_pass, args.steps, args.warmup, device)
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        with model.merged():
-            t_merge = time.perf_counter() - t0
-            t_merged_eval, tok_merged_eval = time_steps(eval_pass, args.steps, args.warmup, device)
-    t_merged_eval += t_merge
+    (t_lora_eval, tok_lora_eval), (t_merged_eval, tok_merged_eval) = time_eval_passes(
+        model, enc, b, scales, args, device)
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)
     fast, naive = tok_fast / t_fast, tok_naive / t_naive
@@ -212,7 +231,8 @@ def run(args) -> dict:
            "host": host.describe(),
            "trainer_tokens_per_s": fast, "naive_tokens_per_s": naive, "speedup": fast / naive,
            "padded_tokens_per_s": tok_padded / t_padded, "bf16_autocast_tokens_per_s": tok_bf16 / t_bf16,
-           "eval_lora_tokens_per_s": tok_lora_eval / t_lora_eval, "eval_merged_tokens_per_s": tok_merged_eval / t_merged_eval,
+           "eval_lora_tokens_per_s": tok_lora_eval / t_lora_eval,
+           "eval_merged_tokens_per_s": tok_merged_eval / t_merged_eval,
            "trainer_flops_per_s": 6 * n_params * fast, "matmul_peak_flops_per_s": peak,
            "peak_dtype": str(peak_dtype).replace("torch.", ""),
            "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
@@ -235,7 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=1024)
-    ap.add_argument("--peak-flops", type=float, default=None, help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)")
+    ap.add_argument("--peak-flops", type=float, default=None,
+                    help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     res = run(args)
@@ -243,8 +264,10 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=2, default=str))
         return 0
     h = res["host"]
-    print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}" + (f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""))
-    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, batch {res['batch_size']}")
+    flags = f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""
+    print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}{flags}")
+    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
+          f"batch {res['batch_size']}")
     fast = res["trainer_tokens_per_s"]
     print(f"trainer step (float32, packed passes):  {fast:9.0f} tokens/s")
     print(f"  transformers' padded passes:          {res['padded_tokens_per_s']:9.0f} tokens/s  "
