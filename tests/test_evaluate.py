@@ -8,13 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from latentstrat import data, metrics, probes
+from base_helpers import TINY
+from latentstrat import cell_metrics, data, metrics, probes
 from latentstrat.config import expand_cells, load_config
-from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, score_generations, select_test_rows
+from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
 from latentstrat.io import read_parquet, write_parquet
+from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 from latentstrat.train import train_cell
-from base_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,7 @@ def smoke(tiny_base, tmp_path_factory):
     for t, p in zip(cfg["data"]["tasks"], probe_paths):
         probes.probe_task(cfg, rec_path, t, p)
     probes.probe_global(cfg, rec_path, probe_paths[-1])
-    metrics.write_cell_metrics(cfg, cell, rec_path, probe_paths, root / "metrics.parquet")
+    cell_metrics.write_cell_metrics(cfg, cell, rec_path, probe_paths, root / "metrics.parquet")
     return dict(cfg=cfg, cell=cell, root=root, dirs=(dd, ed, rd, td), records=rec_path, probe_paths=probe_paths,
                 metrics=root / "metrics.parquet")
 
@@ -190,7 +191,8 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
     for df, p in zip((p1, p2, g), paths):
         write_parquet(df, p)
-    row = metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[0]
+    row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths,
+                                          tmp_path / "m.parquet").iloc[0]
     assert row.final_answer_accuracy == pytest.approx(0.75)
     assert row.strategy_match_rate == pytest.approx(0.75)
     assert row.within_task_router_probe == pytest.approx(0.7)
@@ -214,8 +216,9 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     # wrong cell, missing probe task
     other = dict(cell, cell_id="agg-mean_fam-raw_beta-1_seed-1")
     with pytest.raises(ValueError, match="belong to cell"):
-        metrics.write_cell_metrics(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
+        cell_metrics.write_cell_metrics(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
     with pytest.raises(ValueError, match=r"lack the within_task_router probe of \['t2'\]"):
-        metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet")
+        cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]],
+                                        tmp_path / "m2.parquet")
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
-        metrics.write_cell_metrics(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")
+        cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")

@@ -5,10 +5,11 @@
 For every test example (or the first `evaluate.test_per_task` per task, by example_id):
 z is sampled from the router (seeded by `evaluate.seed`, the same noise for every cell),
 y is greedy-decoded conditioned on z (decode.generate: batched, KV cache), the task's verifier
-and matcher score the generation, the posterior adapter gives mu_q(x, y_true), and the
+and matcher score the generation (scoring.score_generations), the posterior adapter gives
+mu_q(x, y_true), and the
 test-split losses of every reconstruction family and the KL are computed per example exactly
 as training computes them (objective.forward_losses, z ~ q with seeded noise). The per-cell
-metrics are means of these columns (metrics.write_cell_metrics); the probes read router_z and
+metrics are means of these columns (cell_metrics.write_cell_metrics); the probes read router_z and
 posterior_mu (probes.probe_task / probe_global).
 
 Record columns (RECORD_COLUMNS, one parquet row per example):
@@ -43,6 +44,7 @@ from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.model import build_model, device_for
 from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
+from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
 HEADS = TRAIN_FILES["heads"]
@@ -82,29 +84,13 @@ def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, ba
     out = {k: np.zeros(n) for k in LOSS_METRIC_OF}
     out["mu_q"] = np.zeros((n, model.latent_dim), dtype=np.float32)
     dev = next(model.parameters()).device
-    order = sorted(range(n), key=lambda i: encoded.lengths[i])
-    for s in range(0, n, batch_size):
-        idx = order[s:s + batch_size]
+    for idx in data.length_batches(encoded.lengths, batch_size):
         batch = data.collate(encoded, idx, b).to(dev)
         o = forward_losses(model, batch, cell, scales, step, eps[idx])
         for k in LOSS_METRIC_OF:
             out[k][idx] = o[k].double().cpu().numpy()
         out["mu_q"][idx] = o["mu_q"].float().cpu().numpy()
     return out
-
-
-def score_generations(df: pd.DataFrame, texts: list[str]) -> pd.DataFrame:
-    """Verifier and matcher per generation: correct, matched_strategies, followed_strategy,
-    generation_ambiguous."""
-    correct, matched = [], []
-    for task, x, y in zip(df.task, df.x, texts):
-        t = TASKS[task]
-        correct.append(bool(t.final_answer_correct(x, y)))
-        matched.append(sorted(t.matching_strategies(x, y)))
-    return pd.DataFrame({"matched_strategies": matched,
-                         "followed_strategy": [m[0] if len(m) == 1 else None for m in matched],
-                         "generation_ambiguous": [len(m) > 1 for m in matched],
-                         "correct": correct})
 
 
 def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:

@@ -1,10 +1,10 @@
 from _stage import logged, stage_config
 
-from latentstrat import metrics
+from latentstrat import cell_metrics
 
 with logged(snakemake):
     cfg = stage_config(snakemake)
-    metrics.write_cell_metrics(
+    cell_metrics.write_cell_metrics(
         cfg,
         snakemake.params.cell,
         snakemake.input.records,
