@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -316,7 +317,9 @@ def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
 
     cfg = lora_config(lora_cfg, getattr(backbone, "name_or_path", None) or None)
     try:
-        peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0])
+        with warnings.catch_warnings():  # peft asks transformers a question transformers 5 renamed
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0])
     except ValueError as e:
         raise ValueError(f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}") from None
     for name in adapters[1:]:

@@ -3,7 +3,7 @@ with its provenance and checksums, so a collection on that base does not train i
 
     python -m latentstrat.shipped --config config/config.yaml     # ship the config's base
 
-A shipped base is a folder `resources/bases/<base>/` (docs/performance.md, "Shipped base"):
+A shipped base is a folder `resources/bases/<base>/`:
 
 | file | what |
 |---|---|
