@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 
 from latentstrat import data
-from latentstrat.model import write_model_extras
-from latentstrat.model import build_backbone
+from latentstrat.backbone import write_model_extras
+from latentstrat.backbone import build_backbone
 from latentstrat.reference import run_reference
 
 TINY = {

@@ -5,7 +5,8 @@ import torch
 
 from latentstrat import data, decode
 from latentstrat.bench.decode import naive_decode
-from latentstrat.model import LatentStrategyModel, build_backbone
+from latentstrat.backbone import build_backbone
+from latentstrat.model import LatentStrategyModel
 from latentstrat.tasks import TASKS
 
 EMBEDDED = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

@@ -129,7 +129,7 @@ def test_threshold_boundary_and_missing_task():
 
 
 def _tiny_model(tokenizer):
-    from latentstrat.model import build_backbone
+    from latentstrat.backbone import build_backbone
     torch.manual_seed(0)
     return build_backbone(smoke_cfg()["backbone"], tokenizer).eval()
 
@@ -206,7 +206,7 @@ def test_epoch_batches_draw_one_alternative_per_input_uniformly():
 
 
 def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
     cfg = smoke_cfg()
     out = tmp_path / "entangle"
     report = run_entangle(cfg, data_dir, out, threads=1, log=lambda m: None)
@@ -275,7 +275,7 @@ def test_missing_inputs_name_the_file(data_dir, tmp_path):
 
 
 def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_path):
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
     cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={
         "backbone": {"dtype": "bfloat16"},
         "entangle": {"steps": 2, "batch_size": 8, "warmup_steps": 0, "quality_samples_per_task": 1}})
@@ -329,7 +329,7 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
 
 
 def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, tmp_path):
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
     cfg = smoke_cfg(autocast="bfloat16", attention="eager")
     report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
     tr = report["training"]
@@ -381,7 +381,7 @@ def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypa
     a_{t+1} = a_t + (1 - min(d, (1 + t) / (10 + t))) (w_{t+1} - a_t), a_0 = w_0, and the
     iterates themselves are the run without averaging's."""
     import latentstrat.entangle as E
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
 
     def run(out, ema_decay):
         iterates, orig = [], E.train_step
@@ -420,7 +420,7 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     chosen only if it beats it by MIN_GAIN; the record names the host and the measured rates."""
     from latentstrat import entangle_step as E
     from latentstrat import host
-    from latentstrat.model import build_backbone
+    from latentstrat.backbone import build_backbone
 
     cfg = smoke_cfg(autocast="auto", attention="auto", compile="auto", processes="auto")
     tok = data.load_tokenizer(data_dir)

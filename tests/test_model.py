@@ -6,7 +6,8 @@ import torch
 from latentstrat import data
 from peft.tuners.lora import LoraLayer
 
-from latentstrat.model import LatentStrategyModel, build_backbone, load_entangled
+from latentstrat.backbone import build_backbone, load_entangled
+from latentstrat.model import LatentStrategyModel
 
 EMB = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
        "num_key_value_heads": 1, "max_position_embeddings": 128}
@@ -121,7 +122,7 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
 def test_packed_pass_only_where_exact(tok):
     """Left padding, sliding-window attention or attention dropout in training: transformers'
     pass (the packed one assumes right padding and full causal attention)."""
-    from latentstrat.model import packable, packed_hidden
+    from latentstrat.backbone import packable, packed_hidden
 
     m = model(tok).eval()
     right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -346,7 +347,7 @@ def test_merged_is_a_no_op_for_full_and_frozen(tok):
 def test_packed_pass_is_a_cpu_path(tok):
     """On any other device the model runs transformers' attention (its SDPA / flash path),
     never the packed pass's own SDPA call."""
-    from latentstrat.model import packable
+    from latentstrat.backbone import packable
 
     m = model(tok)
     assert packable(m.lm, torch.ones(2, 3, dtype=torch.long))

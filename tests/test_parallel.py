@@ -10,7 +10,7 @@ import torch
 
 import parallel_helpers
 from latentstrat import data, entangle, parallel
-from latentstrat.model import load_entangled
+from latentstrat.backbone import load_entangled
 from workflow_helpers import smoke_cfg
 
 TESTS = Path(__file__).resolve().parent

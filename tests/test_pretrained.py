@@ -15,7 +15,7 @@ import yaml
 
 from latentstrat import data
 from latentstrat.config import load_config
-from latentstrat.model import build_backbone
+from latentstrat.backbone import build_backbone
 from latentstrat.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]

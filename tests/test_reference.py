@@ -26,7 +26,7 @@ def smoke_cfg(**over):
 def dirs(tmp_path_factory):
     """A tiny dataset, a random-init entangled model saved with save_pretrained, and the
     reference stage run on them."""
-    from latentstrat.model import build_backbone
+    from latentstrat.backbone import build_backbone
     root = tmp_path_factory.mktemp("ref")
     cfg = smoke_cfg()
     data.build_dataset(cfg["data"], root / "data")
@@ -38,7 +38,7 @@ def dirs(tmp_path_factory):
 
 
 def test_b_equals_hand_computed_token_nll(dirs):
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
     root, cfg, _ = dirs
     tokens = pd.read_parquet(root / "reference" / "tokens.parquet")
     assert list(tokens.columns) == TOKENS_COLUMNS

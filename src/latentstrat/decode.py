@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentstrat import data
-from latentstrat.model import device_of
+from latentstrat.backbone import device_of
 from latentstrat.progress import Progress
 
 

@@ -22,7 +22,7 @@ in bf16. The training step's speed settings (the default's CPU step, docs/entang
 With `entangle.ema_decay` the saved model is a moving average of the weights.
 
 Writes to `out_dir`:
-- `model/`            save_pretrained dir (loads with `model.load_entangled`)
+- `model/`            save_pretrained dir (loads with `backbone.load_entangled`)
 - `history.parquet`   step, task ("all" or a task), metric, value
 - `quality.json`      per task: answer accuracy, strategy-match rate and strategy TV of samples
                       at temperature 1 on validation inputs, thresholds, pass/fail; training summary
@@ -44,15 +44,7 @@ from latentstrat.config import ENTANGLE_FILES, dump_json
 from latentstrat.entangle_step import choose_step_settings, make_optimizer, rank_share, step_settings, train_step
 from latentstrat.io import write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
-from latentstrat.model import (
-    DTYPES,
-    build_backbone,
-    count_params,
-    device_for,
-    device_of,
-    load_entangled,
-    write_model_extras,
-)
+from latentstrat.backbone import DTYPES, build_backbone, count_params, device_for, device_of, load_entangled, write_model_extras
 from latentstrat.objective import zfree_token_nll
 from latentstrat.quality import write_quality
 from latentstrat.tasks import TASKS

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from latentstrat import data, host, parallel
-from latentstrat.model import device_of
+from latentstrat.backbone import device_of
 from latentstrat.objective import zfree_token_nll
 
 GRAD_CLIP = 1.0

@@ -41,7 +41,8 @@ from latentstrat import data, decode
 from latentstrat.config import REFERENCE_FILES, TRAIN_FILES, parse_family
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
-from latentstrat.model import build_model, device_for
+from latentstrat.backbone import device_for
+from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
 from latentstrat.reference import load_b, scales_for
 from latentstrat.scoring import score_generations

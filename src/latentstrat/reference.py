@@ -13,7 +13,7 @@ Writes to `out_dir`:
                           (per token) and b per example (mean of sum_t b)
 
 The reference model is `<entangle_dir>/model/`; with `entangle.mode: skip` it is the backbone
-as is (`model.build_backbone`). With `entangle.mode: shipped` the table of b shipped with the
+as is (`backbone.build_backbone`). With `entangle.mode: shipped` the table of b shipped with the
 base is used, after its rows are matched to the data and its validation split is recomputed
 here within SHIPPED_TOLERANCE (`shipped_tokens`): the train split's ~20 k forward passes are
 not repeated on every host.
@@ -31,7 +31,7 @@ import torch
 from latentstrat import data
 from latentstrat.config import REFERENCE_FILES, SHIPPED_REFERENCE_FILE, dump_json, format_value, parse_family
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.model import device_for, device_of
+from latentstrat.backbone import device_for, device_of
 from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
@@ -136,7 +136,7 @@ def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
 
 
 def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
-    from latentstrat.model import build_backbone, load_entangled
+    from latentstrat.backbone import build_backbone, load_entangled
 
     if cfg["entangle"]["mode"] == "skip":
         torch.manual_seed(cfg["entangle"]["seed"])

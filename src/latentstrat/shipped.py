@@ -118,7 +118,7 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     import torch
 
     from latentstrat.io import write_parquet
-    from latentstrat.model import load_entangled
+    from latentstrat.backbone import load_entangled
     from latentstrat.reference import reference_tokens
 
     torch.set_num_threads(threads)
@@ -143,10 +143,10 @@ def add_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> d
 
 
 def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> None:
-    """Put the tokenizer files and the model card (model.write_model_extras) into an already
+    """Put the tokenizer files and the model card (backbone.write_model_extras) into an already
     shipped base's model/ folder, after its files pass their checksums and match the config and
     data (`verify`); the manifest is rewritten."""
-    from latentstrat.model import write_model_extras
+    from latentstrat.backbone import write_model_extras
 
     d = Path(shipped_dir)
     verify(d, cfg, data_dir, need_reference=False)

@@ -19,7 +19,8 @@ import torch
 from latentstrat import data
 from latentstrat.config import STEP0_FILES, dump_json, init_id
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.model import build_model, device_for
+from latentstrat.backbone import device_for
+from latentstrat.model import build_model
 from latentstrat.validation import GAUSSIANS, measure_model, prepare_validation
 
 

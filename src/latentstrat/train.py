@@ -32,7 +32,8 @@ from latentstrat import objective as obj
 from latentstrat.config import TRAIN_FILES, dump_json, parse_family
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
-from latentstrat.model import build_model, device_for
+from latentstrat.backbone import device_for
+from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
 from latentstrat.progress import Progress
 from latentstrat.reference import load_b, scales_for

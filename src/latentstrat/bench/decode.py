@@ -49,7 +49,8 @@ def build_bench_model(cfg: dict, seed: int = 0):
     import tempfile
     from pathlib import Path
 
-    from latentstrat.model import LatentStrategyModel, build_backbone
+    from latentstrat.backbone import build_backbone
+    from latentstrat.model import LatentStrategyModel
     from latentstrat.tasks import TASKS
 
     rng = random.Random(seed)

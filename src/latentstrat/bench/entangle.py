@@ -35,7 +35,7 @@ from latentstrat.bench.train import (
     train_split_and_tokenizer,
 )
 from latentstrat.entangle_step import make_optimizer, rank_share, step_settings, train_step
-from latentstrat.model import build_backbone
+from latentstrat.backbone import build_backbone
 
 
 def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:

@@ -6,7 +6,7 @@
 Trainer step: the cell trainer's (latentstrat.objective.forward_losses on train.batch_at's
 task-mixed batches with train.step_noise's z noise, AdamW; without the gradient clipping): one
 posterior pass + one router/generator pass, packed on a CPU (per-token layers over the real
-tokens only, model.packed_hidden; on a GPU transformers' own passes), b read from a table
+tokens only, backbone.packed_hidden; on a GPU transformers' own passes), b read from a table
 computed once, logits only at supervised positions. Naive step: three separate passes of
 transformers' padded forward (posterior, generator with full logits, and a z-free reference
 pass recomputing b every step), every batch padded to the longest sequence of the dataset,
@@ -35,7 +35,8 @@ import torch
 from latentstrat import data, host
 from latentstrat import model as model_module
 from latentstrat import objective as obj
-from latentstrat.model import LatentStrategyModel, build_backbone
+from latentstrat.backbone import build_backbone
+from latentstrat.model import LatentStrategyModel
 from latentstrat.objective import forward_losses
 from latentstrat.reference import reference_nll
 from latentstrat.train import batch_at, step_noise
