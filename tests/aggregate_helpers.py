@@ -2,7 +2,8 @@
 import pandas as pd
 
 import latentstrat.tasks as tasks_mod
-from latentstrat.config import CELL_KEYS, beta_label, expand_cells, family_label, validate
+from latentstrat.cells import CELL_KEYS, beta_label, expand_cells, family_label
+from latentstrat.config import validate
 from latentstrat.metrics import METRICS, derive
 
 TASKS = ["short_task", "long_task"]
@@ -14,8 +15,8 @@ SCALE = {"sum": 40.0, "mean": 1.0, "sum_scaled": 1.0}
 def make_cfg(monkeypatch, seeds=None, lin100=True):
     for t in TASKS:
         monkeypatch.setitem(tasks_mod.TASKS, t, object())
-    arms = [{"name": "mean_matched", "role": "comparison", "settings": {"token_aggregation": "mean"}},
-            {"name": "sum_scaled", "role": "comparison", "settings": {"token_aggregation": "sum_scaled"}}]
+    arms = [{"name": "mean_matched", "settings": {"token_aggregation": "mean"}},
+            {"name": "sum_scaled", "settings": {"token_aggregation": "sum_scaled"}}]
     if lin100:
         arms.append({"name": "mean_lin100", "settings": {"token_aggregation": "mean", "beta_schedule": "lin100"},
                      "grid": {"beta": [0.1]}})
@@ -65,7 +66,7 @@ def history(cell, steps=(0, 10, 20)):
 
 def write_collection(cfg, root, skip=(), with_history=True):
     mp, hp = {}, {}
-    for i, c in enumerate(expand_cells(cfg, validated=True)):
+    for i, c in enumerate(expand_cells(cfg)):
         d = root / c.cell_id
         d.mkdir(parents=True)
         mp[c.cell_id], hp[c.cell_id] = d / "metrics.parquet", d / "history.parquet"

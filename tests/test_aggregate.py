@@ -13,7 +13,7 @@ from latentstrat.aggregate.dynamics import task_shares
 from latentstrat.aggregate.fairness import attribution, collection_metadata
 from latentstrat.aggregate.inputs import load_cell_metrics, read_summary_table, validate_summary_table
 from latentstrat.aggregate.settings import metric_distributions, seed_means
-from latentstrat.config import expand_cells, schema_cell_defaults
+from latentstrat.cells import expand_cells, schema_cell_defaults
 
 
 def test_metric_distributions_hand_computed():
@@ -85,7 +85,7 @@ def test_task_shares_mean_equal_loss_equals_example_share():
 
 def test_collection_with_missing_cell(monkeypatch, tmp_path):
     cfg = make_cfg(monkeypatch)
-    cells = expand_cells(cfg, validated=True)
+    cells = expand_cells(cfg)
     missing = cells[0].cell_id
     mp, hp = write_collection(cfg, tmp_path / "cells", skip={missing})
     mp[cells[1].cell_id].write_bytes(b"not parquet")  # unreadable: also incomplete, named
@@ -213,11 +213,11 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
     import os
 
     from aggregate_helpers import make_cfg, write_collection
-    from latentstrat.config import expand_cells
+    from latentstrat.cells import expand_cells
 
     cfg = make_cfg(monkeypatch)
     mp, hp = write_collection(cfg, tmp_path / "cells")
-    cid = expand_cells(cfg, validated=True)[0].cell_id
+    cid = expand_cells(cfg)[0].cell_id
     records = tmp_path / "records.parquet"
     records.write_bytes(b"garbage")
     t = os.path.getmtime(mp[cid])
@@ -235,12 +235,14 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
     import shutil
 
     from aggregate_helpers import make_cfg, write_collection
-    from latentstrat.config import Paths, expand_cells, validate
+    from latentstrat.cells import expand_cells
+    from latentstrat.config import validate
+    from latentstrat.paths import Paths
     from latentstrat.report.partial import partial_report
 
     cfg = validate({**make_cfg(monkeypatch), "results_dir": str(tmp_path / "results")})
     p = Paths.from_config(cfg)
-    cells = [c.cell_id for c in expand_cells(cfg, validated=True)]
+    cells = [c.cell_id for c in expand_cells(cfg)]
     assert partial_report(cfg, log=lambda m: None) is None and not p.report_dir.exists()
     mp, hp = write_collection(cfg, tmp_path / "made", skip=cells[:1])
     for c in cells[1:]:

@@ -7,7 +7,7 @@ import yaml
 
 import aggregate_helpers as H
 from latentstrat.aggregate.collection import aggregate_collection
-from latentstrat.config import expand_cells
+from latentstrat.cells import expand_cells
 from latentstrat.report import build_report
 
 
@@ -25,7 +25,7 @@ def write_broken(cfg, root, broken: set):
     """The helper collection, with the cells in `broken` collapsed: 5% answer accuracy, no
     generation following a strategy (router probes NA), base-relative 96 at step 0."""
     mp, hp = H.write_collection(cfg, root)
-    for c in expand_cells(cfg, validated=True):
+    for c in expand_cells(cfg):
         if c.cell_id not in broken:
             continue
         row = pd.read_parquet(mp[c.cell_id]).iloc[0].to_dict()
@@ -41,7 +41,7 @@ def write_broken(cfg, root, broken: set):
 
 def report(tmp_path, monkeypatch, broken_ids, q):
     cfg = H.make_cfg(monkeypatch)
-    cells = [c.cell_id for c in expand_cells(cfg, validated=True)]
+    cells = [c.cell_id for c in expand_cells(cfg)]
     broken = {cells[i] for i in broken_ids}
     mp, hp = write_broken(cfg, tmp_path / "cells", broken)
     (tmp_path / "quality.json").write_text(__import__("json").dumps(q))
@@ -106,7 +106,7 @@ def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path
     chance-corrected matched router score ranks the informative one first."""
     cfg = H.make_cfg(monkeypatch)
     mp, hp = H.write_collection(cfg, tmp_path / "cells")
-    primary = [c.cell_id for c in expand_cells(cfg, validated=True) if c.role == "primary"]
+    primary = [c.cell_id for c in expand_cells(cfg) if c.role == "primary"]
     collapsed, informative = primary[0], primary[1]
     for cid, acc, chance, tv in ((collapsed, 0.98, 0.98, 0.48), (informative, 0.85, 0.5, 0.02)):
         row = pd.read_parquet(mp[cid]).iloc[0].to_dict()

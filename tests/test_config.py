@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from latentstrat import cells as K
 from latentstrat import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ def minimal(**over):
 
 
 def test_default_collection_has_12_sum_cells_and_8_comparison_cells():
-    cells = C.expand_cells(default_cfg())
+    cells = K.expand_cells(default_cfg())
     primary = [c for c in cells if c.role == "primary"]
     ref = [c for c in cells if c.arm == "mean_lin100"]
     assert len(primary) == 12 and len(ref) == 8 and len(cells) == 20
@@ -34,16 +35,16 @@ def test_default_collection_has_12_sum_cells_and_8_comparison_cells():
 
 def test_cell_id_beta_one_and_one_point_zero_are_the_same():
     cfg = minimal(grid={"reconstruction_family": ["raw"], "beta": [1, 1.0, 0.010]})
-    ids = [c.cell_id for c in C.expand_cells(cfg)]
+    ids = [c.cell_id for c in K.expand_cells(C.validate(cfg))]
     assert ids == ["agg-sum_fam-raw_beta-1_seed-314159", "agg-sum_fam-raw_beta-0.01_seed-314159"]
 
 
 def test_cell_id_names_non_default_settings_and_round_trips():
-    s = {**C.schema_cell_defaults(), "token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
+    s = {**K.schema_cell_defaults(), "token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
          "beta": 0.1, "latent_dim": 8, "seed": 3}
-    cid = C.cell_id(C._normalize_settings(s))
+    cid = K.cell_id(K.normalize_settings(s))
     assert cid == "agg-sum_scaled_fam-dist_tokcc_0.05_0.95_beta-0.1_zdim-8_seed-3"
-    back = C.parse_cell_id(cid)
+    back = K.parse_cell_id(cid)
     assert back == {"token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
                     "beta": "0.1", "latent_dim": "8", "seed": "3"}
 
@@ -51,14 +52,14 @@ def test_cell_id_names_non_default_settings_and_round_trips():
 def test_grid_with_four_axes_and_seeds_expands_to_product():
     cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1],
                         "token_aggregation": ["mean", "sum"]}, seeds=[1, 2])
-    cells = C.expand_cells(cfg)
+    cells = K.expand_cells(C.validate(cfg))
     assert len(cells) == 16 and len({c.cell_id for c in cells}) == 16
 
 
 def test_comparison_arm_inherits_primary_axes_it_does_not_override():
     cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
                   comparison_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}])
-    cells = C.expand_cells(cfg)
+    cells = K.expand_cells(C.validate(cfg))
     assert len([c for c in cells if c.arm == "matched"]) == 6
 
 
@@ -91,28 +92,28 @@ def test_defaults_filled_and_input_not_mutated():
 
 
 def test_family_parsing_and_labels():
-    f = C.parse_family("dist_tokcc_0.05_0.95")
+    f = K.parse_family("dist_tokcc_0.05_0.95")
     assert (f.kind, f.p, f.q, f.alpha) == ("dist_tokcc", 0.05, 0.95, 0.25)
-    assert C.parse_family("tokcc_a0.5").alpha == 0.5
-    assert C.family_label("tokcc_a0.25") == "tokcc a.25"
-    assert C.family_label("dist_tokcc_0.05_0.95") == "dist+tokcc 0.05/0.95"
-    assert C.beta_label(0.01) == "beta=.01" and C.beta_label(1.0) == "beta=1"
-    assert C.schedule_warmup("lin100") == 100 and C.schedule_warmup("constant") == 0
+    assert K.parse_family("tokcc_a0.5").alpha == 0.5
+    assert K.family_label("tokcc_a0.25") == "tokcc a.25"
+    assert K.family_label("dist_tokcc_0.05_0.95") == "dist+tokcc 0.05/0.95"
+    assert K.beta_label(0.01) == "beta=.01" and K.beta_label(1.0) == "beta=1"
+    assert K.schedule_warmup("lin100") == 100 and K.schedule_warmup("constant") == 0
     with pytest.raises(ValueError, match="unknown reconstruction family"):
-        C.parse_family("tokcc")
+        K.parse_family("tokcc")
 
 
 def test_all_shipped_configs_validate():
     for path in sorted((ROOT / "config").glob("*.yaml")):
         cfg = C.load_config(path)
-        assert C.expand_cells(cfg), path
+        assert K.expand_cells(cfg), path
 
 
 def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     cfg = C.load_config(ROOT / "config" / "followup.yaml")
     default = default_cfg()
     assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"]
-    cells = C.expand_cells(cfg)
+    cells = K.expand_cells(C.validate(cfg))
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)
@@ -150,18 +151,14 @@ def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
         C.load_config(cfg={"extends": "config.yaml"})  # the working directory has no config.yaml
 
 
-def test_old_reference_arms_key_is_named():
-    cfg = C.load_config(ROOT / "config" / "config.yaml")
-    with pytest.raises(C.ConfigError, match="reference_arms: renamed comparison_arms"):
-        C.validate({**cfg, "reference_arms": cfg.pop("comparison_arms")})
-
-
-def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained():
+def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained_and_run():
     cfg = C.load_config(ROOT / "config" / "config.yaml")
     stored = json.loads(json.dumps(C.base_settings(cfg), default=str))
     assert C.base_guard(stored, cfg) is None
-    # a base recorded before entangle.mode left the base settings, or trained with another mode
-    assert C.base_guard({**stored, "entangle": {**stored["entangle"], "mode": "train"}}, cfg) is None
+    # how the entangled model is obtained (trained, shipped) and run (attention) are not the base
+    other = {**cfg, "entangle": {**cfg["entangle"], "mode": "train"},
+             "backbone": {**cfg["backbone"], "attn_implementation": "eager"}}
+    assert C.base_guard(stored, other) is None
     why = C.base_guard({**stored, "entangle": {**stored["entangle"], "steps": 5}}, cfg)
     assert "entangle.steps" in why and cfg["base"] in why
     why = C.base_guard({**stored, "data": {**stored["data"], "seed": 1}, "tokenizer": "pretrained:x@default"}, cfg)

@@ -10,7 +10,8 @@ import pytest
 
 from base_helpers import TINY
 from latentstrat import cell_metrics, data, metrics, probes
-from latentstrat.config import expand_cells, load_config
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
 from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.scoring import score_generations

@@ -11,7 +11,8 @@ import torch
 
 from latentstrat import data
 from latentstrat import objective as obj
-from latentstrat.config import expand_cells, load_config
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
 from latentstrat.entangle import run_entangle
 from latentstrat.reference import load_b, run_reference, scales_for
 from latentstrat.model import build_model

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_helpers import TINY
 from latentstrat import data, decode
-from latentstrat.config import expand_cells, load_config
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [("3 1 2", None), ("5 4 9 8 7 6 1", None), ("2", None)]

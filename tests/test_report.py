@@ -8,7 +8,7 @@ import yaml
 
 from aggregate_helpers import make_cfg, write_collection
 from latentstrat.aggregate.collection import aggregate_collection
-from latentstrat.config import expand_cells
+from latentstrat.cells import expand_cells
 from latentstrat.report import build_report
 from latentstrat.report.__main__ import main as cli_main
 
@@ -20,7 +20,7 @@ def partial_report(tmp_path_factory):
     mp_ = pytest.MonkeyPatch()
     tmp = tmp_path_factory.mktemp("rep")
     cfg = make_cfg(mp_)
-    cells = expand_cells(cfg, validated=True)
+    cells = expand_cells(cfg)
     missing = cells[2].cell_id
     mp, hp = write_collection(cfg, tmp / "cells", skip={missing})
     aggregate_collection(cfg, mp, hp, tmp / "agg")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from latentstrat import data, shipped
-from latentstrat.config import Paths, base_settings, load_config
+from latentstrat.config import base_settings, load_config
+from latentstrat.paths import Paths
 from latentstrat.entangle import run_entangle
 
 ROOT = Path(__file__).resolve().parents[1]

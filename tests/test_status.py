@@ -9,7 +9,9 @@ import pytest
 from pathlib import Path
 
 from latentstrat import host
-from latentstrat.config import Paths, expand_cells, load_config
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
+from latentstrat.paths import Paths
 from latentstrat.status import collection_status, main, render, stage_outputs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,8 @@ def weights(d):
         out.update({f"{name}.{k}": v for k, v in load_file(d / "adapters" / name / "adapter_model.safetensors").items()})
     return out
 
-from latentstrat.config import expand_cells, load_config
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
 from latentstrat.io import write_parquet
 from base_helpers import TINY
 
@@ -94,7 +95,7 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
     """Cells that start from one model read one step-0 validation: their history and weights are
     exactly what measuring step 0 in the cell gives, for two cells with different objectives;
     a cell with another seed (other weights, other noise) is refused with the folder named."""
-    from latentstrat.config import INIT_KEYS
+    from latentstrat.cells import INIT_KEYS
     from latentstrat.step0 import step0_validation
     from latentstrat.train import train_cell
 

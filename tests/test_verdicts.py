@@ -163,7 +163,8 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
 
 
 def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
-    from latentstrat.config import expand_cells, load_config
+    from latentstrat.cells import expand_cells
+    from latentstrat.config import load_config
     from latentstrat.power import DETECT
 
     row, out = run_with_config(tmp_path, delta=-0.03, noise=0.02, half_width=0.12)

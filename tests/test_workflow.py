@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from latentstrat.config import base_settings, dump_json, load_config
+from latentstrat.config import base_settings, load_config
+from latentstrat.io import dump_json
 from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake
 
 CELL_RULES = {"train", "evaluate", "probe_task", "probe_global", "metrics"}

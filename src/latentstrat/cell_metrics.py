@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.config import CELL_KEYS, beta_label, family_label
+from latentstrat.cells import CELL_KEYS, beta_label, family_label
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import (
     BOOT_SEED,

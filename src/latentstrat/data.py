@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from latentstrat import config
-from latentstrat.io import read_parquet, write_parquet, write_text
+from latentstrat.io import dump_json, read_parquet, write_parquet, write_text
 from latentstrat.tasks import TASKS
 
 SPLITS = ("train", "validation", "test")
@@ -284,14 +284,14 @@ def build_dataset(data_cfg: dict, out_dir: str | Path, base_config: dict | None 
     n_y = [len(ids) for ids in text_ids(loaded, df.y.tolist())]
     df["n_y_tokens"] = n_y
     df["n_supervised"] = [n + 2 for n in n_y]
-    config.dump_json(tokenizer_info(loaded, backbone_cfg, added), out_dir / "tokenizer_info.json")
+    dump_json(tokenizer_info(loaded, backbone_cfg, added), out_dir / "tokenizer_info.json")
     for split in SPLITS:
         write_parquet(df[df.split == split].reset_index(drop=True), out_dir / f"{split}.parquet")
     card = data_card(df)
     write_parquet(card, out_dir / "data_card.parquet")
     write_text(data_card_markdown(card, df) + "\n", out_dir / "data_card.md")
     if base_config is not None:
-        config.dump_json(base_config, out_dir / "base_config.json")
+        dump_json(base_config, out_dir / "base_config.json")
     return card
 
 
@@ -495,7 +495,8 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import Paths, base_settings, load_config
+    from latentstrat.config import base_settings, load_config
+    from latentstrat.paths import Paths
 
     ap = argparse.ArgumentParser(prog="python -m latentstrat.data", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML")

@@ -40,7 +40,8 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host, parallel, shipped
-from latentstrat.config import ENTANGLE_FILES, dump_json
+from latentstrat.io import dump_json
+from latentstrat.paths import ENTANGLE_FILES
 from latentstrat.entangle_step import choose_step_settings, make_optimizer, rank_share, step_settings, train_step
 from latentstrat.io import write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
@@ -352,7 +353,8 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import Paths, load_config
+    from latentstrat.config import load_config
+    from latentstrat.paths import Paths
 
     ap = argparse.ArgumentParser(prog="python -m latentstrat.entangle", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML")

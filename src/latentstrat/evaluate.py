@@ -38,7 +38,8 @@ import pandas as pd
 import torch
 
 from latentstrat import data, decode
-from latentstrat.config import REFERENCE_FILES, TRAIN_FILES, parse_family
+from latentstrat.cells import parse_family
+from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.backbone import device_for

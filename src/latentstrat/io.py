@@ -6,9 +6,11 @@ looks complete.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -99,3 +101,11 @@ def read_parquet(path: str | Path, what: str = "table", columns: list[str] | Non
         if missing:
             raise ValueError(f"{what} {path} lacks columns {missing}")
     return df
+
+
+def dump_json(obj: Any, path: str | Path) -> None:
+    """Write JSON atomically (temp file, then rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from latentstrat.config import parse_family, schedule_warmup
+from latentstrat.cells import parse_family, schedule_warmup
 
 AGGREGATIONS = ("mean", "sum", "sum_scaled")
 TOKCC_EPS = 1e-3

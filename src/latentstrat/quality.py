@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.config import ENTANGLE_FILES, dump_json
+from latentstrat.io import dump_json
+from latentstrat.paths import ENTANGLE_FILES
 from latentstrat.io import write_parquet
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS

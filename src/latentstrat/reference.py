@@ -29,7 +29,9 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.config import REFERENCE_FILES, SHIPPED_REFERENCE_FILE, dump_json, format_value, parse_family
+from latentstrat.cells import format_value, parse_family
+from latentstrat.io import dump_json
+from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.backbone import device_for, device_of
 from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
@@ -218,7 +220,8 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import Paths, load_config
+    from latentstrat.config import load_config
+    from latentstrat.paths import Paths
 
     ap = argparse.ArgumentParser(prog="python -m latentstrat.reference", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML")

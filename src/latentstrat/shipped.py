@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 from latentstrat import data, host
-from latentstrat.config import (ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths, base_settings, dump_json, load_config,
-                                settings_diff)
+from latentstrat.config import base_settings, load_config, settings_diff
+from latentstrat.io import dump_json
+from latentstrat.paths import ENTANGLE_FILES, Paths, SHIPPED_REFERENCE_FILE
 
 MANIFEST = "SHA256SUMS"
 REFERENCE = "reference/tokens.parquet"

@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 
 from latentstrat import host
-from latentstrat.config import ConfigError, Paths, expand_cells, init_id, load_config
+from latentstrat.cells import expand_cells, init_id
+from latentstrat.config import ConfigError, load_config
+from latentstrat.paths import Paths
 from latentstrat.io import unreadable
 
 STAGES = ("train", "evaluate", "probes", "metrics")
@@ -102,7 +104,7 @@ def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
     out = {"data": [Path(f) for f in p.data_files().values()],
            "entangle": [Path(f) for f in p.entangle_files(cfg["entangle"]["mode"]).values()],
            "reference": [Path(f) for f in p.reference_files().values()]}
-    for iid in sorted({init_id(c.settings) for c in expand_cells(cfg, validated=True)}):
+    for iid in sorted({init_id(c.settings) for c in expand_cells(cfg)}):
         out[f"step0:{iid}"] = [Path(f) for f in p.step0_files(iid).values()]
     return out
 
@@ -144,7 +146,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
         log = p.logs_dir / "step0" / f"{iid}.log" if iid else p.base_logs_dir / f"{rule}.log"
         base[stage] = stage_state(files, log, _slurm_state(jobs, rule, iid) if iid else _slurm_state(jobs, rule, ""))
     cells = []
-    for c in expand_cells(cfg, validated=True):
+    for c in expand_cells(cfg):
         cid, stages = c.cell_id, {}
         outputs = stage_outputs(p, cid, tasks)
         for stage in STAGES:

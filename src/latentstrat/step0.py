@@ -17,7 +17,9 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.config import STEP0_FILES, dump_json, init_id
+from latentstrat.cells import init_id
+from latentstrat.io import dump_json
+from latentstrat.paths import STEP0_FILES
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.backbone import device_for
 from latentstrat.model import build_model

@@ -29,7 +29,9 @@ import torch
 
 from latentstrat import data, host
 from latentstrat import objective as obj
-from latentstrat.config import TRAIN_FILES, dump_json, parse_family
+from latentstrat.cells import parse_family
+from latentstrat.io import dump_json
+from latentstrat.paths import TRAIN_FILES
 from latentstrat.io import atomic_path, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.backbone import device_for

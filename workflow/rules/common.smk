@@ -1,6 +1,7 @@
 # Glue between the collection config and the rules: validate the config (latentstrat.config),
-# input functions, params, resources and the final outputs. File names and the layout live in
-# the package (latentstrat.config.Paths); the base guard and the partial report too.
+# input functions, params, resources and the final outputs. The cells come from
+# latentstrat.cells, file names and the layout from latentstrat.paths; the base guard and the
+# partial report live in the package too.
 import json
 import re
 from pathlib import Path
@@ -8,17 +9,9 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from latentstrat.config import (
-    ConfigError,
-    Paths,
-    base_guard,
-    expand_cells,
-    external_arms,
-    from_snakemake,
-    INIT_KEYS,
-    init_id,
-    tokenizer_identity,
-)
+from latentstrat.cells import INIT_KEYS, expand_cells, external_arms, init_id
+from latentstrat.config import ConfigError, base_guard, from_snakemake, tokenizer_identity
+from latentstrat.paths import Paths
 from latentstrat.shipped import MANIFEST, bases_root
 
 CONFIG_FILE = (list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1]
@@ -28,7 +21,7 @@ except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
 
 P = Paths.from_config(CFG)
-CELLS = {c.cell_id: c for c in expand_cells(CFG, validated=True)}
+CELLS = {c.cell_id: c for c in expand_cells(CFG)}
 TASKS = list(CFG["data"]["tasks"])
 # the cells' models as built: cells that agree on INIT_KEYS share one step-0 validation
 INITS = {init_id(c.settings): {k: c.settings[k] for k in INIT_KEYS} for c in CELLS.values()}

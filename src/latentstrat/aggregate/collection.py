@@ -25,14 +25,14 @@ from latentstrat.aggregate.inputs import (load_bootstrap, load_cell_metrics, loa
 from latentstrat.aggregate.sanity import cell_sanity, entangled_model_quality, mark_cells
 from latentstrat.aggregate.settings import (aggregation_name, derived_diagnostics, metric_distributions,
                                             ranking_metric, seed_means, setting_rows, top_bottom)
-from latentstrat.config import CELL_KEYS, external_arms, format_value
+from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS
 
 
 def report_settings(report_cfg: dict | None) -> dict:
     """The `report` config section with the schema's defaults filled in."""
-    from latentstrat.config import load_schema
+    from latentstrat.schema import load_schema
 
     props = load_schema()["properties"]["report"]["properties"]
     return {**{k: v.get("default") for k, v in props.items()}, **(report_cfg or {})}

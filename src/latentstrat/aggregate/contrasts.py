@@ -15,7 +15,7 @@ import pandas as pd
 from latentstrat import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
 from latentstrat.aggregate.settings import aggregation_name, setting_replicates
-from latentstrat.config import CELL_KEYS, format_value
+from latentstrat.cells import CELL_KEYS, format_value
 from latentstrat.metrics import interval
 
 Z95 = 1.959963984540054

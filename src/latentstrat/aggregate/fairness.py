@@ -8,7 +8,7 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL, SHARE_METRICS
 from latentstrat.aggregate.contrasts import arm_prefix, differing_keys, pair_key, pair_keys
-from latentstrat.config import CELL_KEYS, format_value
+from latentstrat.cells import CELL_KEYS, format_value
 
 
 def collection_state_counts(state: pd.DataFrame) -> pd.DataFrame:

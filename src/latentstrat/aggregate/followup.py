@@ -12,7 +12,7 @@ import pandas as pd
 
 from latentstrat import power
 from latentstrat.aggregate.columns import FALLBACK_METRIC
-from latentstrat.config import expand_cells
+from latentstrat.cells import expand_cells
 from latentstrat.io import write_text
 
 FOLLOWUP_FILE = "followup.json"
@@ -50,7 +50,7 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> di
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
         metric = FALLBACK_METRIC  # tables without the chance-corrected score (as settings.ranking_metric)
     seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
-    n_cells = len(expand_cells(cfg, validated=True))
+    n_cells = len(expand_cells(cfg))
     rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
     needs = [n for n in (power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"],
                                              cfg["report"]["followup_max_seeds"]) for r in rows.to_dict("records")) if n]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.config import CELL_KEYS, beta_label, expand_cells, family_label
+from latentstrat.cells import CELL_KEYS, beta_label, expand_cells, family_label
 from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive
 
 # external comparison / summary tables (docs/comparison-table.md)
@@ -79,7 +79,7 @@ def load_cell_metrics(cfg: dict, metrics_paths: dict, upstream: dict | None = No
     (cell id -> the files its metrics are computed from), a metrics file older than one of them
     (say evaluate records rewritten, or corrupted, after it) is not complete: its numbers
     describe outputs that are gone."""
-    cells = expand_cells(cfg, validated=True)
+    cells = expand_cells(cfg)
     rows, state = [], []
     for c in cells:
         path = metrics_paths.get(c.cell_id)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
-from latentstrat.config import beta_label, family_label
+from latentstrat.cells import beta_label, family_label
 
 SANITY_COLUMNS = ["cell_id", "arm", FAMILY_COL, "beta_label", "final_answer_accuracy", "entangled_answer_accuracy",
                   "strategy_match_rate", "entangled_strategy_match_rate", "step0_base_relative_reconstruction",

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.aggregate.columns import FALLBACK_METRIC, FAMILY_COL
-from latentstrat.config import CELL_KEYS, beta_label, family_label, format_value
+from latentstrat.cells import CELL_KEYS, beta_label, family_label, format_value
 from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PROBE_METRICS, interval, probe_label
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from latentstrat import config as cfgmod
-from latentstrat.config import TRAIN_FILES, Paths, load_config
+from latentstrat import cells
+from latentstrat.config import load_config
+from latentstrat.paths import Paths, TRAIN_FILES
 
 # history metric -> curve column
 COLUMNS = {
@@ -92,11 +93,11 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
         overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}
     cfg = load_config(configfile, overrides=overrides)
     settings = {**cfg["cell"], **cell_overrides}
-    unknown = sorted(set(cell_overrides) - set(cfgmod.CELL_KEYS))
+    unknown = sorted(set(cell_overrides) - set(cells.CELL_KEYS))
     if unknown:
-        raise SystemExit(f"curve: unknown cell setting(s) {', '.join(unknown)} (known: {', '.join(cfgmod.CELL_KEYS)})")
-    settings = cfgmod._normalize_settings({**cfgmod.schema_cell_defaults(), **settings})
-    cid = cfgmod.cell_id(settings)
+        raise SystemExit(f"curve: unknown cell setting(s) {', '.join(unknown)} (known: {', '.join(cells.CELL_KEYS)})")
+    settings = cells.normalize_settings({**cells.schema_cell_defaults(), **settings})
+    cid = cells.cell_id(settings)
     paths = Paths.from_config(cfg)
     need = [Path(p) for p in (*paths.data_files().values(), *paths.reference_files().values())]
     missing = [p for p in need if not p.exists()]
@@ -128,11 +129,11 @@ def collection_curves(configfile: str, out: Path) -> list[str]:
     cfg = load_config(configfile)
     paths = Paths.from_config(cfg)
     missing = []
-    for c in cfgmod.expand_cells(cfg, validated=True):
+    for c in cells.expand_cells(cfg):
         if not Path(paths.train_files(c.cell_id)["history"]).exists():
             missing.append(c.cell_id)
             continue
-        run_curve(configfile, {k: c.settings[k] for k in cfgmod.CELL_KEYS}, {}, None, out, 1)
+        run_curve(configfile, {k: c.settings[k] for k in cells.CELL_KEYS}, {}, None, out, 1)
     return missing
 
 

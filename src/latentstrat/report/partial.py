@@ -11,7 +11,8 @@ from pathlib import Path
 
 from latentstrat.aggregate.collection import aggregate_collection
 from latentstrat.aggregate.inputs import load_entangle_quality
-from latentstrat.config import Paths, expand_cells
+from latentstrat.cells import expand_cells
+from latentstrat.paths import Paths
 from latentstrat.report import build_report
 
 
@@ -19,7 +20,7 @@ def partial_report(cfg: dict, log=print) -> dict | None:
     """Write the aggregate and the report of the finished cells of `cfg`'s collection; return
     {"done", "missing"} or None when no cell has metrics yet."""
     p = Paths.from_config(cfg)
-    cells = [c.cell_id for c in expand_cells(cfg, validated=True)]
+    cells = [c.cell_id for c in expand_cells(cfg)]
     tasks = list(cfg["data"]["tasks"])
     done = [c for c in cells if p.metrics_path(c).exists()]
     if not done:

@@ -1,0 +1,233 @@
+"""Cells and the grid: the reconstruction families and their labels, canonical cell ids, and the
+expansion of a validated collection config into its cells.
+
+A collection config (see config/config.yaml) holds fixed cell settings (`cell`), the primary
+arm's grid axes (`grid`), an optional `seeds` axis, and comparison arms. This module is the one
+place that turns it into cells; Snakemake's common.smk and every stage call it.
+
+Cell ids are canonical strings built from the cell's settings (never from the position in a
+grid): `agg-sum_fam-raw_beta-0.01_seed-314159`, plus `key-value` for every other cell setting
+that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are the same beta.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from latentstrat.schema import parsed_schema
+
+
+# cell setting -> short id key, in id order. agg, fam, beta and seed always appear.
+ID_KEYS = {
+    "token_aggregation": "agg",
+    "reconstruction_family": "fam",
+    "beta": "beta",
+    "beta_schedule": "sched",
+    "init": "init",
+    "adaptation": "adapt",
+    "latent_dim": "zdim",
+    "z_slots": "slots",
+    "posterior_variance_weight": "lpv",
+    "router_marginal_kl_weight": "lrmk",
+    "seed": "seed",
+}
+
+
+ALWAYS_IN_ID = ("token_aggregation", "reconstruction_family", "beta", "seed")
+
+
+CELL_KEYS = tuple(ID_KEYS)
+
+
+
+@dataclass(frozen=True)
+class Family:
+    """A reconstruction family: kind in raw|dist_norm|tokcc|dist_tokcc, with its parameters."""
+    name: str
+    kind: str
+    alpha: float = 0.25  # tokcc exponent a
+    p: float = 0.0  # dist_tokcc weight on dist_norm
+    q: float = 0.0  # dist_tokcc weight on tokcc
+
+
+_FAMILY_RE = re.compile(
+    r"^(?:(?P<raw>raw)|(?P<dist>dist_norm)|tokcc_a(?P<a>[0-9.]+)|dist_tokcc_(?P<p>[0-9.]+)_(?P<q>[0-9.]+)(?:_a(?P<a2>[0-9.]+))?)$")
+
+
+
+def parse_family(name: str) -> Family:
+    m = _FAMILY_RE.match(str(name))
+    if not m:
+        raise ValueError(f"unknown reconstruction family {name!r} (expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])")
+    try:
+        if m["raw"]:
+            return Family(name, "raw")
+        if m["dist"]:
+            return Family(name, "dist_norm")
+        if m["a"] is not None:
+            return Family(name, "tokcc", alpha=float(m["a"]))
+        return Family(name, "dist_tokcc", alpha=float(m["a2"]) if m["a2"] else 0.25, p=float(m["p"]), q=float(m["q"]))
+    except ValueError:
+        raise ValueError(f"unknown reconstruction family {name!r}: malformed number") from None
+
+
+
+def family_label(name: str) -> str:
+    """Human label used by tables and figures: `tokcc a.25`, `dist+tokcc 0.05/0.95`."""
+    f = parse_family(name)
+    if f.kind == "raw":
+        return "raw"
+    if f.kind == "dist_norm":
+        return "dist norm"
+    a = _short(f.alpha)
+    if f.kind == "tokcc":
+        return f"tokcc a{a}"
+    return f"dist+tokcc {f.p:g}/{f.q:g}" + ("" if f.alpha == 0.25 else f" a{a}")
+
+
+
+def _short(x: float) -> str:
+    s = f"{x:g}"
+    return s[1:] if s.startswith("0.") else s
+
+
+
+def schedule_warmup(schedule: str) -> int:
+    """`constant` -> 0, `linN` -> N."""
+    if schedule == "constant":
+        return 0
+    m = re.fullmatch(r"lin([1-9][0-9]*)", schedule)
+    if not m:
+        raise ValueError(f"unknown beta schedule {schedule!r}")
+    return int(m[1])
+
+
+
+def format_value(v: Any) -> str:
+    """Canonical text of a setting value: 1 and 1.0 -> '1'; 0.010 -> '0.01'."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (int, float)):
+        f = float(v)
+        if f.is_integer() and abs(f) < 1e15:
+            return str(int(f))
+        return repr(f)
+    return str(v)
+
+
+
+def beta_label(beta: float) -> str:
+    """Label as the original study writes it: beta=.01, beta=1."""
+    return "beta=" + _short(float(beta))
+
+
+
+def schema_cell_defaults() -> dict:
+    props = parsed_schema()["properties"]["cell"]["properties"]
+    return {k: v["default"] for k, v in props.items()}
+
+
+
+def cell_id(settings: dict) -> str:
+    defaults = schema_cell_defaults()
+    parts = []
+    for key, short in ID_KEYS.items():
+        v = settings[key]
+        if key in ALWAYS_IN_ID or _canon(v) != _canon(defaults[key]):
+            parts.append(f"{short}-{format_value(v)}")
+    return "_".join(parts)
+
+
+# the cell settings that decide its model as built (model.build_model): cells that agree on them
+# start from the same weights and share one step-0 validation (train.step0_validation)
+INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "seed")
+
+
+
+def init_id(settings: dict) -> str:
+    """The name of a cell's model at step 0, from its INIT_KEYS, e.g. init-entangled_adapt-lora_..."""
+    return "_".join(f"{ID_KEYS[k]}-{format_value(settings[k])}" for k in INIT_KEYS)
+
+
+
+def _canon(v):
+    return format_value(v)
+
+
+
+def parse_cell_id(cid: str) -> dict:
+    """Inverse of cell_id for the keys it names (values as strings)."""
+    rev = {v: k for k, v in ID_KEYS.items()}
+    out = {}
+    for part in cid.split("_"):
+        short, _, value = part.partition("-")
+        if short not in rev:
+            # family names contain underscores: glue back onto the previous part
+            last = list(out)[-1]
+            out[last] += "_" + part
+            continue
+        out[rev[short]] = value
+    return out
+
+
+
+@dataclass(frozen=True)
+class Cell:
+    cell_id: str
+    arm: str
+    role: str  # primary | comparison
+    settings: dict = field(hash=False)
+
+    def to_json(self) -> dict:
+        return {"cell_id": self.cell_id, "arm": self.arm, "role": self.role, **self.settings}
+
+
+
+def normalize_settings(s: dict) -> dict:
+    out = dict(s)
+    for k in ("beta", "posterior_variance_weight", "router_marginal_kl_weight"):
+        out[k] = float(out[k])
+    for k in ("latent_dim", "z_slots", "seed"):
+        out[k] = int(out[k])
+    return out
+
+
+
+def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -> list[Cell]:
+    axes = [k for k in CELL_KEYS if k in grid and k != "seed"]
+    cells, seen = [], set()
+    for values in itertools.product(*(grid[k] for k in axes)):
+        for seed in seeds:
+            s = dict(base)
+            s.update(zip(axes, values))
+            s["seed"] = seed
+            s = normalize_settings(s)
+            cid = cell_id(s)
+            if cid in seen:  # e.g. beta [1, 1.0]
+                continue
+            seen.add(cid)
+            cells.append(Cell(cid, name, role, s))
+    return cells
+
+
+
+def expand_cells(cfg: dict) -> list[Cell]:
+    """All cells of a validated config (config.load_config / config.validate): the primary arm,
+    then each run-here comparison arm."""
+    seeds = cfg.get("seeds") or [cfg["cell"]["seed"]]
+    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], seeds)
+    for arm in cfg["comparison_arms"]:
+        if "table" in arm:
+            continue
+        base = {**cfg["cell"], **arm.get("settings", {})}
+        grid = {k: v for k, v in cfg["grid"].items() if k not in arm.get("settings", {})}
+        grid.update(arm.get("grid", {}))
+        cells += _arm_cells(arm["name"], "comparison", base, grid, seeds)
+    return cells
+
+
+
+def external_arms(cfg: dict) -> list[dict]:
+    return [a for a in cfg["comparison_arms"] if "table" in a]
