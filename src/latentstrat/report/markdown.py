@@ -76,11 +76,32 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
 
 def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
+    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
     if meta.get("description"):
         out.append(meta["description"].strip() + "\n")
     out += cell_sanity_md(t, thr)
     out += entangle_quality_md(meta.get("entangle_quality"))
+    out += _state_md(t)
+    out += _aggregate_metrics_md(t, meta, metric)
+    out += _common_cells_md(t)
+    out += _dynamics_md(t)
+    out += _dominance_md(t)
+    out += ["## Top And Bottom Rows\n", f"### Top Rows By {label(metric).title()}\n", md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
+            f"### Bottom Rows By {label(metric).title()}\n", md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"])]
+    out.append("## Figures\n")
+    for name, title in made:
+        out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n")
+    if skipped:
+        out += ["Figures skipped because their data is absent:\n"] + [f"- {title} (`{name}.png`)" for name, title in skipped] + [""]
+    out += ["## Artifacts\n", "- Aggregate tables: `" + str(meta.get("aggregate_dir", "aggregate")) + "/*.parquet` and `*.csv`",
+            "- Interpretation: `analysis.md`; brief: `brief.yaml`; findings: `findings.json`; figures: `figures/`\n"]
+    return "\n".join(out)
+
+
+def _state_md(t: dict) -> list[str]:
+    """Collection metadata, what a cell cost, and which cells are complete."""
+    out = []
     st, counts = t["collection_state"], t["collection_state_counts"]
     n_ok = int((st.status == "complete").sum()) if not st.empty else 0
     meta_t = t.get("collection_metadata", pd.DataFrame())
@@ -97,9 +118,13 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     inc = st[st.status != "complete"] if not st.empty else st
     if len(inc):
         out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
-    out.append("## Aggregate Metrics\n")
+    return out
+
+
+def _aggregate_metrics_md(t: dict, meta: dict, metric: str) -> list[str]:
+    """The best primary row, seed means and the metric distributions."""
+    out = ["## Aggregate Metrics\n"]
     p = t["top_rows"]
-    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     if meta.get("ranking_note"):
         out.append(f"Note: {meta['ranking_note']}.\n")
     if not p.empty:
@@ -124,8 +149,13 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
         out += ["Mean and std (sample) across seeds:\n", md_table(by, cols)]
     out += ["## Metric Distributions\n", "Over the complete primary-arm settings (population std).\n",
             md_table(t["metric_distributions"], ["label", "n", "min", "mean", "median", "max", "std"])]
+    return out
+
+
+def _common_cells_md(t: dict) -> list[str]:
+    """The common cells per comparison arm, the unmatched rows, the scale and diagnostic tables."""
     c = t["common_cells"]
-    out.append("## Common Cells\n")
+    out = ["## Common Cells\n"]
     if c.empty:
         out.append("No common cells with a comparison arm.\n")
     for arm, g in (c.groupby("comparison_arm", sort=False) if not c.empty else []):
@@ -138,7 +168,12 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     out += ["## Inferred Z-Free Reference Scale\n",
             "Inferred as reconstruction_loss / distribution_normalized_reconstruction_loss.\n", md_table(t["reference_scale"])]
     out += ["## Derived Local Diagnostic Table\n", md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"])]
-    out += ["## Validation Dynamics\n"]
+    return out
+
+
+def _dynamics_md(t: dict) -> list[str]:
+    """The validation dynamics and the best per-task validation checkpoints."""
+    out = ["## Validation Dynamics\n"]
     d = t["dynamics_summary"]
     if d.empty:
         out.append("No training histories are available.\n")
@@ -154,8 +189,13 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
         out += ["### Top Per-Task Validation Router Checkpoints\n",
                 md_table(pt, ["task_name", *ID, "final_val_scored_matched_router_score", "max_val_scored_matched_router_score",
                               "step_of_max", "final_val_decoded_answer_accuracy", CELL_CHECK_COL])]
+    return out
+
+
+def _dominance_md(t: dict) -> list[str]:
+    """Token-count dominance and gradient clipping per aggregation."""
     dom = t["token_dominance"]
-    out.append("## Token-Count Dominance\n")
+    out = ["## Token-Count Dominance\n"]
     if dom.empty:
         out.append("No per-task share metrics in the histories.\n")
     else:
@@ -168,16 +208,7 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
         out += ["Gradient clipping per aggregation (`train.grad_clip`): the threshold, the mean pre-clip gradient norm and the "
                 "fraction of steps it clipped. A threshold that clips most steps of one aggregation and none of the other "
                 "changes that aggregation's effective step size.\n", md_table(clip)]
-    out += ["## Top And Bottom Rows\n", f"### Top Rows By {label(metric).title()}\n", md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
-            f"### Bottom Rows By {label(metric).title()}\n", md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"])]
-    out.append("## Figures\n")
-    for name, title in made:
-        out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n")
-    if skipped:
-        out += ["Figures skipped because their data is absent:\n"] + [f"- {title} (`{name}.png`)" for name, title in skipped] + [""]
-    out += ["## Artifacts\n", "- Aggregate tables: `" + str(meta.get("aggregate_dir", "aggregate")) + "/*.parquet` and `*.csv`",
-            "- Interpretation: `analysis.md`; brief: `brief.yaml`; findings: `findings.json`; figures: `figures/`\n"]
-    return "\n".join(out)
+    return out
 
 
 def sign_sentences(t: dict, meta: dict) -> list[str]:
