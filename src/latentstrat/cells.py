@@ -141,7 +141,7 @@ def cell_id(settings: dict) -> str:
 
 
 # the cell settings that decide its model as built (model.build_model): cells that agree on them
-# start from the same weights and share one step-0 validation (train.step0_validation)
+# start from the same weights and share one step-0 validation (step0.step0_validation)
 INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "seed")
 
 

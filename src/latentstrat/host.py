@@ -2,7 +2,7 @@
 
 The CPU's features come from `torch.cpu.get_capabilities()` (x86 and ARM). The training step's
 `auto` settings start from these facts and are then checked by a short timed trial
-(entangle.choose_step_settings): on a CPU without native bf16 (no AVX512_BF16, AMX or ARM
+(entangle_step.choose_step_settings): on a CPU without native bf16 (no AVX512_BF16, AMX or ARM
 BF16), bf16 autocast emulates bf16 and runs slower than float32, so it is never a candidate
 there.
 """

@@ -155,6 +155,31 @@ def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -
     _write_manifest(d)
 
 
+def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
+    """Rerun the quality checks of an already shipped base's model with this code (after a change
+    to the sampler) and rewrite its quality.json, keeping its training record; refuses a model
+    that no longer passes. The manifest is rewritten. Returns the new report."""
+    import torch
+
+    from latentstrat.backbone import load_entangled
+    from latentstrat.quality import check_quality
+
+    d = Path(shipped_dir)
+    verify(d, cfg, data_dir)
+    torch.set_num_threads(2)
+    old = json.loads((d / ENTANGLE_FILES["quality"]).read_text())
+    splits = {s: data.load_split(data_dir, s) for s in ("train", "validation")}
+    ecfg = cfg["entangle"]
+    report, _ = check_quality(load_entangled(d), data.load_tokenizer(data_dir), splits["validation"], splits["train"],
+                              ecfg, batch_size=2 * ecfg["batch_size"])
+    if not report["passed"]:
+        raise ShippedBaseError(f"shipped base {d}: its model fails the quality checks with this code: {report['tasks']}")
+    report.update({k: v for k, v in old.items() if k not in report}, requalified=host.code_version()["code_version"])
+    dump_json(report, d / ENTANGLE_FILES["quality"])
+    _write_manifest(d)
+    return report
+
+
 def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_reference: bool = True) -> dict:
     """Check a shipped base against its checksums, the config's recipe and the data stage's
     output; return its provenance. Every failure names the file or the keys and how to go on."""
@@ -220,12 +245,18 @@ def main(argv=None) -> None:
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
     ap.add_argument("--reference", action="store_true",
                     help="only (re)compute the reference table of the already shipped base")
+    ap.add_argument("--quality", action="store_true",
+                    help="only rerun the quality checks of the already shipped base's model and rewrite its quality.json")
     ap.add_argument("--model-extras", action="store_true",
                     help="only add the tokenizer files and model card to the already shipped base's model/")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
     out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[2]) / cfg["base"]
+    if args.quality:
+        report = requalify(cfg, paths.data_dir, out)
+        print(f"quality of {cfg['base']} -> {out / ENTANGLE_FILES['quality']} (passed {report['passed']})")
+        return
     if args.model_extras:
         add_model_extras(cfg, paths.data_dir, out)
         print(f"tokenizer and model card -> {out / 'model'}")

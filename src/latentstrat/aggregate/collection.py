@@ -85,7 +85,7 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
     comparisons: external comparison arm name -> validated table; run-here arms come from summary.
     entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
-    bootstrap: cell id -> its bootstrap replicates (metrics.bootstrap_replicates), for intervals.
+    bootstrap: cell id -> its bootstrap replicates (cell_metrics.bootstrap_replicates), for intervals.
     costs: per cell job seconds (cell_costs), or None.
     """
     role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)

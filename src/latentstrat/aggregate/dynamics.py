@@ -19,7 +19,7 @@ DYNAMICS_METRICS = {
     "kl_prior_loss": "kl_prior_loss",
     "kl_over_active_reconstruction": "kl_over_active_reconstruction",
     # validation proxies get their own names: the router probe there scores which strategy the
-    # generator follows by likelihood instead of decoding (train.validate), on a small subset
+    # generator follows by likelihood instead of decoding (validation.validate), on a small subset
     "within_task_router_probe": "val_scored_router_probe",
     "posterior_probe": "val_posterior_probe",
     "matched_router_score": "val_scored_matched_router_score",
