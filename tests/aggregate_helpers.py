@@ -33,7 +33,7 @@ def metrics_row(cell, seed_offset=0.0):
     agg = s["token_aggregation"]
     base = {"within_task_router_probe": ROUTER[agg] + seed_offset, "strategy_match_rate": 1.0, "global_router_probe": 0.2,
             "posterior_probe": 0.8, "final_answer_accuracy": 0.999, "reconstruction_loss": SCALE[agg] * 1.0,
-            "distribution_normalized_reconstruction_loss": 1.0, "tokcc_reconstruction_loss": 1.02,
+            "base_relative_reconstruction": 1.0, "tokcc_reconstruction_loss": 1.02,
             "kl_prior_loss": 2.0 * s["beta"], "active_reconstruction_objective": 1.0}
     row = {"cell_id": cell.cell_id, "arm": cell.arm, "role": cell.role, **{k: s[k] for k in CELL_KEYS},
            "family_label": family_label(s["reconstruction_family"]), "beta_label": beta_label(s["beta"]), **derive(base)}
@@ -51,7 +51,7 @@ def history(cell, steps=(0, 10, 20)):
     for st in steps:
         router = 0.3 + (0.4 if st == 10 else 0.2 if st == 20 else 0.0)  # learn then collapse
         for m, v in {"matched_router_score": router, "within_task_router_probe": router, "posterior_probe": 0.8,
-                     "distribution_normalized_reconstruction_loss": 1.0 if st == 0 else 0.98, "kl_prior_loss": 100.0 / (1 + st),
+                     "base_relative_reconstruction": 1.0 if st == 0 else 0.98, "kl_prior_loss": 100.0 / (1 + st),
                      "active_reconstruction_objective": 1.0, "kl_over_active_reconstruction": 100.0 / (1 + st)}.items():
             rows.append({"cell_id": cell.cell_id, "step": st, "task": "all", "metric": m, "value": v})
         ex = {"short_task": 0.5, "long_task": 0.5}

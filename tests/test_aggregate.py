@@ -258,3 +258,14 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
     brief = yaml.safe_load((p.report_dir / "brief.yaml").read_text())["cells"]
     assert brief["expected"] == len(cells) and brief["complete"] == len(cells) - 1
     assert [c if isinstance(c, str) else c.get("cell_id") for c in brief["incomplete"]] == cells[:1]
+
+
+def test_the_original_studys_column_name_is_read_as_base_relative_reconstruction():
+    from latentstrat.aggregate.inputs import validate_summary_table
+
+    df = pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"],
+                       "beta_schedule": ["constant"], "matched_router_score": [0.5],
+                       "distribution_normalized_reconstruction_loss": [0.8], "reconstruction_loss": [1.6]})
+    out = validate_summary_table(df, "t.csv")
+    assert out.base_relative_reconstruction.tolist() == [0.8] and "distribution_normalized_reconstruction_loss" not in out
+    assert out.inferred_zfree_reference_scale.tolist() == [2.0]

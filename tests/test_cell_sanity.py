@@ -31,10 +31,10 @@ def write_broken(cfg, root, broken: set):
         row = pd.read_parquet(mp[c.cell_id]).iloc[0].to_dict()
         row.update(final_answer_accuracy=0.05, strategy_match_rate=0.03, within_task_router_probe=math.nan,
                    within_task_router_probe_tasks=0, matched_router_score=math.nan, posterior_router_probe_gap=math.nan,
-                   distribution_normalized_reconstruction_loss=28.0)
+                   base_relative_reconstruction=28.0)
         pd.DataFrame([row]).to_parquet(mp[c.cell_id])
         h = pd.read_parquet(hp[c.cell_id])
-        h.loc[(h.metric == "distribution_normalized_reconstruction_loss") & (h.step == 0), "value"] = 96.4
+        h.loc[(h.metric == "base_relative_reconstruction") & (h.step == 0), "value"] = 96.4
         h.to_parquet(hp[c.cell_id])
     return mp, hp
 

@@ -73,9 +73,9 @@ def test_per_example_losses_follow_the_family_identities(smoke):
     scales = json.loads((smoke["dirs"][2] / "scales.json").read_text())
     s_ref = scales["S_ref"]["sum"]
     # dist_norm_i = raw_i / S_ref; active = 0.05 dist_norm + 0.95 tokcc (the cell's family)
-    np.testing.assert_allclose(rec.distribution_normalized_reconstruction_loss * s_ref, rec.reconstruction_loss, rtol=1e-5)
+    np.testing.assert_allclose(rec.base_relative_reconstruction * s_ref, rec.reconstruction_loss, rtol=1e-5)
     np.testing.assert_allclose(rec.active_reconstruction_objective,
-                               0.05 * rec.distribution_normalized_reconstruction_loss + 0.95 * rec.tokcc_reconstruction_loss,
+                               0.05 * rec.base_relative_reconstruction + 0.95 * rec.tokcc_reconstruction_loss,
                                rtol=1e-5)
     assert (rec.kl_prior_loss >= -1e-6).all()
     # sum aggregation: raw_i is a sum of n_supervised token NLLs, each > 0
@@ -117,7 +117,7 @@ def _check_identities(row):
     if row.get("posterior_probe_task_list") == row.get("within_task_router_probe_task_list"):  # same tasks
         assert same(row["posterior_router_probe_gap"], row["posterior_probe"] - row["within_task_router_probe"])
     assert same(row["inferred_zfree_reference_scale"],
-                row["reconstruction_loss"] / row["distribution_normalized_reconstruction_loss"])
+                row["reconstruction_loss"] / row["base_relative_reconstruction"])
     assert same(row["kl_over_active_reconstruction"], row["kl_prior_loss"] / row["active_reconstruction_objective"])
 
 
@@ -177,7 +177,7 @@ def test_write_cell_metrics_hand_computed(tmp_path):
         "generation_ambiguous": [False, False, True, False], "ambiguous": False,
         "correct": [True, False, True, True], "router_z": [[0.0]] * 4, "router_mu": [[0.0]] * 4,
         "posterior_mu": [[0.0]] * 4, "n_supervised": 5, "n_generated": 5,
-        "reconstruction_loss": [2.0, 4.0, 6.0, 8.0], "distribution_normalized_reconstruction_loss": [1.0, 2.0, 3.0, 4.0],
+        "reconstruction_loss": [2.0, 4.0, 6.0, 8.0], "base_relative_reconstruction": [1.0, 2.0, 3.0, 4.0],
         "tokcc_reconstruction_loss": [1.0, 1.0, 1.0, 1.0], "kl_prior_loss": [0.5, 0.5, 1.5, 1.5],
         "active_reconstruction_objective": [2.0, 4.0, 6.0, 8.0]})[RECORD_COLUMNS]
     write_parquet(rec, tmp_path / "records.parquet")

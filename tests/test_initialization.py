@@ -99,7 +99,7 @@ def test_step0_history_row_is_one_and_matches_entangled_accuracy(base, tmp_path)
         train_cell(cfg, cell, base / "data", base / "entangle", base / "reference", tmp_path / c.cell_id, threads=1)
         h = pd.read_parquet(tmp_path / c.cell_id / "history.parquet")
         a = h[h.task == "all"].pivot(index="step", columns="metric", values="value")
-        assert a.loc[0, "distribution_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5), c.cell_id
+        assert a.loc[0, "base_relative_reconstruction"] == pytest.approx(1.0, abs=1e-5), c.cell_id
         assert a.loc[0, "tokcc_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5), c.cell_id
 
 

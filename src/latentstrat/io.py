@@ -41,7 +41,7 @@ def write_text(text: str, path: str | Path) -> None:
         Path(tmp).write_text(text)
 
 
-# the job that writes a file, from the stage folder in its path (the layout: config.Paths)
+# the job that writes a file, from the stage folder in its path (the layout: paths.Paths)
 PRODUCERS = {"data": "data", "entangle": "entangle", "reference": "reference", "step0": "step0", "train": "train",
              "evaluate": "evaluate", "probes": "probe", "cells": "metrics", "aggregate": "aggregate",
              "report": "report"}

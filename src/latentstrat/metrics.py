@@ -37,8 +37,8 @@ _M = [
            "mean verifier result over router-sampled greedy generations"),
     Metric("reconstruction_loss", "reconstruction loss", False,
            "raw reconstruction: mean_i A_i(l)"),
-    Metric("distribution_normalized_reconstruction_loss", "dist-normalized reconstruction", False,
-           "base-relative reconstruction: raw / S_ref"),
+    Metric("base_relative_reconstruction", "base-relative reconstruction", False,
+           "raw reconstruction over the entangled model's (raw / S_ref): 1 = the entangled model, below 1 = z carries information"),
     Metric("tokcc_reconstruction_loss", "tokcc reconstruction", False,
            "token-weighted concentration-corrected reconstruction: mean_i A_i(w*l) / T_ref"),
     Metric("kl_prior_loss", "KL to prior", False,
@@ -48,7 +48,7 @@ _M = [
     Metric("kl_over_active_reconstruction", "KL / active recon", None,
            "kl_prior_loss / active_reconstruction_objective"),
     Metric("inferred_zfree_reference_scale", "inferred z-free reference scale", None,
-           "reconstruction_loss / distribution_normalized_reconstruction_loss = S_ref"),
+           "reconstruction_loss / base_relative_reconstruction = S_ref"),
     Metric("posterior_router_probe_gap", "posterior-router probe gap", None,
            "mean over the tasks both probes cover of posterior_probe - within_task_router_probe"),
 ]
@@ -59,7 +59,7 @@ DISTRIBUTION_METRICS = list(METRICS)
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
 ENTANGLE_HISTORY_COLUMNS = HISTORY_COLUMNS[1:]
 # objective.forward_losses key -> the metric (history, record and metrics-row column) it is
-LOSS_METRIC_OF = {"raw": "reconstruction_loss", "dist_norm": "distribution_normalized_reconstruction_loss",
+LOSS_METRIC_OF = {"raw": "reconstruction_loss", "dist_norm": "base_relative_reconstruction",
                   "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
                   "active": "active_reconstruction_objective"}
 LOSS_METRICS = list(LOSS_METRIC_OF.values())
@@ -150,7 +150,7 @@ def derive(row: dict) -> dict:
     out["kl_over_active_reconstruction"] = safe_ratio(row.get("kl_prior_loss"),
                                                       row.get("active_reconstruction_objective"))
     out["inferred_zfree_reference_scale"] = safe_ratio(row.get("reconstruction_loss"),
-                                                       row.get("distribution_normalized_reconstruction_loss"))
+                                                       row.get("base_relative_reconstruction"))
     return out
 
 

@@ -154,10 +154,10 @@ def validation_losses(passes: dict, val, cell, scales, step: int) -> tuple[dict,
     b, _ = _padded(val["b"])
     out = obj.losses({**passes, "l": nll}, b, mask, cell, scales, step)
     r = {k: out[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
-    base = derive({"reconstruction_loss": r["raw"], "distribution_normalized_reconstruction_loss": r["dist_norm"],
+    base = derive({"reconstruction_loss": r["raw"], "base_relative_reconstruction": r["dist_norm"],
                    "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
                    "active_reconstruction_objective": r["active"]})
-    metrics = {k: base[k] for k in ("reconstruction_loss", "distribution_normalized_reconstruction_loss",
+    metrics = {k: base[k] for k in ("reconstruction_loss", "base_relative_reconstruction",
                                      "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
                                      "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
     metrics.update(posterior_variance=out["posterior_variance"].item(),

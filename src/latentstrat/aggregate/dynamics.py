@@ -14,7 +14,7 @@ from latentstrat.metrics import HISTORY_COLUMNS
 
 # dynamics summary: metric -> short name used in column names (seeds: base_relative_reconstruction)
 DYNAMICS_METRICS = {
-    "distribution_normalized_reconstruction_loss": "base_relative_reconstruction",
+    "base_relative_reconstruction": "base_relative_reconstruction",
     "active_reconstruction_objective": "active_reconstruction_objective",
     "kl_prior_loss": "kl_prior_loss",
     "kl_over_active_reconstruction": "kl_over_active_reconstruction",

@@ -195,12 +195,12 @@ def availability_table(primary_rows: pd.DataFrame, comparisons: dict, commons: d
     add("KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio")
     comparison_scale = any(has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
     add("Sum scale vs mean scale", has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
-        "summary + comparison arm", "no comparison arm with reconstruction_loss and distribution_normalized_reconstruction_loss")
+        "summary + comparison arm", "no comparison arm with reconstruction_loss and base_relative_reconstruction")
     n_common = sum(len(c) for c in commons.values() if c is not None)
     add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm")
     add("Posterior-router gap", has(primary_rows, "posterior_router_probe_gap"), "summary", "no posterior / router probes")
     add("KL dynamics over training", hist_has(history_all, "kl_prior_loss"), "history_long", "no history with kl_prior_loss")
-    add("Reconstruction dynamics", hist_has(history_all, "distribution_normalized_reconstruction_loss"), "history_long",
+    add("Reconstruction dynamics", hist_has(history_all, "base_relative_reconstruction"), "history_long",
         "no history with base-relative reconstruction")
     first = int(history_all.step.min()) if len(history_all) else None
     add("Initialization / first-eval scale", first is not None, "history_long", "no history",

@@ -14,6 +14,8 @@ from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive
 
 # external comparison / summary tables (docs/comparison-table.md)
 TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", "matched_router_score"]
+# the original study's column names for metrics latentstrat names otherwise
+STUDY_COLUMNS = {"distribution_normalized_reconstruction_loss": "base_relative_reconstruction"}
 
 
 def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -22,7 +24,7 @@ def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
     if missing:
         raise ValueError(f"summary table {source} lacks required column {missing[0]!r} "
                          f"(required: {', '.join(TABLE_REQUIRED)}; see docs/comparison-table.md)")
-    df = df.copy()
+    df = df.rename(columns={k: v for k, v in STUDY_COLUMNS.items() if v not in df.columns})
     for i, fam in enumerate(df["reconstruction_family"]):
         try:
             family_label(fam)

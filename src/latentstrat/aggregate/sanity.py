@@ -38,7 +38,7 @@ def step0_base_relative(history_all: pd.DataFrame) -> dict:
     """cell id -> its step-0 (validation) base-relative reconstruction."""
     if not len(history_all):
         return {}
-    h = history_all[(history_all.metric == "distribution_normalized_reconstruction_loss") & (history_all.step == 0)]
+    h = history_all[(history_all.metric == "base_relative_reconstruction") & (history_all.step == 0)]
     return dict(zip(h.cell_id, h.value.astype(float)))
 
 
@@ -52,7 +52,7 @@ def sanity_inputs(r: pd.Series, entangled: dict, step0: dict) -> dict:
             "strategy_match_rate": float(r.get("strategy_match_rate", math.nan)),
             "entangled_strategy_match_rate": entangled.get("strategy_match_rate", math.nan),
             "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
-            "final_base_relative_reconstruction": float(r.get("distribution_normalized_reconstruction_loss", math.nan)),
+            "final_base_relative_reconstruction": float(r.get("base_relative_reconstruction", math.nan)),
             "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
             "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)), "n_tasks": n_tasks}
 

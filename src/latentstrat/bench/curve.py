@@ -32,7 +32,7 @@ from latentstrat.paths import Paths, TRAIN_FILES
 
 # history metric -> curve column
 COLUMNS = {
-    "distribution_normalized_reconstruction_loss": "base_relative",
+    "base_relative_reconstruction": "base_relative",
     "kl_prior_loss": "kl",
     "within_task_router_probe": "router_probe",
     "within_task_router_probe_chance": "router_chance",

@@ -133,14 +133,14 @@ def posterior_router_gap(t):
 
 def base_relative_vs_router(t):
     df = _rows(t)
-    if not _need(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe"):
+    if not _need(df, "base_relative_reconstruction", "within_task_router_probe"):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
-    fig = _scatter(df, "distribution_normalized_reconstruction_loss", "within_task_router_probe",
+    fig = _scatter(df, "base_relative_reconstruction", "within_task_router_probe",
                    "Base-relative reconstruction vs router probe\n(grey ticks: each cell's chance level)")
     fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
     if "within_task_router_probe_chance" in df.columns:  # the probe's chance level under each point
-        fig.axes[0].scatter(df["distribution_normalized_reconstruction_loss"], df["within_task_router_probe_chance"],
+        fig.axes[0].scatter(df["base_relative_reconstruction"], df["within_task_router_probe_chance"],
                             marker="_", s=120, color="0.5", label="chance")
     return fig
 
@@ -200,18 +200,18 @@ def trajectory(t):
     h = _history(t)
     if h.empty:
         return None
-    w = h[h.metric.isin(["distribution_normalized_reconstruction_loss", "matched_router_score"])]
+    w = h[h.metric.isin(["base_relative_reconstruction", "matched_router_score"])]
     w = w.pivot_table(index=["cell_id", "step", FAM, BETA], columns="metric", values="value").reset_index()
-    if not _need(w, "distribution_normalized_reconstruction_loss", "matched_router_score"):
+    if not _need(w, "base_relative_reconstruction", "matched_router_score"):
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    sns.lineplot(data=w.sort_values("step"), x="distribution_normalized_reconstruction_loss", y="matched_router_score",
+    sns.lineplot(data=w.sort_values("step"), x="base_relative_reconstruction", y="matched_router_score",
                  hue=FAM, style=BETA, units="cell_id", estimator=None, sort=False, marker="o", markersize=3, ax=ax)
     start = w[w.step == w.step.min()]
-    ax.scatter(start.distribution_normalized_reconstruction_loss, start.matched_router_score, marker="x", color="k",
+    ax.scatter(start.base_relative_reconstruction, start.matched_router_score, marker="x", color="k",
                label="first checkpoint", zorder=5)
     ax.set_xscale("log")
-    ax.set(xlabel=label("distribution_normalized_reconstruction_loss") + " (log)", ylabel=history_label("matched_router_score"),
+    ax.set(xlabel=label("base_relative_reconstruction") + " (log)", ylabel=history_label("matched_router_score"),
            title="Reconstruction-router trajectory")
     ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
@@ -277,7 +277,7 @@ FIGURES = {
     "inferred_scale": ("Inferred z-free reference scale", inferred_scale),
     "posterior_router_gap": ("Posterior-router gap", posterior_router_gap),
     "dynamics_base_relative": ("Base-relative reconstruction dynamics",
-                               lambda t: dynamics(t, ["distribution_normalized_reconstruction_loss"], "Validation dynamics")),
+                               lambda t: dynamics(t, ["base_relative_reconstruction"], "Validation dynamics")),
     "dynamics_active_objective": ("Active reconstruction objective dynamics",
                                   lambda t: dynamics(t, ["active_reconstruction_objective"], "Validation dynamics")),
     "dynamics_kl": ("KL dynamics", lambda t: dynamics(t, ["kl_prior_loss"], "Validation dynamics")),

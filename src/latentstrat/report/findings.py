@@ -271,14 +271,14 @@ def q_tokcc_narrow(t, thr_one, thr):
     q = "Does tokcc under sum focus on a narrow token subset, leaving raw sequence reconstruction poor but final answers intact?"
     s = t["summary_by_setting"]
     st = t["collection_state"]
-    if s.empty or "distribution_normalized_reconstruction_loss" not in s.columns:
+    if s.empty or "base_relative_reconstruction" not in s.columns:
         return _f(q, CANNOT_TELL, "summary lacks base-relative reconstruction", "")
     if not st.empty and "arm" in s.columns:
         s = s[s.arm.isin(st.loc[st.role == "primary", "arm"])]
     tok = s[[parse_family(f).kind == "tokcc" for f in s.reconstruction_family]]
-    if tok.empty or tok.distribution_normalized_reconstruction_loss.isna().all():
+    if tok.empty or tok.base_relative_reconstruction.isna().all():
         return _f(q, CANNOT_TELL, "no tokcc rows with base-relative reconstruction", "")
-    br = tok.distribution_normalized_reconstruction_loss.median()
+    br = tok.base_relative_reconstruction.median()
     acc = tok.final_answer_accuracy.median() if "final_answer_accuracy" in tok.columns else float("nan")
     act = tok.active_reconstruction_objective.median() if "active_reconstruction_objective" in tok.columns else float("nan")
     nums = {"median_base_relative": br, "median_final_answer_accuracy": acc, "median_active_tokcc": act}

@@ -166,7 +166,7 @@ def _common_cells_md(t: dict) -> list[str]:
     if not u.empty:
         out += ["Primary rows without a matching comparison row (left out of the contrast):\n", md_table(u, ["comparison_arm", *ID, "reason"])]
     out += ["## Inferred Z-Free Reference Scale\n",
-            "Inferred as reconstruction_loss / distribution_normalized_reconstruction_loss.\n", md_table(t["reference_scale"])]
+            "Inferred as reconstruction_loss / base_relative_reconstruction.\n", md_table(t["reference_scale"])]
     out += ["## Derived Local Diagnostic Table\n", md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"])]
     return out
 
