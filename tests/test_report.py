@@ -65,7 +65,7 @@ def test_report_outputs_and_findings(partial_report):
 
 
 def test_absent_figures_are_listed_not_crashing(tmp_path):
-    rc = cli_main(["--summary", str(FIX / "seed001_sum_summary.csv"), "--comparison", str(FIX / "seed001_mean_reference.csv"),
+    rc = cli_main(["--summary", str(FIX / "study001_sum_summary.csv"), "--comparison", str(FIX / "study001_mean_lin100.csv"),
                    "--out", str(tmp_path)])
     assert rc == 0
     results = (tmp_path / "results.md").read_text()

@@ -1,4 +1,4 @@
-"""Seed 001's numbers through the table command reproduce the seed's derived tables."""
+"""The original study's report 001 (its tables in tests/fixtures/study001_*) through the table command reproduces that report's derived tables."""
 from pathlib import Path
 
 import pandas as pd
@@ -11,13 +11,13 @@ FIX = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory):
-    out = tmp_path_factory.mktemp("seed001")
-    return aggregate_from_tables(FIX / "seed001_sum_summary.csv", [FIX / "seed001_mean_reference.csv"], None, out)
+    out = tmp_path_factory.mktemp("study001")
+    return aggregate_from_tables(FIX / "study001_sum_summary.csv", [FIX / "study001_mean_lin100.csv"], None, out)
 
 
 def test_metric_distributions_match_seed(tables):
     got = tables["metric_distributions"].set_index("metric")
-    want = pd.read_csv(FIX / "seed001_expected_distributions.csv").set_index("metric")
+    want = pd.read_csv(FIX / "study001_expected_distributions.csv").set_index("metric")
     for m, row in want.iterrows():
         for stat in ["min", "mean", "median", "max", "std"]:
             assert got.loc[m, stat] == pytest.approx(row[stat], abs=2e-4), (m, stat)
@@ -25,7 +25,7 @@ def test_metric_distributions_match_seed(tables):
 
 def test_common_cell_deltas_match_seed(tables):
     got = tables["common_cells"]
-    want = pd.read_csv(FIX / "seed001_expected_common_cells.csv")
+    want = pd.read_csv(FIX / "study001_expected_common_cells.csv")
     assert len(got) == 8
     assert list(got.reconstruction_loss_family_label) == list(want.reconstruction_loss_family_label)
     for col in want.columns[2:]:
@@ -46,8 +46,8 @@ def test_scale_ratio_matches_seed(tables):
 
 def test_seed_fairness(tables):
     f = tables["fairness"].set_index("claim")
-    att = f.loc["aggregation-only causal attribution (seed001_mean_reference)"]
+    att = f.loc["aggregation-only causal attribution (study001_mean_lin100)"]
     assert att.status == "not supported" and "beta_schedule" in att.evidence and "lin100" in att.evidence
-    assert f.loc["common-cell comparison (seed001_mean_reference)", "status"] == "partial"
+    assert f.loc["common-cell comparison (study001_mean_lin100)", "status"] == "partial"
     assert f.loc["planned grid completeness", "status"] == "supported"
     assert f.loc["seed replication", "status"] == "not supported"
