@@ -1,4 +1,5 @@
 """Hand-made collection for aggregate/report tests: config, per-cell metrics and histories on disk."""
+
 import pandas as pd
 
 import latentstrat.tasks as tasks_mod
@@ -15,14 +16,27 @@ SCALE = {"sum": 40.0, "mean": 1.0, "sum_scaled": 1.0}
 def make_cfg(monkeypatch, seeds=None, lin100=True):
     for t in TASKS:
         monkeypatch.setitem(tasks_mod.TASKS, t, object())
-    arms = [{"name": "mean_matched", "settings": {"token_aggregation": "mean"}},
-            {"name": "sum_scaled", "settings": {"token_aggregation": "sum_scaled"}}]
+    arms = [
+        {"name": "mean_matched", "settings": {"token_aggregation": "mean"}},
+        {"name": "sum_scaled", "settings": {"token_aggregation": "sum_scaled"}},
+    ]
     if lin100:
-        arms.append({"name": "mean_lin100", "settings": {"token_aggregation": "mean", "beta_schedule": "lin100"},
-                     "grid": {"beta": [0.1]}})
-    raw = {"collection": "toy", "base": "toy-base", "data": {"tasks": TASKS},
-           "cell": {"token_aggregation": "sum"}, "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1, 1]},
-           "primary_arm": "sum", "comparison_arms": arms}
+        arms.append(
+            {
+                "name": "mean_lin100",
+                "settings": {"token_aggregation": "mean", "beta_schedule": "lin100"},
+                "grid": {"beta": [0.1]},
+            }
+        )
+    raw = {
+        "collection": "toy",
+        "base": "toy-base",
+        "data": {"tasks": TASKS},
+        "cell": {"token_aggregation": "sum"},
+        "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1, 1]},
+        "primary_arm": "sum",
+        "comparison_arms": arms,
+    }
     if seeds:
         raw["seeds"] = seeds
     return validate(raw)
@@ -31,12 +45,27 @@ def make_cfg(monkeypatch, seeds=None, lin100=True):
 def metrics_row(cell, seed_offset=0.0):
     s = cell.settings
     agg = s["token_aggregation"]
-    base = {"within_task_router_probe": ROUTER[agg] + seed_offset, "strategy_match_rate": 1.0, "global_router_probe": 0.2,
-            "posterior_probe": 0.8, "final_answer_accuracy": 0.999, "reconstruction_loss": SCALE[agg] * 1.0,
-            "base_relative_reconstruction": 1.0, "tokcc_reconstruction_loss": 1.02,
-            "kl_prior_loss": 2.0 * s["beta"], "active_reconstruction_objective": 1.0}
-    row = {"cell_id": cell.cell_id, "arm": cell.arm, "role": cell.role, **{k: s[k] for k in CELL_KEYS},
-           "family_label": family_label(s["reconstruction_family"]), "beta_label": beta_label(s["beta"]), **derive(base)}
+    base = {
+        "within_task_router_probe": ROUTER[agg] + seed_offset,
+        "strategy_match_rate": 1.0,
+        "global_router_probe": 0.2,
+        "posterior_probe": 0.8,
+        "final_answer_accuracy": 0.999,
+        "reconstruction_loss": SCALE[agg] * 1.0,
+        "base_relative_reconstruction": 1.0,
+        "tokcc_reconstruction_loss": 1.02,
+        "kl_prior_loss": 2.0 * s["beta"],
+        "active_reconstruction_objective": 1.0,
+    }
+    row = {
+        "cell_id": cell.cell_id,
+        "arm": cell.arm,
+        "role": cell.role,
+        **{k: s[k] for k in CELL_KEYS},
+        "family_label": family_label(s["reconstruction_family"]),
+        "beta_label": beta_label(s["beta"]),
+        **derive(base),
+    }
     for p in ("within_task_router_probe", "posterior_probe", "global_router_probe"):
         row[f"{p}_chance"], row[f"{p}_shuffled"] = 0.5, 0.5
         row[f"{p}_tasks"] = 1 if p == "global_router_probe" else len(TASKS)
@@ -50,16 +79,27 @@ def history(cell, steps=(0, 10, 20)):
     rows = []
     for st in steps:
         router = 0.3 + (0.4 if st == 10 else 0.2 if st == 20 else 0.0)  # learn then collapse
-        for m, v in {"matched_router_score": router, "within_task_router_probe": router, "posterior_probe": 0.8,
-                     "base_relative_reconstruction": 1.0 if st == 0 else 0.98, "kl_prior_loss": 100.0 / (1 + st),
-                     "active_reconstruction_objective": 1.0, "kl_over_active_reconstruction": 100.0 / (1 + st)}.items():
+        for m, v in {
+            "matched_router_score": router,
+            "within_task_router_probe": router,
+            "posterior_probe": 0.8,
+            "base_relative_reconstruction": 1.0 if st == 0 else 0.98,
+            "kl_prior_loss": 100.0 / (1 + st),
+            "active_reconstruction_objective": 1.0,
+            "kl_over_active_reconstruction": 100.0 / (1 + st),
+        }.items():
             rows.append({"cell_id": cell.cell_id, "step": st, "task": "all", "metric": m, "value": v})
         ex = {"short_task": 0.5, "long_task": 0.5}
         tok = {"short_task": 0.25, "long_task": 0.75}
         loss = ex if agg == "mean" else tok
         for t in TASKS:
-            for m, v in {"example_share": ex[t], "token_share": tok[t], "loss_share": loss[t], "grad_norm_share": loss[t],
-                         "matched_router_score": router + (0.1 if t == "long_task" else 0.0)}.items():
+            for m, v in {
+                "example_share": ex[t],
+                "token_share": tok[t],
+                "loss_share": loss[t],
+                "grad_norm_share": loss[t],
+                "matched_router_score": router + (0.1 if t == "long_task" else 0.0),
+            }.items():
                 rows.append({"cell_id": cell.cell_id, "step": st, "task": t, "metric": m, "value": v})
     return pd.DataFrame(rows)
 

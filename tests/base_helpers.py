@@ -1,25 +1,44 @@
 """The tiny base shared by the cell-stage tests (built once per pytest run by the `tiny_base`
 fixture in conftest.py): two tasks, a random tiny Qwen2 saved as the entangled model, and the
 reference stage run on it."""
+
 from pathlib import Path
 
 import torch
 
 from latentstrat import data
-from latentstrat.backbone import write_model_extras
-from latentstrat.backbone import build_backbone
+from latentstrat.backbone import build_backbone, write_model_extras
 from latentstrat.reference import run_reference
 
 TINY = {
-    "collection": "t", "base": "t",
-    "data": {"seed": 3, "tasks": ["sorting_algorithms", "multidigit_addition"], "train_per_task": 24,
-             "validation_per_task": 8, "test_per_task": 10},
-    "backbone": {"embedded": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                              "num_attention_heads": 2, "num_key_value_heads": 1}},
+    "collection": "t",
+    "base": "t",
+    "data": {
+        "seed": 3,
+        "tasks": ["sorting_algorithms", "multidigit_addition"],
+        "train_per_task": 24,
+        "validation_per_task": 8,
+        "test_per_task": 10,
+    },
+    "backbone": {
+        "embedded": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+        }
+    },
     "cell": {"latent_dim": 4, "token_aggregation": "sum", "reconstruction_family": "tokcc_a0.25"},
     "lora": {"r": 4},
-    "train": {"steps": 6, "batch_size": 8, "eval_every": 3, "checkpoint_every": 2, "val_probe_per_task": 8,
-              "val_decode_per_task": 1},
+    "train": {
+        "steps": 6,
+        "batch_size": 8,
+        "eval_every": 3,
+        "checkpoint_every": 2,
+        "val_probe_per_task": 8,
+        "val_decode_per_task": 1,
+    },
     "evaluate": {"max_new_tokens": 8},
     "probes": {"folds": 2},
     "resources": {"threads": 1},

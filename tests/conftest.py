@@ -1,4 +1,5 @@
 """Shared pytest fixtures: a small dataset over every task, built once per session."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,13 @@ from latentstrat.tasks import TASKS
 
 torch.set_num_threads(1)
 
-SMALL_DATA_CFG = {"seed": 11, "tasks": sorted(TASKS), "train_per_task": 24,
-                  "validation_per_task": 8, "test_per_task": 8}
+SMALL_DATA_CFG = {
+    "seed": 11,
+    "tasks": sorted(TASKS),
+    "train_per_task": 24,
+    "validation_per_task": 8,
+    "test_per_task": 8,
+}
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Worker functions for tests/test_parallel.py: data-parallel workers import them by module
 name, so they live in a module of their own (the test puts tests/ on the workers' PYTHONPATH)."""
+
 import torch
 
 from latentstrat import parallel

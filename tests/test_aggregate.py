@@ -21,16 +21,29 @@ def test_metric_distributions_hand_computed():
     d = metric_distributions(rows).set_index("metric")
     assert d.loc["matched_router_score", "mean"] == pytest.approx(0.3)
     assert d.loc["matched_router_score", "median"] == pytest.approx(0.2)
-    assert d.loc["matched_router_score", "std"] == pytest.approx(math.sqrt(((0.2) ** 2 + 0.1 ** 2 + 0.3 ** 2) / 3))
+    assert d.loc["matched_router_score", "std"] == pytest.approx(math.sqrt(((0.2) ** 2 + 0.1**2 + 0.3**2) / 3))
     assert d.loc["kl_prior_loss", "n"] == 2 and d.loc["kl_prior_loss", "std"] == pytest.approx(1.0)
     assert "posterior_probe" not in d.index  # absent metrics are left out, not zero
 
 
 def _rows(agg, sched="constant", fams=("raw", "dist_norm"), betas=(0.1, 1.0), router=0.5, record_all=True):
     other = schema_cell_defaults() if record_all else {}
-    df = pd.DataFrame([{**other, "reconstruction_family": f, "beta": b, "token_aggregation": agg, "beta_schedule": sched,
-                        "matched_router_score": router, "final_answer_accuracy": 0.99, "active_reconstruction_objective": 1.0}
-                       for f in fams for b in betas])
+    df = pd.DataFrame(
+        [
+            {
+                **other,
+                "reconstruction_family": f,
+                "beta": b,
+                "token_aggregation": agg,
+                "beta_schedule": sched,
+                "matched_router_score": router,
+                "final_answer_accuracy": 0.99,
+                "active_reconstruction_objective": 1.0,
+            }
+            for f in fams
+            for b in betas
+        ]
+    )
     return seed_means(validate_summary_table(df, f"{agg}-{sched}"))
 
 
@@ -96,7 +109,10 @@ def test_collection_with_missing_cell(monkeypatch, tmp_path):
     assert missing not in set(t["summary"].cell_id)
     assert t["metric_distributions"].set_index("metric").loc["matched_router_score", "n"] == 2
     f = t["fairness"].set_index("claim")
-    assert f.loc["planned grid completeness", "status"] == "partial" and missing in f.loc["planned grid completeness", "evidence"]
+    assert (
+        f.loc["planned grid completeness", "status"] == "partial"
+        and missing in f.loc["planned grid completeness", "evidence"]
+    )
     assert (tmp_path / "agg" / "fairness.csv").exists() and (tmp_path / "agg" / "summary.parquet").exists()
 
 
@@ -118,7 +134,9 @@ def test_followup_fairness_dynamics_dominance(monkeypatch, tmp_path):
     d = t["dynamics_summary"]
     assert set(d.first_checkpoint) == {"initialization"}
     assert d.first_base_relative_reconstruction.iloc[0] == 1.0 and d.final_base_relative_reconstruction.iloc[0] == 0.98
-    assert d.max_val_scored_matched_router_score.iloc[0] == pytest.approx(0.7) and d.final_val_scored_matched_router_score.iloc[0] == pytest.approx(0.5)
+    assert d.max_val_scored_matched_router_score.iloc[0] == pytest.approx(
+        0.7
+    ) and d.final_val_scored_matched_router_score.iloc[0] == pytest.approx(0.5)
     dom = t["token_dominance"]
     assert set(dom.checkpoint) == {"initialization", "final"}
     sums = t["token_dominance_sums"]
@@ -163,11 +181,20 @@ def test_three_seeds_give_std(monkeypatch, tmp_path):
 
 def test_bad_comparison_table_names_column(tmp_path):
     p = tmp_path / "comparison.csv"
-    pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"]}).to_csv(p, index=False)
+    pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"]}).to_csv(
+        p, index=False
+    )
     with pytest.raises(ValueError, match="beta_schedule.*comparison.csv|comparison.csv.*beta_schedule"):
         read_summary_table(p)
-    pd.DataFrame({"reconstruction_family": ["bogus"], "beta": [0.1], "token_aggregation": ["mean"], "beta_schedule": ["constant"],
-                  "matched_router_score": [0.5]}).to_csv(p, index=False)
+    pd.DataFrame(
+        {
+            "reconstruction_family": ["bogus"],
+            "beta": [0.1],
+            "token_aggregation": ["mean"],
+            "beta_schedule": ["constant"],
+            "matched_router_score": [0.5],
+        }
+    ).to_csv(p, index=False)
     with pytest.raises(ValueError, match="reconstruction_family"):
         read_summary_table(p)
 
@@ -193,10 +220,15 @@ def test_three_seeds_draw_error_bars(monkeypatch, tmp_path, seeds, expect_bars):
 
 
 def test_collection_metadata_names_dates_code_versions_and_stale_cells():
-    summary = pd.DataFrame({"train_code_version": ["abc123", "abc123", "def456+dirty"],
-                            "train_started_at": ["2026-12-01T00:10:00Z", "2026-12-01T00:05:00Z", "2026-12-01T00:20:00Z"],
-                            "train_finished_at": ["2026-12-01T00:12:00Z", "2026-12-01T00:07:00Z", "2026-12-01T00:30:00Z"],
-                            "train_host": "n1", "train_device": "cpu"})
+    summary = pd.DataFrame(
+        {
+            "train_code_version": ["abc123", "abc123", "def456+dirty"],
+            "train_started_at": ["2026-12-01T00:10:00Z", "2026-12-01T00:05:00Z", "2026-12-01T00:20:00Z"],
+            "train_finished_at": ["2026-12-01T00:12:00Z", "2026-12-01T00:07:00Z", "2026-12-01T00:30:00Z"],
+            "train_host": "n1",
+            "train_device": "cpu",
+        }
+    )
     state = pd.DataFrame({"cell_id": list("abcd"), "status": ["complete"] * 3 + ["incomplete"]})
     m = collection_metadata(summary, state, code_now="abc123").set_index("field").value
     assert m["planned cells"] == "4" and m["observed cells (with final metrics)"] == "3"
@@ -255,6 +287,7 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
     state = pd.read_parquet(p.aggregate_marker).set_index("cell_id")
     assert state.loc[cells[0], "status"] != "complete" and (state.status == "complete").sum() == len(cells) - 1
     import yaml
+
     brief = yaml.safe_load((p.report_dir / "brief.yaml").read_text())["cells"]
     assert brief["expected"] == len(cells) and brief["complete"] == len(cells) - 1
     assert [c if isinstance(c, str) else c.get("cell_id") for c in brief["incomplete"]] == cells[:1]
@@ -263,9 +296,19 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
 def test_the_original_studys_column_name_is_read_as_base_relative_reconstruction():
     from latentstrat.aggregate.inputs import validate_summary_table
 
-    df = pd.DataFrame({"reconstruction_family": ["raw"], "beta": [0.1], "token_aggregation": ["mean"],
-                       "beta_schedule": ["constant"], "matched_router_score": [0.5],
-                       "distribution_normalized_reconstruction_loss": [0.8], "reconstruction_loss": [1.6]})
+    df = pd.DataFrame(
+        {
+            "reconstruction_family": ["raw"],
+            "beta": [0.1],
+            "token_aggregation": ["mean"],
+            "beta_schedule": ["constant"],
+            "matched_router_score": [0.5],
+            "distribution_normalized_reconstruction_loss": [0.8],
+            "reconstruction_loss": [1.6],
+        }
+    )
     out = validate_summary_table(df, "t.csv")
-    assert out.base_relative_reconstruction.tolist() == [0.8] and "distribution_normalized_reconstruction_loss" not in out
+    assert (
+        out.base_relative_reconstruction.tolist() == [0.8] and "distribution_normalized_reconstruction_loss" not in out
+    )
     assert out.inferred_zfree_reference_scale.tolist() == [2.0]

@@ -1,5 +1,6 @@
 """The cell sanity check: a collection whose cells collapse is named as such in every part of
 the report (positive and negative controls on hand-made collections)."""
+
 import math
 
 import pandas as pd
@@ -13,11 +14,23 @@ from latentstrat.report import build_report
 
 def quality(acc=0.97, match=0.98):
     """An entangle quality.json with every task passing at the given values."""
+
     def check(v, thr, direction):
         return {"value": v, "threshold": thr, "direction": direction, "passed": True}
-    tasks = {t: {"n": 100, "n_matched": 98, "passed": True,
-                 "checks": {"answer_accuracy": check(acc, 0.9, "min"), "strategy_match_rate": check(match, 0.85, "min"),
-                            "strategy_tv": check(0.05, 0.15, "max")}} for t in H.TASKS}
+
+    tasks = {
+        t: {
+            "n": 100,
+            "n_matched": 98,
+            "passed": True,
+            "checks": {
+                "answer_accuracy": check(acc, 0.9, "min"),
+                "strategy_match_rate": check(match, 0.85, "min"),
+                "strategy_tv": check(0.05, 0.15, "max"),
+            },
+        }
+        for t in H.TASKS
+    }
     return {"passed": True, "temperature": 1.0, "samples_per_task": 100, "tasks": tasks}
 
 
@@ -29,9 +42,15 @@ def write_broken(cfg, root, broken: set):
         if c.cell_id not in broken:
             continue
         row = pd.read_parquet(mp[c.cell_id]).iloc[0].to_dict()
-        row.update(final_answer_accuracy=0.05, strategy_match_rate=0.03, within_task_router_probe=math.nan,
-                   within_task_router_probe_tasks=0, matched_router_score=math.nan, posterior_router_probe_gap=math.nan,
-                   base_relative_reconstruction=28.0)
+        row.update(
+            final_answer_accuracy=0.05,
+            strategy_match_rate=0.03,
+            within_task_router_probe=math.nan,
+            within_task_router_probe_tasks=0,
+            matched_router_score=math.nan,
+            posterior_router_probe_gap=math.nan,
+            base_relative_reconstruction=28.0,
+        )
         pd.DataFrame([row]).to_parquet(mp[c.cell_id])
         h = pd.read_parquet(hp[c.cell_id])
         h.loc[(h.metric == "base_relative_reconstruction") & (h.step == 0), "value"] = 96.4
@@ -48,7 +67,13 @@ def report(tmp_path, monkeypatch, broken_ids, q):
     aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "quality.json")
     build_report(tmp_path / "agg", tmp_path / "rep", {"entangle_quality": q})
     brief = yaml.safe_load((tmp_path / "rep" / "brief.yaml").read_text())
-    return cells, broken, brief, (tmp_path / "rep" / "results.md").read_text(), (tmp_path / "rep" / "analysis.md").read_text()
+    return (
+        cells,
+        broken,
+        brief,
+        (tmp_path / "rep" / "results.md").read_text(),
+        (tmp_path / "rep" / "analysis.md").read_text(),
+    )
 
 
 def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
@@ -73,7 +98,10 @@ def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
     assert fair.loc["cells are working models (cell sanity)", "status"] == "not supported"
     # findings measured on the cells cannot tell; the settings-only one (confounding) still answers
     statuses = brief["findings"]
-    assert statuses["Are the comparisons with a mean arm confounded by schedule (or other setting) differences?"] != "cannot tell"
+    assert (
+        statuses["Are the comparisons with a mean arm confounded by schedule (or other setting) differences?"]
+        != "cannot tell"
+    )
     assert sum(s == "cannot tell" for s in statuses.values()) >= 5
     assert "fail the cell sanity check" in analysis
     # no empty number in a sentence
@@ -110,22 +138,32 @@ def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path
     collapsed, informative = primary[0], primary[1]
     for cid, acc, chance, tv in ((collapsed, 0.98, 0.98, 0.48), (informative, 0.85, 0.5, 0.02)):
         row = pd.read_parquet(mp[cid]).iloc[0].to_dict()
-        row.update(within_task_router_probe=acc, within_task_router_probe_chance=chance,
-                   within_task_router_probe_corrected=(acc - chance) / (1 - chance),
-                   matched_router_score=acc, chance_corrected_matched_router_score=(acc - chance) / (1 - chance),
-                   followed_strategy_tv_max=tv)
+        row.update(
+            within_task_router_probe=acc,
+            within_task_router_probe_chance=chance,
+            within_task_router_probe_corrected=(acc - chance) / (1 - chance),
+            matched_router_score=acc,
+            chance_corrected_matched_router_score=(acc - chance) / (1 - chance),
+            followed_strategy_tv_max=tv,
+        )
         pd.DataFrame([row]).to_parquet(mp[cid])
     (tmp_path / "q.json").write_text(__import__("json").dumps(quality()))
     t = aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "q.json")
     top = t["top_rows"]
     assert top.cell_id.iloc[0] == informative and top.cell_id.iloc[-1] != informative
-    assert {"within_task_router_probe_chance", "within_task_router_probe_shuffled",
-            "within_task_router_probe_corrected"} <= set(top.columns)
+    assert {
+        "within_task_router_probe_chance",
+        "within_task_router_probe_shuffled",
+        "within_task_router_probe_corrected",
+    } <= set(top.columns)
     by_raw = t["summary"].sort_values("matched_router_score", ascending=False).cell_id.iloc[0]
     assert by_raw == collapsed  # the control: raw accuracy gets it wrong
     s = t["cell_sanity"].set_index("cell_id")
     assert bool(s.loc[collapsed, "collapsed"]) is True
     assert bool(s.loc[informative, "collapsed"]) is False
     d = t["metric_distributions"].set_index("metric")
-    assert {"within_task_router_probe_chance", "within_task_router_probe_shuffled",
-            "within_task_router_probe_corrected"} <= set(d.index)
+    assert {
+        "within_task_router_probe_chance",
+        "within_task_router_probe_shuffled",
+        "within_task_router_probe_corrected",
+    } <= set(d.index)

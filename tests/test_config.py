@@ -1,4 +1,5 @@
 """Config loading, validation errors that name the key, cells and canonical cell ids."""
+
 import copy
 import json
 from pathlib import Path
@@ -40,40 +41,58 @@ def test_cell_id_beta_one_and_one_point_zero_are_the_same():
 
 
 def test_cell_id_names_non_default_settings_and_round_trips():
-    s = {**K.schema_cell_defaults(), "token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
-         "beta": 0.1, "latent_dim": 8, "seed": 3}
+    s = {
+        **K.schema_cell_defaults(),
+        "token_aggregation": "sum_scaled",
+        "reconstruction_family": "dist_tokcc_0.05_0.95",
+        "beta": 0.1,
+        "latent_dim": 8,
+        "seed": 3,
+    }
     cid = K.cell_id(K.normalize_settings(s))
     assert cid == "agg-sum_scaled_fam-dist_tokcc_0.05_0.95_beta-0.1_zdim-8_seed-3"
     back = K.parse_cell_id(cid)
-    assert back == {"token_aggregation": "sum_scaled", "reconstruction_family": "dist_tokcc_0.05_0.95",
-                    "beta": "0.1", "latent_dim": "8", "seed": "3"}
+    assert back == {
+        "token_aggregation": "sum_scaled",
+        "reconstruction_family": "dist_tokcc_0.05_0.95",
+        "beta": "0.1",
+        "latent_dim": "8",
+        "seed": "3",
+    }
 
 
 def test_grid_with_four_axes_and_seeds_expands_to_product():
-    cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1],
-                        "token_aggregation": ["mean", "sum"]}, seeds=[1, 2])
+    cfg = minimal(
+        grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1], "token_aggregation": ["mean", "sum"]},
+        seeds=[1, 2],
+    )
     cells = K.expand_cells(C.validate(cfg))
     assert len(cells) == 16 and len({c.cell_id for c in cells}) == 16
 
 
 def test_comparison_arm_inherits_primary_axes_it_does_not_override():
-    cfg = minimal(grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
-                  comparison_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}])
+    cfg = minimal(
+        grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
+        comparison_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}],
+    )
     cells = K.expand_cells(C.validate(cfg))
     assert len([c for c in cells if c.arm == "matched"]) == 6
 
 
-@pytest.mark.parametrize("mutate, key", [
-    (lambda c: c["grid"].update(reconstruction_family=["raw", "bogus"]), "grid.reconstruction_family[1]"),
-    (lambda c: c["grid"].update(beta=[-0.1]), "grid.beta[0]"),
-    (lambda c: c["grid"].update(beta=[]), "grid.beta"),
-    (lambda c: c.update(gird={}), "gird"),
-    (lambda c: c["data"].update(train_per_task=0), "data.train_per_task"),
-    (lambda c: c["data"].update(tasks=["sorting_algorithms", "no_such_task"]), "data.tasks[1]"),
-    (lambda c: c.update(train={"stpes": 3}), "train.stpes"),
-    (lambda c: c.update(cell={"beta_schedule": "linear"}), "cell.beta_schedule"),
-    (lambda c: c.update(comparison_arms=[{"name": "x"}]), "comparison_arms[0]"),
-])
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: c["grid"].update(reconstruction_family=["raw", "bogus"]), "grid.reconstruction_family[1]"),
+        (lambda c: c["grid"].update(beta=[-0.1]), "grid.beta[0]"),
+        (lambda c: c["grid"].update(beta=[]), "grid.beta"),
+        (lambda c: c.update(gird={}), "gird"),
+        (lambda c: c["data"].update(train_per_task=0), "data.train_per_task"),
+        (lambda c: c["data"].update(tasks=["sorting_algorithms", "no_such_task"]), "data.tasks[1]"),
+        (lambda c: c.update(train={"stpes": 3}), "train.stpes"),
+        (lambda c: c.update(cell={"beta_schedule": "linear"}), "cell.beta_schedule"),
+        (lambda c: c.update(comparison_arms=[{"name": "x"}]), "comparison_arms[0]"),
+    ],
+)
 def test_bad_config_names_the_key(mutate, key):
     cfg = minimal()
     mutate(cfg)
@@ -139,7 +158,9 @@ def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
     wherever the package is installed."""
     other = tmp_path / "checkout2" / "config"
     other.mkdir(parents=True)
-    (other / "config.yaml").write_text((ROOT / "config" / "smoke.yaml").read_text().replace("collection: smoke", "collection: theirs"))
+    (other / "config.yaml").write_text(
+        (ROOT / "config" / "smoke.yaml").read_text().replace("collection: smoke", "collection: theirs")
+    )
     (other / "followup.yaml").write_text("extends: config.yaml\nbase: theirs-base\n")
     monkeypatch.chdir(tmp_path)
     cfg = C.load_config(other / "followup.yaml")
@@ -156,8 +177,11 @@ def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained
     stored = json.loads(json.dumps(C.base_settings(cfg), default=str))
     assert C.base_guard(stored, cfg) is None
     # how the entangled model is obtained (trained, shipped) and run (attention) are not the base
-    other = {**cfg, "entangle": {**cfg["entangle"], "mode": "train"},
-             "backbone": {**cfg["backbone"], "attn_implementation": "eager"}}
+    other = {
+        **cfg,
+        "entangle": {**cfg["entangle"], "mode": "train"},
+        "backbone": {**cfg["backbone"], "attn_implementation": "eager"},
+    }
     assert C.base_guard(stored, other) is None
     why = C.base_guard({**stored, "entangle": {**stored["entangle"], "steps": 5}}, cfg)
     assert "entangle.steps" in why and cfg["base"] in why

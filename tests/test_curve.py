@@ -1,4 +1,5 @@
 """bench curve: a cell's learning curve from the trainer's own validation (tiny CPU run)."""
+
 import json
 
 import pandas as pd
@@ -6,7 +7,8 @@ import pytest
 import yaml
 
 from base_helpers import TINY, make_base
-from latentstrat.bench.curve import main as curve_main, plot_curves
+from latentstrat.bench.curve import main as curve_main
+from latentstrat.bench.curve import plot_curves
 from latentstrat.config import load_config
 
 
@@ -24,8 +26,25 @@ def collection(tmp_path_factory):
 def test_curve_prints_checkpoints_with_chance_levels_and_examples_seen(collection, capsys):
     root, cfg = collection
     out = root / "curves"
-    assert curve_main(["--configfile", str(cfg), "--cell", "token_aggregation=mean,beta=0.5", "--set", "train.steps=4",
-                       "--set", "train.batch_size=6", "--eval-every", "2", "--out", str(out)]) == 0
+    assert (
+        curve_main(
+            [
+                "--configfile",
+                str(cfg),
+                "--cell",
+                "token_aggregation=mean,beta=0.5",
+                "--set",
+                "train.steps=4",
+                "--set",
+                "train.batch_size=6",
+                "--eval-every",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "agg-mean_fam-tokcc_a0.25_beta-0.5" in printed and "| router chance |" in printed
     (csv,) = out.glob("*/curve.csv")
@@ -36,9 +55,28 @@ def test_curve_prints_checkpoints_with_chance_levels_and_examples_seen(collectio
         assert t[c].between(0.5, 1.0).all(), c
     assert t.clipped_fraction[1:].between(0, 1).all() and (t.lr == 0.001).all() and (t.batch_size == 6).all()
     # a second call reads the finished cell back instead of training it again
-    written = {p: p.stat().st_mtime_ns for p in (csv.parent / "history.parquet", csv.parent / "checkpoints" / "last.pt")}
-    assert curve_main(["--configfile", str(cfg), "--cell", "token_aggregation=mean,beta=0.5", "--set", "train.steps=4",
-                       "--set", "train.batch_size=6", "--eval-every", "2", "--out", str(out)]) == 0
+    written = {
+        p: p.stat().st_mtime_ns for p in (csv.parent / "history.parquet", csv.parent / "checkpoints" / "last.pt")
+    }
+    assert (
+        curve_main(
+            [
+                "--configfile",
+                str(cfg),
+                "--cell",
+                "token_aggregation=mean,beta=0.5",
+                "--set",
+                "train.steps=4",
+                "--set",
+                "train.batch_size=6",
+                "--eval-every",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert all(p.stat().st_mtime_ns == m for p, m in written.items())
     assert pd.read_csv(csv).equals(t)
     fig = root / "curves.png"

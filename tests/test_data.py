@@ -1,4 +1,5 @@
 """Data stage: splits, determinism, tokenizer round trip, config errors, encode/collate."""
+
 from __future__ import annotations
 
 import random
@@ -17,7 +18,8 @@ BASE_CFG = {"collection": "t", "base": "t", "grid": {"beta": [0.1]}}
 
 def test_render_record_forms():
     assert D.render_record("sort 2 1", "1 2 ; answer 1 2", with_z=True, z_slots=2) == (
-        "<bos> <x> sort 2 1 </x> <z> [Z] [Z] </z> <y> 1 2 ; answer 1 2 </y> <eos>")
+        "<bos> <x> sort 2 1 </x> <z> [Z] [Z] </z> <y> 1 2 ; answer 1 2 </y> <eos>"
+    )
     assert D.render_record("a", "b", with_z=False) == "<bos> <x> a </x> <y> b </y> <eos>"
     assert D.render_record("a", "b", with_z=False, eos=False) == "<bos> <x> a </x> <y> b </y>"
 
@@ -54,8 +56,14 @@ def test_same_config_gives_byte_identical_files(tmp_path, small_data_cfg):
     D.build_dataset(cfg, tmp_path / "a")
     D.build_dataset(cfg, tmp_path / "b")
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert {"train.parquet", "validation.parquet", "test.parquet", "tokenizer.json", "data_card.md",
-            "data_card.parquet"} <= set(names)
+    assert {
+        "train.parquet",
+        "validation.parquet",
+        "test.parquet",
+        "tokenizer.json",
+        "data_card.md",
+        "data_card.parquet",
+    } <= set(names)
     for n in names:
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
     D.build_dataset(dict(cfg, seed=cfg["seed"] + 1), tmp_path / "c")  # negative control
@@ -72,8 +80,11 @@ def test_tokenizer_round_trips_every_record(data_dir):
     for s in D.SPLITS:
         df = D.load_split(data_dir, s)
         for x, y in zip(df.x, df.y):
-            for text in (D.render_record(x, y, True, 2), D.render_record(x, y, False),
-                         D.render_record(x, y, False, eos=False)):
+            for text in (
+                D.render_record(x, y, True, 2),
+                D.render_record(x, y, False),
+                D.render_record(x, y, False, eos=False),
+            ):
                 ids = D.text_ids(tok, [text])[0]
                 assert unk not in ids and len(ids) == len(text.split())
                 assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
@@ -96,8 +107,9 @@ def test_data_card(data_dir, small_data_cfg):
 
 
 def test_trace_lengths_differ_across_tasks():
-    df = D.generate({"seed": 5, "tasks": sorted(TASKS), "train_per_task": 300, "validation_per_task": 1,
-                     "test_per_task": 1})
+    df = D.generate(
+        {"seed": 5, "tasks": sorted(TASKS), "train_per_task": 300, "validation_per_task": 1, "test_per_task": 1}
+    )
     means = df.groupby("task").n_y_tokens.mean()
     assert means.max() >= 3 * means.min()
     assert means.min() >= 7 and means.max() <= 60
@@ -105,14 +117,17 @@ def test_trace_lengths_differ_across_tasks():
     assert rec.max() <= 100
 
 
-@pytest.mark.parametrize("data,key", [
-    ({"tasks": ["sorting_algorithms", "juggling"]}, "data.tasks[1]"),
-    ({"train_per_task": 0}, "data.train_per_task"),
-    ({"validation_per_task": -3}, "data.validation_per_task"),
-    ({"test_per_task": 2.5}, "data.test_per_task"),
-    ({"tasks": []}, "data.tasks"),
-    ({"sizes": 3}, "data.sizes"),
-])
+@pytest.mark.parametrize(
+    "data,key",
+    [
+        ({"tasks": ["sorting_algorithms", "juggling"]}, "data.tasks[1]"),
+        ({"train_per_task": 0}, "data.train_per_task"),
+        ({"validation_per_task": -3}, "data.validation_per_task"),
+        ({"test_per_task": 2.5}, "data.test_per_task"),
+        ({"tasks": []}, "data.tasks"),
+        ({"sizes": 3}, "data.sizes"),
+    ],
+)
 def test_bad_data_config_names_the_key(data, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         load_config(cfg={**BASE_CFG, "data": data})
@@ -133,9 +148,18 @@ def test_cli_writes_data_and_base_config(tmp_path):
     import json
 
     import yaml
-    cfg = {**BASE_CFG, "results_dir": str(tmp_path / "results"),
-           "data": {"seed": 2, "tasks": ["grid_pathfinding", "sorting_algorithms"], "train_per_task": 5,
-                    "validation_per_task": 2, "test_per_task": 2}}
+
+    cfg = {
+        **BASE_CFG,
+        "results_dir": str(tmp_path / "results"),
+        "data": {
+            "seed": 2,
+            "tasks": ["grid_pathfinding", "sorting_algorithms"],
+            "train_per_task": 5,
+            "validation_per_task": 2,
+            "test_per_task": 2,
+        },
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     D.main(["--config", str(path)])
@@ -212,8 +236,12 @@ def test_length_grouped_batches(encoded):
     rnd = random.Random(1)
     shuffled = list(range(len(lengths)))
     rnd.shuffle(shuffled)
-    rand_spread = np.mean([max(lengths[i] for i in shuffled[k:k + 16]) - min(lengths[i] for i in shuffled[k:k + 16])
-                           for k in range(0, len(shuffled), 16)])
+    rand_spread = np.mean(
+        [
+            max(lengths[i] for i in shuffled[k : k + 16]) - min(lengths[i] for i in shuffled[k : k + 16])
+            for k in range(0, len(shuffled), 16)
+        ]
+    )
     assert spread < rand_spread / 2  # grouping by length cuts padding (control: random batches)
     again = list(D.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
     assert again == batches

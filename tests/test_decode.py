@@ -4,13 +4,19 @@ import pytest
 import torch
 
 from latentstrat import data, decode
-from latentstrat.bench.decode import naive_decode
 from latentstrat.backbone import build_backbone
+from latentstrat.bench.decode import naive_decode
 from latentstrat.model import LatentStrategyModel
 from latentstrat.tasks import TASKS
 
-EMBEDDED = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+EMBEDDED = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +115,10 @@ def test_benchmark_run_small():
     from latentstrat.bench.decode import run
     from latentstrat.config import load_config
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "smoke.yaml",
-                      overrides={"data": {"tasks": ["sorting_algorithms", "multidigit_addition"]}})
+    cfg = load_config(
+        Path(__file__).resolve().parents[1] / "config" / "smoke.yaml",
+        overrides={"data": {"tasks": ["sorting_algorithms", "multidigit_addition"]}},
+    )
     res = run(cfg, n=6, max_new_tokens=5, batch_size=4)
     assert res["identical"] and res["mismatched_examples"] == []
     assert res["examples"] == 6 and 6 <= res["generated_tokens"] <= 30

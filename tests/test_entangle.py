@@ -1,6 +1,7 @@
 """Entangle stage: lr schedule, quality checks on hand-made samplers (latentstrat.quality), the
 entangled model's KV-cache sampling (decode.generate_zfree), and a tiny end-to-end run
 (loadable model dir, quality report, skip mode, input errors)."""
+
 import json
 import math
 from pathlib import Path
@@ -63,6 +64,7 @@ def test_strategy_distribution_and_tv_by_hand():
 
 def _sorting_inputs(n):
     import random
+
     rng, task, xs = random.Random(0), TASKS["sorting_algorithms"], []
     while len(xs) < n:
         x = task.sample_input(rng)
@@ -130,6 +132,7 @@ def test_threshold_boundary_and_missing_task():
 
 def _tiny_model(tokenizer):
     from latentstrat.backbone import build_backbone
+
     torch.manual_seed(0)
     return build_backbone(smoke_cfg()["backbone"], tokenizer).eval()
 
@@ -142,7 +145,7 @@ def _naive_greedy(model, prompt, eos, n):
         ids.append(t)
         if t == eos:
             break
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
@@ -153,7 +156,7 @@ def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
     enc = data.encode(df, tok)
     xs = df.x.tolist()[:5]
     prompts = decode.encode_prompts(tok, xs, 1).prompt
-    assert prompts == [ids[:p + 4] for ids, p in zip(enc.gen_ids[:5], enc.z_open_pos)]  # the record cut after <y>
+    assert prompts == [ids[: p + 4] for ids, p in zip(enc.gen_ids[:5], enc.z_open_pos)]  # the record cut after <y>
     assert len({len(p) for p in prompts}) > 1  # left padding is exercised
     # temperature -> 0 makes sampling greedy: the cached, padded batch must equal per-prompt recompute
     got = decode.generate_zfree(model, tok, xs, 1, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
@@ -176,11 +179,18 @@ def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
 
 
 def test_strategy_alternatives_render_every_strategy_of_each_input():
-    df = pd.DataFrame(dict(task=["grid_pathfinding", "sorting_algorithms", "grid_pathfinding"],
-                           x=["path 2 5 to 4 1", "sort 4 9 9 5", "path 3 1 to 3 5"]))
+    df = pd.DataFrame(
+        dict(
+            task=["grid_pathfinding", "sorting_algorithms", "grid_pathfinding"],
+            x=["path 2 5 to 4 1", "sort 4 9 9 5", "path 3 1 to 3 5"],
+        )
+    )
     rows, alternatives = strategy_alternatives(df)
     assert [len(a) for a in alternatives] == [2, 3, 2]
-    assert rows.loc[alternatives[0], "y"].tolist() == ["left 4 3 2 1 down 3 4 answer 6", "down 3 4 left 4 3 2 1 answer 6"]
+    assert rows.loc[alternatives[0], "y"].tolist() == [
+        "left 4 3 2 1 down 3 4 answer 6",
+        "down 3 4 left 4 3 2 1 answer 6",
+    ]
     assert rows.loc[alternatives[1], "strategy"].tolist() == list(TASKS["sorting_algorithms"].strategies)
     # an ambiguous input keeps one row per strategy (same trace twice), as the data's uniform labels do
     assert rows.loc[alternatives[2], "y"].nunique() == 1
@@ -189,6 +199,7 @@ def test_strategy_alternatives_render_every_strategy_of_each_input():
 
 def test_epoch_batches_draw_one_alternative_per_input_uniformly():
     import numpy as np
+
     alternatives = [[0, 1], [2, 3], [4, 5, 6]]
     lengths = [5, 9, 5, 9, 7, 7, 7]
     counts = np.zeros(7)
@@ -207,6 +218,7 @@ def test_epoch_batches_draw_one_alternative_per_input_uniformly():
 
 def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     from latentstrat.backbone import load_entangled
+
     cfg = smoke_cfg()
     out = tmp_path / "entangle"
     report = run_entangle(cfg, data_dir, out, threads=1, log=lambda m: None)
@@ -241,7 +253,9 @@ def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     run_entangle(cfg, data_dir, out2, threads=1, log=lambda m: None)
     h2 = pd.read_parquet(out2 / "history.parquet")
     keep = ~hist.metric.isin(["tokens_per_s", "elapsed_s"])
-    pd.testing.assert_frame_equal(hist[keep].reset_index(drop=True), h2[~h2.metric.isin(["tokens_per_s", "elapsed_s"])].reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        hist[keep].reset_index(drop=True), h2[~h2.metric.isin(["tokens_per_s", "elapsed_s"])].reset_index(drop=True)
+    )
     with torch.no_grad():
         l2 = load_entangled(out2)(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
     assert torch.equal(la, l2)
@@ -256,8 +270,9 @@ def test_quality_enforce_raises_after_saving_report(data_dir, tmp_path):
 
 
 def test_skip_mode_records_backbone_and_writes_no_model(data_dir, tmp_path):
-    cfg = load_config(ROOT / "config" / "smoke.yaml",
-                      overrides={"entangle": {"mode": "skip"}, "cell": {"init": "direct"}})
+    cfg = load_config(
+        ROOT / "config" / "smoke.yaml", overrides={"entangle": {"mode": "skip"}, "cell": {"init": "direct"}}
+    )
     report = run_entangle(cfg, data_dir, tmp_path, threads=1)
     assert report["mode"] == "skip" and not (tmp_path / "model").exists()
     assert json.loads((tmp_path / "quality.json").read_text())["backbone"]["source"] == "embedded"
@@ -276,9 +291,14 @@ def test_missing_inputs_name_the_file(data_dir, tmp_path):
 
 def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_path):
     from latentstrat.backbone import load_entangled
-    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={
-        "backbone": {"dtype": "bfloat16"},
-        "entangle": {"steps": 2, "batch_size": 8, "warmup_steps": 0, "quality_samples_per_task": 1}})
+
+    cfg = load_config(
+        ROOT / "config" / "smoke.yaml",
+        overrides={
+            "backbone": {"dtype": "bfloat16"},
+            "entangle": {"steps": 2, "batch_size": 8, "warmup_steps": 0, "quality_samples_per_task": 1},
+        },
+    )
     report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
     assert math.isfinite(report["training"]["final_validation_loss"]["all"])
     assert next(load_entangled(tmp_path).parameters()).dtype == torch.bfloat16
@@ -289,6 +309,7 @@ def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_pa
 
 def _step_nll_and_grads(model, batch, fn, amp_dtype=torch.float32):
     from latentstrat.entangle_step import autocast_for
+
     model.zero_grad(set_to_none=True)
     with autocast_for(model, amp_dtype):
         nll = fn(model, batch)
@@ -302,6 +323,7 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     step's per-token NLL and gradients (float32 rounding); bf16 autocast gives them to bf16
     precision, and is really on (the values differ)."""
     from latentstrat.objective import zfree_token_nll
+
     torch.set_num_threads(1)
     tok = data.load_tokenizer(data_dir)
     model = _tiny_model(tok).train()
@@ -311,8 +333,9 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     ref_nll, ref_grads = _step_nll_and_grads(model, batch, zfree_token_nll)
 
     def close(nll, grads, atol):
-        return (torch.allclose(nll, ref_nll, atol=atol)
-                and all(torch.allclose(g, r, atol=atol, rtol=atol) for g, r in zip(grads, ref_grads)))
+        return torch.allclose(nll, ref_nll, atol=atol) and all(
+            torch.allclose(g, r, atol=atol, rtol=atol) for g, r in zip(grads, ref_grads)
+        )
 
     model.set_attn_implementation("eager")
     eager = _step_nll_and_grads(model, batch, zfree_token_nll)
@@ -323,13 +346,15 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     assert bf16_nll.dtype == torch.float32  # the loss itself is computed in float32
     err = (bf16_nll - ref_nll).abs().max()
     assert 0 < err < 0.05 * ref_nll.abs().max()
-    cos = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in bf16_grads]),
-                                                torch.cat([g.flatten() for g in ref_grads]), dim=0)
+    cos = torch.nn.functional.cosine_similarity(
+        torch.cat([g.flatten() for g in bf16_grads]), torch.cat([g.flatten() for g in ref_grads]), dim=0
+    )
     assert cos > 0.99
 
 
 def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, tmp_path):
     from latentstrat.backbone import load_entangled
+
     cfg = smoke_cfg(autocast="bfloat16", attention="eager")
     report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
     tr = report["training"]
@@ -337,6 +362,7 @@ def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, t
     model = load_entangled(tmp_path)
     assert next(model.parameters()).dtype == torch.float32  # weights saved in backbone.dtype
     from transformers import AutoModelForCausalLM
+
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert hf.config._attn_implementation == "sdpa"  # eager was the training step's only
     plain = run_entangle(smoke_cfg(), data_dir, tmp_path / "plain", threads=1, log=lambda m: None)["training"]
@@ -348,6 +374,7 @@ def test_compile_without_a_cxx_compiler_fails_before_training(data_dir, tmp_path
 
     def no_compiler():
         raise RuntimeError("no g++ on PATH")
+
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
     with pytest.raises(RuntimeError, match=r"entangle\.compile.*no g\+\+ on PATH"):
         run_entangle(smoke_cfg(compile=True), data_dir, tmp_path / "out", threads=1, log=lambda m: None)
@@ -358,14 +385,50 @@ def test_bench_entangle_times_the_configured_step(capsys, tmp_path):
     from latentstrat.bench.__main__ import main
 
     def bench(config, threads):
-        assert main(["entangle", "--config", str(config), "--tasks", "sorting_algorithms",
-                     "--examples-per-task", "8", "--hidden", "32", "--intermediate", "64", "--layers", "1",
-                     "--heads", "2", "--kv-heads", "1", "--batch-size", "4", "--steps", "2", "--warmup", "1",
-                     "--threads", str(threads), "--matmul-n", "64", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "entangle",
+                    "--config",
+                    str(config),
+                    "--tasks",
+                    "sorting_algorithms",
+                    "--examples-per-task",
+                    "8",
+                    "--hidden",
+                    "32",
+                    "--intermediate",
+                    "64",
+                    "--layers",
+                    "1",
+                    "--heads",
+                    "2",
+                    "--kv-heads",
+                    "1",
+                    "--batch-size",
+                    "4",
+                    "--steps",
+                    "2",
+                    "--warmup",
+                    "1",
+                    "--threads",
+                    str(threads),
+                    "--matmul-n",
+                    "64",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         return json.loads(capsys.readouterr().out)
 
     res = bench(ROOT / "config" / "smoke.yaml", 1)
-    assert res["configured"] == {"autocast": "none", "attention": "sdpa", "compile": False, "processes": 1}  # smoke.yaml's
+    assert res["configured"] == {
+        "autocast": "none",
+        "attention": "sdpa",
+        "compile": False,
+        "processes": 1,
+    }  # smoke.yaml's
     assert res["plain"]["tokens_per_s"] > 0 and res["fast"]["tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["fast"]["tokens_per_s"] / res["plain"]["tokens_per_s"])
     # two data-parallel processes: the same global batches, so the same tokens per step
@@ -373,7 +436,8 @@ def test_bench_entangle_times_the_configured_step(capsys, tmp_path):
     dp = bench(tmp_path / "dp.yaml", 2)
     assert dp["configured"]["processes"] == 2 and dp["fast"]["tokens_per_s"] > 0
     assert dp["fast"]["tokens_per_s"] * dp["fast"]["ms_per_step"] == pytest.approx(
-        res["fast"]["tokens_per_s"] * res["fast"]["ms_per_step"])
+        res["fast"]["tokens_per_s"] * res["fast"]["ms_per_step"]
+    )
 
 
 def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypatch):
@@ -392,6 +456,7 @@ def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypa
             r = orig(model, *a, **k)
             iterates.append([p.detach().clone() for p in model.parameters()])
             return r
+
         monkeypatch.setattr(E, "train_step", recording_step)
         report = run_entangle(smoke_cfg(steps=4, ema_decay=ema_decay), data_dir, out, threads=1, log=lambda m: None)
         return iterates, report, [p.detach() for p in load_entangled(out).parameters()]
@@ -432,11 +497,15 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     monkeypatch.setattr(host, "native_bf16", lambda: False)
     cpu = torch.device("cpu")
     assert E.step_candidates(cfg["entangle"], cpu) == [E.PLAIN]  # nothing to try
-    resolved, rec = E.choose_step_settings(cfg["entangle"], model, enc, lengths, cpu, 2, torch.float32, log=lambda m: None)
+    resolved, rec = E.choose_step_settings(
+        cfg["entangle"], model, enc, lengths, cpu, 2, torch.float32, log=lambda m: None
+    )
     assert {k: resolved[k] for k in E.PLAIN} == E.PLAIN and resolved["processes"] == 2
     assert rec["trial"] == [] and rec["host"]["native_bf16"] is not None
     monkeypatch.setattr(host, "native_bf16", lambda: True)
-    resolved, rec = E.choose_step_settings(cfg["entangle"], model, enc, lengths, cpu, 1, torch.float32, log=lambda m: None)
+    resolved, rec = E.choose_step_settings(
+        cfg["entangle"], model, enc, lengths, cpu, 1, torch.float32, log=lambda m: None
+    )
     assert [r["autocast"] for r in rec["trial"]] == ["none", "bfloat16"] and resolved["processes"] == 1
     plain, bf16 = (r["tokens_per_s"] for r in rec["trial"])
     want = "bfloat16" if bf16 >= E.MIN_GAIN * plain else "none"

@@ -1,4 +1,5 @@
 """envs/*.yaml (the environment as a conda file) pin exactly what pyproject.toml pins."""
+
 import re
 import tomllib
 from pathlib import Path
@@ -40,7 +41,10 @@ def test_every_env_pins_match_pyproject():
     for path in envs:
         got = env_pins(path)
         assert got == want, f"{path.name}: differs from pyproject.toml: " + ", ".join(
-            f"{k}: env {got.get(k)} vs pyproject {want.get(k)}" for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
+            f"{k}: env {got.get(k)} vs pyproject {want.get(k)}"
+            for k in sorted(set(got) | set(want))
+            if got.get(k) != want.get(k)
+        )
 
 
 def test_every_rule_names_the_one_environment():

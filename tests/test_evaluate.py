@@ -1,5 +1,6 @@
 """Evaluate stage, probes on its records and the per-cell metrics row, on a cell of the shared
 tiny base (two tasks, a random tiny entangled model, a few train steps)."""
+
 import json
 import math
 from pathlib import Path
@@ -23,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CELL_STAGES = {
     "primary_arm": "sum",
     "cell": {"latent_dim": 8, "reconstruction_family": "dist_tokcc_0.05_0.95"},
-    "train": {"steps": 3, "batch_size": 8, "eval_every": 3, "checkpoint_every": 3, "val_probe_per_task": 6,
-              "val_decode_per_task": 1},
+    "train": {
+        "steps": 3,
+        "batch_size": 8,
+        "eval_every": 3,
+        "checkpoint_every": 3,
+        "val_probe_per_task": 6,
+        "val_decode_per_task": 1,
+    },
     "evaluate": {"max_new_tokens": 24, "batch_size": 8},
 }
 
@@ -43,13 +50,22 @@ def smoke(tiny_base, tmp_path_factory):
     train_cell(cfg, cell, dd, ed, rd, td, threads=1)
     rec_path = root / "evaluate" / "records.parquet"
     evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1, log=lambda *_: None)
-    probe_paths = [root / "probes" / f"{t}.parquet" for t in cfg["data"]["tasks"]] + [root / "probes" / "global.parquet"]
+    probe_paths = [root / "probes" / f"{t}.parquet" for t in cfg["data"]["tasks"]] + [
+        root / "probes" / "global.parquet"
+    ]
     for t, p in zip(cfg["data"]["tasks"], probe_paths):
         probes.probe_task(cfg, rec_path, t, p)
     probes.probe_global(cfg, rec_path, probe_paths[-1])
     cell_metrics.write_cell_metrics(cfg, cell, rec_path, probe_paths, root / "metrics.parquet")
-    return dict(cfg=cfg, cell=cell, root=root, dirs=(dd, ed, rd, td), records=rec_path, probe_paths=probe_paths,
-                metrics=root / "metrics.parquet")
+    return dict(
+        cfg=cfg,
+        cell=cell,
+        root=root,
+        dirs=(dd, ed, rd, td),
+        records=rec_path,
+        probe_paths=probe_paths,
+        metrics=root / "metrics.parquet",
+    )
 
 
 def test_records_schema(smoke):
@@ -74,9 +90,11 @@ def test_per_example_losses_follow_the_family_identities(smoke):
     s_ref = scales["S_ref"]["sum"]
     # dist_norm_i = raw_i / S_ref; active = 0.05 dist_norm + 0.95 tokcc (the cell's family)
     np.testing.assert_allclose(rec.base_relative_reconstruction * s_ref, rec.reconstruction_loss, rtol=1e-5)
-    np.testing.assert_allclose(rec.active_reconstruction_objective,
-                               0.05 * rec.base_relative_reconstruction + 0.95 * rec.tokcc_reconstruction_loss,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        rec.active_reconstruction_objective,
+        0.05 * rec.base_relative_reconstruction + 0.95 * rec.tokcc_reconstruction_loss,
+        rtol=1e-5,
+    )
     assert (rec.kl_prior_loss >= -1e-6).all()
     # sum aggregation: raw_i is a sum of n_supervised token NLLs, each > 0
     assert (rec.reconstruction_loss > 0).all()
@@ -113,11 +131,11 @@ def test_metric_identities_on_the_row(smoke):
 def _check_identities(row):
     def same(a, b):
         return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
+
     assert same(row["matched_router_score"], row["within_task_router_probe"] * row["strategy_match_rate"])
     if row.get("posterior_probe_task_list") == row.get("within_task_router_probe_task_list"):  # same tasks
         assert same(row["posterior_router_probe_gap"], row["posterior_probe"] - row["within_task_router_probe"])
-    assert same(row["inferred_zfree_reference_scale"],
-                row["reconstruction_loss"] / row["base_relative_reconstruction"])
+    assert same(row["inferred_zfree_reference_scale"], row["reconstruction_loss"] / row["base_relative_reconstruction"])
     assert same(row["kl_over_active_reconstruction"], row["kl_prior_loss"] / row["active_reconstruction_objective"])
 
 
@@ -125,6 +143,7 @@ def test_score_generations_positive_and_negative_controls():
     rows = []
     for task in ("sorting_algorithms", "multidigit_addition"):
         import random
+
         rng = random.Random(1)
         for s in TASKS[task].strategies:
             x = TASKS[task].sample_input(rng)
@@ -153,6 +172,7 @@ def test_missing_and_corrupt_checkpoint_named(smoke, tmp_path):
     with pytest.raises(FileNotFoundError, match=str(empty / "heads" / "heads.safetensors")):
         evaluate_cell(cfg, cell, dd, ed, rd, empty, tmp_path / "r.parquet", threads=1)
     import shutil
+
     bad = tmp_path / "bad_train"
     shutil.copytree(td, bad)
     w = bad / "adapters" / "generator" / "adapter_model.safetensors"
@@ -170,30 +190,66 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     cfg = load_config(ROOT / "config" / "smoke.yaml")
     cell = expand_cells(cfg)[0].to_json()
     cid = cell["cell_id"]
-    rec = pd.DataFrame({
-        "cell_id": cid, "task": ["t1", "t1", "t2", "t2"], "example_id": ["a", "b", "c", "d"],
-        "strategy": "s", "x": "x", "y_true": "y", "y_generated": "y",
-        "matched_strategies": [["s"], [], ["s", "u"], ["u"]], "followed_strategy": ["s", None, None, "u"],
-        "generation_ambiguous": [False, False, True, False], "ambiguous": False,
-        "correct": [True, False, True, True], "router_z": [[0.0]] * 4, "router_mu": [[0.0]] * 4,
-        "posterior_mu": [[0.0]] * 4, "n_supervised": 5, "n_generated": 5,
-        "reconstruction_loss": [2.0, 4.0, 6.0, 8.0], "base_relative_reconstruction": [1.0, 2.0, 3.0, 4.0],
-        "tokcc_reconstruction_loss": [1.0, 1.0, 1.0, 1.0], "kl_prior_loss": [0.5, 0.5, 1.5, 1.5],
-        "active_reconstruction_objective": [2.0, 4.0, 6.0, 8.0]})[RECORD_COLUMNS]
+    rec = pd.DataFrame(
+        {
+            "cell_id": cid,
+            "task": ["t1", "t1", "t2", "t2"],
+            "example_id": ["a", "b", "c", "d"],
+            "strategy": "s",
+            "x": "x",
+            "y_true": "y",
+            "y_generated": "y",
+            "matched_strategies": [["s"], [], ["s", "u"], ["u"]],
+            "followed_strategy": ["s", None, None, "u"],
+            "generation_ambiguous": [False, False, True, False],
+            "ambiguous": False,
+            "correct": [True, False, True, True],
+            "router_z": [[0.0]] * 4,
+            "router_mu": [[0.0]] * 4,
+            "posterior_mu": [[0.0]] * 4,
+            "n_supervised": 5,
+            "n_generated": 5,
+            "reconstruction_loss": [2.0, 4.0, 6.0, 8.0],
+            "base_relative_reconstruction": [1.0, 2.0, 3.0, 4.0],
+            "tokcc_reconstruction_loss": [1.0, 1.0, 1.0, 1.0],
+            "kl_prior_loss": [0.5, 0.5, 1.5, 1.5],
+            "active_reconstruction_objective": [2.0, 4.0, 6.0, 8.0],
+        }
+    )[RECORD_COLUMNS]
     write_parquet(rec, tmp_path / "records.parquet")
 
     def prow(task, probe, acc, chance, shuf, status="ok"):
-        return dict(cell_id=cid, task=task, probe=probe, accuracy=acc, chance=chance, shuffled_accuracy=shuf,
-                    corrected=(acc - chance) / (1 - chance), n=10, n_classes=2, folds=2, n_dropped=0, dropped="",
-                    status=status, reason="" if status == "ok" else "few", example_ids=[], labels=[], oof_correct=[])
+        return dict(
+            cell_id=cid,
+            task=task,
+            probe=probe,
+            accuracy=acc,
+            chance=chance,
+            shuffled_accuracy=shuf,
+            corrected=(acc - chance) / (1 - chance),
+            n=10,
+            n_classes=2,
+            folds=2,
+            n_dropped=0,
+            dropped="",
+            status=status,
+            reason="" if status == "ok" else "few",
+            example_ids=[],
+            labels=[],
+            oof_correct=[],
+        )
+
     p1 = pd.DataFrame([prow("t1", "within_task_router", 0.8, 0.5, 0.4), prow("t1", "posterior", 1.0, 0.5, 0.5)])
-    p2 = pd.DataFrame([prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")])
+    p2 = pd.DataFrame(
+        [prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")]
+    )
     g = pd.DataFrame([prow("global", "global_router", 0.9, 0.25, 0.3)])
     paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
     for df, p in zip((p1, p2, g), paths):
         write_parquet(df, p)
-    row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths,
-                                          tmp_path / "m.parquet").iloc[0]
+    row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[
+        0
+    ]
     assert row.final_answer_accuracy == pytest.approx(0.75)
     assert row.strategy_match_rate == pytest.approx(0.75)
     assert row.within_task_router_probe == pytest.approx(0.7)
@@ -219,7 +275,8 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     with pytest.raises(ValueError, match="belong to cell"):
         cell_metrics.write_cell_metrics(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
     with pytest.raises(ValueError, match=r"lack the within_task_router probe of \['t2'\]"):
-        cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]],
-                                        tmp_path / "m2.parquet")
+        cell_metrics.write_cell_metrics(
+            cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet"
+        )
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")

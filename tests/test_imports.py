@@ -1,5 +1,6 @@
 """The package's imports follow the data flow: no cycle between its modules (a module imported
 inside a function counts too), and the report does not pull in torch."""
+
 import ast
 import subprocess
 import sys
@@ -10,6 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 def import_graph() -> dict[str, set[str]]:
     """module -> package modules it imports (subpackages tasks/, aggregate/, report/, bench/ as one node)."""
+
     def node(name: str) -> str:
         return ".".join(name.split(".")[:2])
 
@@ -74,8 +76,10 @@ def test_nothing_imports_train():
 
 
 def test_the_report_imports_no_torch():
-    code = "import sys, latentstrat.report, latentstrat.report.markdown, latentstrat.report.findings; " \
-           "print('torch' in sys.modules)"
+    code = (
+        "import sys, latentstrat.report, latentstrat.report.markdown, latentstrat.report.findings; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
@@ -88,7 +92,12 @@ def test_test_modules_share_helpers_not_each_other():
     offenders = []
     for f in tests.glob("test_*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
-            names = [n.module] if isinstance(n, ast.ImportFrom) and n.module else \
-                [a.name for a in n.names] if isinstance(n, ast.Import) else []
+            names = (
+                [n.module]
+                if isinstance(n, ast.ImportFrom) and n.module
+                else [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else []
+            )
             offenders += [f"{f.name} imports {m}" for m in names if m.startswith("test_")]
     assert offenders == []

@@ -2,6 +2,7 @@
 the entangled model's p(y|x) exactly, on real records of a really trained entangled model,
 for every adaptation and reconstruction family; and the controls that would have caught the
 bug where it did not (untrained slot tokens, a random z projection)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,9 @@ from latentstrat import objective as obj
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
 from latentstrat.entangle import run_entangle
-from latentstrat.reference import load_b, run_reference, scales_for
 from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
+from latentstrat.reference import load_b, run_reference, scales_for
 from latentstrat.train import train_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,12 +25,19 @@ FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]
 
 
 def cfg_for(**cell):
-    over = {"data": {"tasks": ["sorting_algorithms", "multidigit_addition"], "train_per_task": 24,
-                     "validation_per_task": 8, "test_per_task": 4},
-            "entangle": {"steps": 40, "batch_size": 16, "warmup_steps": 2, "quality_samples_per_task": 2},
-            "train": {"steps": 1, "batch_size": 8, "eval_every": 1, "val_probe_per_task": 4, "val_decode_per_task": 1},
-            "cell": {"latent_dim": 4, **cell}, "grid": {"reconstruction_family": FAMILIES, "beta": [0.1]},
-            "comparison_arms": []}
+    over = {
+        "data": {
+            "tasks": ["sorting_algorithms", "multidigit_addition"],
+            "train_per_task": 24,
+            "validation_per_task": 8,
+            "test_per_task": 4,
+        },
+        "entangle": {"steps": 40, "batch_size": 16, "warmup_steps": 2, "quality_samples_per_task": 2},
+        "train": {"steps": 1, "batch_size": 8, "eval_every": 1, "val_probe_per_task": 4, "val_decode_per_task": 1},
+        "cell": {"latent_dim": 4, **cell},
+        "grid": {"reconstruction_family": FAMILIES, "beta": [0.1]},
+        "comparison_arms": [],
+    }
     return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
 
 
@@ -57,8 +65,9 @@ def step0_token_nll(cfg, cell, root, model=None):
     with torch.no_grad():
         mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
         z = mu_q + torch.randn_like(mu_q) * (0.5 * logvar_q).exp() * 3.0  # any z: it must not matter yet
-        logits, _, _ = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos,
-                                       sup_pos=batch.gen_sup_pos)
+        logits, _, _ = model.generator(
+            batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos, sup_pos=batch.gen_sup_pos
+        )
         l = obj.token_nll(logits, batch.sup_ids)
     return l, batch.b, batch.sup_mask.bool(), batch
 

@@ -1,4 +1,5 @@
 """The code passes ruff (pyproject.toml: line length 120, pycodestyle, pyflakes, import order)."""
+
 import shutil
 import subprocess
 import sys

@@ -1,4 +1,5 @@
 """Objective on hand-computed toy tensors."""
+
 import math
 
 import pytest
@@ -51,7 +52,7 @@ def test_families_hand_computed():
     assert torch.allclose(mixed, 0.05 * r["dist_norm"] + 0.95 * r["tokcc"])
     # alpha from the family name
     r5 = obj.reconstruction_per_example(L, b, M, "tokcc_a0.5", "sum", sc)
-    assert r5["tokcc"][1].item() == pytest.approx((3.001 ** 0.5) * 4.0 / t_ref, rel=1e-6)
+    assert r5["tokcc"][1].item() == pytest.approx((3.001**0.5) * 4.0 / t_ref, rel=1e-6)
     batch = obj.reconstruction(L, b, M, "raw", "sum", sc)
     assert batch["raw"].item() == 5.0
 

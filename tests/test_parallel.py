@@ -1,6 +1,7 @@
 """Data parallelism over CPU processes (latentstrat.parallel, entangle.processes): the entangle
 step split over two processes computes the one-process step, repeats exactly, and a failing
 or diverging worker is an error that names it."""
+
 import os
 from pathlib import Path
 
@@ -29,8 +30,9 @@ def data_dir(tmp_path_factory):
 
 
 def _run(data_dir, out, processes, threads):
-    entangle.run_entangle(smoke_cfg(steps=5, batch_size=8, processes=processes), data_dir, out, threads=threads,
-                          log=lambda m: None)
+    entangle.run_entangle(
+        smoke_cfg(steps=5, batch_size=8, processes=processes), data_dir, out, threads=threads, log=lambda m: None
+    )
     hist = pd.read_parquet(out / "history.parquet")
     hist = hist[~hist.metric.isin(["tokens_per_s", "elapsed_s"])].reset_index(drop=True)
     weights = torch.cat([p.detach().flatten() for p in load_entangled(out).parameters()])
@@ -80,6 +82,8 @@ def test_processes_off_the_cpu_fail_before_training(data_dir, tmp_path, monkeypa
 
 def test_a_worker_that_cannot_load_its_job_fails_at_once(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "")  # the worker cannot import parallel_helpers to unpickle its function
-    with pytest.raises(RuntimeError, match=r"(?s)failed to start: rank 1 exit code 1:.*No module named 'parallel_helpers'"):
+    with pytest.raises(
+        RuntimeError, match=r"(?s)failed to start: rank 1 exit code 1:.*No module named 'parallel_helpers'"
+    ):
         with parallel.workers(2, parallel_helpers.sum_ranks):
             pytest.fail("the body must not run")

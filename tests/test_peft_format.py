@@ -2,11 +2,11 @@
 projection written into the slot) and its posterior adapter (with the posterior head) compute
 the cell's generator logits and mu_q on right- and left-padded batches, and the README's
 snippet generates what the project's own decoding generates."""
+
 import json
 import re
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from peft import PeftModel
@@ -44,7 +44,7 @@ def left_pad(ids, mask, pad):
     shift = mask.shape[1] - mask.sum(1)
     for r in range(ids.shape[0]):
         n = int(mask[r].sum())
-        out_ids[r, int(shift[r]):], out_mask[r, int(shift[r]):] = ids[r, :n], 1
+        out_ids[r, int(shift[r]) :], out_mask[r, int(shift[r]) :] = ids[r, :n], 1
     return out_ids, out_mask, shift, (out_mask.cumsum(1) - 1).clamp(min=0)
 
 
@@ -61,8 +61,9 @@ def test_generator_adapter_reproduces_the_cells_logits(cell):
     z = torch.randn(len(enc), m.latent_dim, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = m.generator(b.gen_ids, b.gen_mask, z, b.z_open_pos, b.z_slot_pos)[0]
-    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cell["base"]),
-                                     cell["train"] / "adapters" / "generator").eval()
+    peft = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(cell["base"]), cell["train"] / "adapters" / "generator"
+    ).eval()
     heads = load_file(cell["train"] / "heads" / "heads.safetensors")
     assert heads["z_proj.weight"].abs().max() > 0  # training moved the z projection off zero
 
@@ -90,8 +91,9 @@ def test_posterior_adapter_reproduces_mu_q(cell):
     b = data.collate(data.encode(cell["df"], tok, m.z_slots), range(len(cell["df"])))
     with torch.no_grad():
         want = m.posterior(b.post_ids, b.post_mask)[0]
-    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(cell["base"]),
-                                     cell["train"] / "adapters" / "posterior").eval()
+    peft = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(cell["base"]), cell["train"] / "adapters" / "posterior"
+    ).eval()
     heads = load_file(cell["train"] / "heads" / "heads.safetensors")
 
     def mu_q(ids, mask, last, pos=None):
@@ -127,7 +129,11 @@ def test_the_model_folder_opens_with_autotokenizer(cell, tiny_base):
     for every text of the data, the same decoded text (a word-level vocabulary is not rebuilt as
     the model family's byte-level BPE)."""
     auto, ours = AutoTokenizer.from_pretrained(cell["base"]), cell["tok"]
-    texts = [t for s in data.SPLITS for t in (lambda d: d.x.tolist() + d.y.tolist())(data.load_split(tiny_base["data_dir"], s))]
+    texts = [
+        t
+        for s in data.SPLITS
+        for t in (lambda d: d.x.tolist() + d.y.tolist())(data.load_split(tiny_base["data_dir"], s))
+    ]
     ids = auto(texts, add_special_tokens=False).input_ids
     assert ids == ours(texts, add_special_tokens=False).input_ids
     assert [auto.decode(i) for i in ids[:50]] == [ours.decode(i) for i in ids[:50]]

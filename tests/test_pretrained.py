@@ -2,6 +2,7 @@
 model and a byte-level BPE tokenizer trained on the task texts, both written with
 save_pretrained) read with `backbone.source: pretrained`, through the whole workflow; and the
 original study's `direct` mode (no entangle stage, cells start from the pretrained backbone)."""
+
 import json
 import shutil
 import subprocess
@@ -14,8 +15,8 @@ import torch
 import yaml
 
 from latentstrat import data
-from latentstrat.config import load_config
 from latentstrat.backbone import build_backbone
+from latentstrat.config import load_config
 from latentstrat.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,21 +30,31 @@ def make_pretrained_dir(root: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
-    df = data.generate({"seed": 5, "tasks": TASK_NAMES, "train_per_task": 50, "validation_per_task": 5,
-                        "test_per_task": 5})
+    df = data.generate(
+        {"seed": 5, "tasks": TASK_NAMES, "train_per_task": 50, "validation_per_task": 5, "test_per_task": 5}
+    )
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(list(df.x) + list(df.y), trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     d = root / "tiny-pretrained"
     tok.save_pretrained(d)
     # like Qwen2.5, the embedding has more rows than the tokenizer has tokens
-    cfg = Qwen2Config(vocab_size=len(tok) + 64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok) + 64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
     return d
@@ -61,8 +72,9 @@ def backbone(path) -> dict:
 def test_data_stage_uses_the_backbones_tokenizer_with_single_token_markers(pretrained_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"backbone": backbone(pretrained_dir),
-                                                                  "data": {"tasks": TASK_NAMES}})
+    cfg = load_config(
+        ROOT / "config" / "smoke.yaml", overrides={"backbone": backbone(pretrained_dir), "data": {"tasks": TASK_NAMES}}
+    )
     data.build_dataset(cfg["data"], tmp_path, backbone_cfg=cfg["backbone"])
     info = json.loads((tmp_path / "tokenizer_info.json").read_text())
     own = AutoTokenizer.from_pretrained(pretrained_dir)
@@ -88,7 +100,7 @@ def test_data_stage_uses_the_backbones_tokenizer_with_single_token_markers(pretr
     # the markers' embedding rows start at the mean pretrained row (rows the model never trained)
     model = build_backbone(cfg["backbone"], tok, data.added_token_ids(tmp_path))
     emb = model.get_input_embeddings().weight
-    mean = emb[:len(own)].mean(0)
+    mean = emb[: len(own)].mean(0)
     for t in data.SPECIAL_TOKENS:
         assert torch.allclose(emb[tok.convert_tokens_to_ids(t)], mean, atol=1e-6)
 
@@ -102,11 +114,17 @@ def test_missing_local_model_is_named_before_any_work(tmp_path):
 
 def run_workflow(tmp_path: Path, overrides: dict) -> Path:
     """The smoke collection (2 tasks, 2 sum cells, no comparison arm) end to end, locally."""
-    over = {"extends": str(ROOT / "config" / "smoke.yaml"), "collection": "smoke-pretrained",
-            "base": "smoke-pretrained", "results_dir": str(tmp_path / "results"),
-            "data": {"tasks": TASK_NAMES, "train_per_task": 24, "validation_per_task": 8, "test_per_task": 6},
-            "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1]}, "comparison_arms": [],
-            "resources": {"threads": 1, "threads_base": 1}, **overrides}
+    over = {
+        "extends": str(ROOT / "config" / "smoke.yaml"),
+        "collection": "smoke-pretrained",
+        "base": "smoke-pretrained",
+        "results_dir": str(tmp_path / "results"),
+        "data": {"tasks": TASK_NAMES, "train_per_task": 24, "validation_per_task": 8, "test_per_task": 6},
+        "grid": {"reconstruction_family": ["raw", "dist_norm"], "beta": [0.1]},
+        "comparison_arms": [],
+        "resources": {"threads": 1, "threads_base": 1},
+        **overrides,
+    }
     wd = tmp_path / "wd"  # a copy of the workflow: its own .snakemake/, nothing shared with the checkout
     wd.mkdir()
     shutil.copy(ROOT / "Snakefile", wd / "Snakefile")
@@ -114,8 +132,9 @@ def run_workflow(tmp_path: Path, overrides: dict) -> Path:
         shutil.copytree(ROOT / d, wd / d, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     cfg_path = tmp_path / "collection.yaml"
     cfg_path.write_text(yaml.safe_dump(over))
-    r = subprocess.run([SNAKEMAKE, "--configfile", str(cfg_path), "--cores", "2"], cwd=wd,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [SNAKEMAKE, "--configfile", str(cfg_path), "--cores", "2"], cwd=wd, capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return tmp_path / "results"
 
@@ -140,8 +159,9 @@ def test_local_pretrained_collection_end_to_end(pretrained_dir, tmp_path):
 
 @pytest.mark.slow
 def test_direct_mode_without_entangle_stage(pretrained_dir, tmp_path):
-    res = run_workflow(tmp_path, {"backbone": backbone(pretrained_dir), "entangle": {"mode": "skip"},
-                                  "cell": {"init": "direct"}})
+    res = run_workflow(
+        tmp_path, {"backbone": backbone(pretrained_dir), "entangle": {"mode": "skip"}, "cell": {"init": "direct"}}
+    )
     base = res / "base" / "smoke-pretrained"
     assert not (base / "entangle" / "model").exists()
     assert json.loads((base / "entangle" / "quality.json").read_text())["mode"] == "skip"

@@ -112,11 +112,18 @@ def _records(rng, n_per=20):
                 z = np.zeros(6)
                 z[s_i] = 3.0
                 followed = s if k % 4 else None  # a quarter did not follow one strategy
-                rows.append({"cell_id": "c1", "task": task, "example_id": f"{task}-{s}-{k}", "strategy": s,
-                             "followed_strategy": followed,
-                             "ambiguous": k % 5 == 0,
-                             "router_z": list(z + 0.1 * rng.standard_normal(6)),
-                             "posterior_mu": list(rng.standard_normal(6))})
+                rows.append(
+                    {
+                        "cell_id": "c1",
+                        "task": task,
+                        "example_id": f"{task}-{s}-{k}",
+                        "strategy": s,
+                        "followed_strategy": followed,
+                        "ambiguous": k % 5 == 0,
+                        "router_z": list(z + 0.1 * rng.standard_normal(6)),
+                        "posterior_mu": list(rng.standard_normal(6)),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -180,9 +187,11 @@ def test_shuffled_control_can_be_skipped():
 
 
 def test_importing_and_running_the_probe_does_not_import_sklearn():
-    code = ("import sys, numpy as np; import latentstrat.probes as p; print('sklearn' in sys.modules); "
-            "y = np.repeat(['a', 'b', 'c'], 10); p.linear_probe(np.random.default_rng(0).standard_normal((30, 4)), y); "
-            "print('sklearn' in sys.modules)")
+    code = (
+        "import sys, numpy as np; import latentstrat.probes as p; print('sklearn' in sys.modules); "
+        "y = np.repeat(['a', 'b', 'c'], 10); p.linear_probe(np.random.default_rng(0).standard_normal((30, 4)), y); "
+        "print('sklearn' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False"]
@@ -200,9 +209,18 @@ def _dataset(seed, n, d, k, separation):
 
 
 # (seed, n, d, k, separation): 2, 3, 6 and more classes; separable, informative and pure noise
-DATASETS = [(0, 40, 8, 2, 4.0), (1, 300, 64, 2, 0.0), (2, 120, 32, 2, 0.3),
-            (3, 60, 16, 3, 4.0), (4, 200, 64, 3, 0.3), (5, 250, 12, 3, 0.0),
-            (6, 150, 24, 6, 3.0), (7, 300, 64, 6, 0.2), (8, 90, 40, 8, 0.0), (9, 280, 48, 10, 1.0)]
+DATASETS = [
+    (0, 40, 8, 2, 4.0),
+    (1, 300, 64, 2, 0.0),
+    (2, 120, 32, 2, 0.3),
+    (3, 60, 16, 3, 4.0),
+    (4, 200, 64, 3, 0.3),
+    (5, 250, 12, 3, 0.0),
+    (6, 150, 24, 6, 3.0),
+    (7, 300, 64, 6, 0.2),
+    (8, 90, 40, 8, 0.0),
+    (9, 280, 48, 10, 1.0),
+]
 
 
 @pytest.mark.parametrize("seed,n,d,k,separation", DATASETS)
@@ -264,8 +282,14 @@ def test_binary_fit_is_one_coefficient_vector_not_a_two_class_softmax():
     np.testing.assert_allclose(ours.intercept, ref.intercept_, atol=1e-4)
     # the control: a 2-class softmax fit, its effective vector w1 - w0
     codes = (y == ours.classes[1]).astype(int)
-    res = minimize(probes._multinomial_objective, np.zeros(2 * 11), args=(Xs, np.eye(2)[codes], 1 / 40),
-                   method="L-BFGS-B", jac=True, options={"gtol": 1e-8})
+    res = minimize(
+        probes._multinomial_objective,
+        np.zeros(2 * 11),
+        args=(Xs, np.eye(2)[codes], 1 / 40),
+        method="L-BFGS-B",
+        jac=True,
+        options={"gtol": 1e-8},
+    )
     Wb = res.x.reshape((2, -1), order="F")
     softmax_coef = Wb[1, :-1] - Wb[0, :-1]
     assert np.abs(softmax_coef - ours.coef[0]).max() > 0.05
@@ -309,8 +333,10 @@ def test_standardize_like_standard_scaler():
 # ----------------------------------------------------------------------------- folds
 
 
-@pytest.mark.parametrize("counts,folds", [((10, 10), 5), ((7, 13, 5), 5), ((3, 4, 5, 6, 30), 3), ((2, 2), 2),
-                                          ((295, 5), 5), ((11, 9, 17, 6, 8, 12), 4)])
+@pytest.mark.parametrize(
+    "counts,folds",
+    [((10, 10), 5), ((7, 13, 5), 5), ((3, 4, 5, 6, 30), 3), ((2, 2), 2), ((295, 5), 5), ((11, 9, 17, 6, 8, 12), 4)],
+)
 def test_stratified_folds(counts, folds):
     rng = np.random.default_rng(14)
     y = rng.permutation(np.repeat([f"s{i}" for i in range(len(counts))], counts))

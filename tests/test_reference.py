@@ -1,5 +1,6 @@
 """Reference stage: b against a hand-computed per-token NLL, scales against closed forms,
 token counts, helpers for the trainer, and input errors that name the path."""
+
 import json
 from pathlib import Path
 
@@ -10,8 +11,15 @@ import torch
 
 from latentstrat import data
 from latentstrat.config import load_config
-from latentstrat.reference import (TOKENS_COLUMNS, compute_scales, config_alphas, load_b, run_reference, scales_for,
-                                   token_counts)
+from latentstrat.reference import (
+    TOKENS_COLUMNS,
+    compute_scales,
+    config_alphas,
+    load_b,
+    run_reference,
+    scales_for,
+    token_counts,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +35,7 @@ def dirs(tmp_path_factory):
     """A tiny dataset, a random-init entangled model saved with save_pretrained, and the
     reference stage run on them."""
     from latentstrat.backbone import build_backbone
+
     root = tmp_path_factory.mktemp("ref")
     cfg = smoke_cfg()
     data.build_dataset(cfg["data"], root / "data")
@@ -39,6 +48,7 @@ def dirs(tmp_path_factory):
 
 def test_b_equals_hand_computed_token_nll(dirs):
     from latentstrat.backbone import load_entangled
+
     root, cfg, _ = dirs
     tokens = pd.read_parquet(root / "reference" / "tokens.parquet")
     assert list(tokens.columns) == TOKENS_COLUMNS
@@ -77,8 +87,12 @@ def test_scales_json_matches_tokens(dirs):
 
 
 def _const_tokens(c, n_train, n_val):
-    rows = [dict(task="t", example_id=f"tr{i}", split="train", n_supervised=n, b=[c] * n) for i, n in enumerate(n_train)]
-    rows += [dict(task="t", example_id=f"va{i}", split="validation", n_supervised=n, b=[c] * n) for i, n in enumerate(n_val)]
+    rows = [
+        dict(task="t", example_id=f"tr{i}", split="train", n_supervised=n, b=[c] * n) for i, n in enumerate(n_train)
+    ]
+    rows += [
+        dict(task="t", example_id=f"va{i}", split="validation", n_supervised=n, b=[c] * n) for i, n in enumerate(n_val)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -102,9 +116,13 @@ def test_constant_b_scales_closed_form():
 
 
 def test_token_counts_by_hand():
-    t = pd.DataFrame([dict(task="a", example_id="1", split="train", n_supervised=2, b=[1.0, 3.0]),
-                      dict(task="a", example_id="2", split="train", n_supervised=3, b=[1.0, 1.0, 1.0]),
-                      dict(task="b", example_id="3", split="test", n_supervised=1, b=[0.5])])
+    t = pd.DataFrame(
+        [
+            dict(task="a", example_id="1", split="train", n_supervised=2, b=[1.0, 3.0]),
+            dict(task="a", example_id="2", split="train", n_supervised=3, b=[1.0, 1.0, 1.0]),
+            dict(task="b", example_id="3", split="test", n_supervised=1, b=[0.5]),
+        ]
+    )
     c = token_counts(t).set_index(["task", "split"])
     r = c.loc[("a", "train")]
     assert r.examples == 2 and r.supervised_tokens_sum == 5 and r.supervised_tokens_mean == 2.5
@@ -126,7 +144,7 @@ def test_load_b_aligns_and_checks(dirs, tmp_path):
     assert [len(v) for v in b] == df.n_supervised.tolist()
     enc = data.encode(df, data.load_tokenizer(root / "data"))
     batch = data.collate(enc, [0, 1], b=b)
-    assert torch.allclose(batch.b[0, :len(b[0])], torch.tensor(b[0]))
+    assert torch.allclose(batch.b[0, : len(b[0])], torch.tensor(b[0]))
     bad = df.copy()
     bad.loc[0, "n_supervised"] += 1
     with pytest.raises(ValueError, match=bad.example_id[0]):

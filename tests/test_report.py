@@ -2,8 +2,8 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 import pandas as pd
+import pytest
 import yaml
 
 from aggregate_helpers import make_cfg, write_collection
@@ -46,8 +46,13 @@ def test_report_outputs_and_findings(partial_report):
     out, res, _ = partial_report
     assert res["wall"] < 30
     names = {n for n, _ in res["figures"]}
-    assert {"objective_scale_heatmap", "token_count_dominance", "dynamics_kl", "per_task_router_dynamics",
-            "reconstruction_router_trajectory"} <= names
+    assert {
+        "objective_scale_heatmap",
+        "token_count_dominance",
+        "dynamics_kl",
+        "per_task_router_dynamics",
+        "reconstruction_router_trajectory",
+    } <= names
     for n in names:
         assert (out / "figures" / f"{n}.png").stat().st_size > 1000
     f = {x["question"][:30]: x for x in json.loads((out / "findings.json").read_text())["findings"]}
@@ -65,8 +70,16 @@ def test_report_outputs_and_findings(partial_report):
 
 
 def test_absent_figures_are_listed_not_crashing(tmp_path):
-    rc = cli_main(["--summary", str(FIX / "study001_sum_summary.csv"), "--comparison", str(FIX / "study001_mean_lin100.csv"),
-                   "--out", str(tmp_path)])
+    rc = cli_main(
+        [
+            "--summary",
+            str(FIX / "study001_sum_summary.csv"),
+            "--comparison",
+            str(FIX / "study001_mean_lin100.csv"),
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     results = (tmp_path / "results.md").read_text()
     assert "Figures skipped because their data is absent" in results and "KL dynamics (`dynamics_kl.png`)" in results
@@ -85,13 +98,18 @@ def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tm
     from latentstrat.quality import quality_report
     from latentstrat.report import load_entangle_quality
     from latentstrat.tasks import TASKS
+
     t = TASKS["multidigit_addition"]
     xs = ["add 1 2 + 3 4", "add 5 6 + 7 8", "add 9 1 + 2 3", "add 4 4 + 5 5"]
     # every sample follows right_to_left: traces and answers right, strategy prior 100/0 -> TV fails
-    samples = __import__("pandas").DataFrame(dict(task=t.name, x=xs, y_generated=[t.render(x, "right_to_left") for x in xs]))
-    rep = quality_report(samples, {t.name: {"right_to_left": 0.5, "left_to_right": 0.5}},
-                         {"quality_min_answer_accuracy": 0.9, "quality_min_strategy_match": 0.85,
-                          "quality_max_strategy_tv": 0.15})
+    samples = __import__("pandas").DataFrame(
+        dict(task=t.name, x=xs, y_generated=[t.render(x, "right_to_left") for x in xs])
+    )
+    rep = quality_report(
+        samples,
+        {t.name: {"right_to_left": 0.5, "left_to_right": 0.5}},
+        {"quality_min_answer_accuracy": 0.9, "quality_min_strategy_match": 0.85, "quality_max_strategy_tv": 0.15},
+    )
     rep.update(temperature=1.0, samples_per_task=4)
     (tmp_path / "quality.json").write_text(json.dumps(rep))
     quality = load_entangle_quality(tmp_path / "quality.json")
@@ -112,9 +130,18 @@ def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tm
 def _gap_tables(acc_hi, gap_lo, entangled=0.987):
     """Two primary cells with the given accuracy upper bounds and gap lower bounds."""
     from latentstrat.report.findings import q_accuracy_hides_gap
-    s = pd.DataFrame({"cell_id": ["a", "b"], "role": "primary", "final_answer_accuracy": [0.98, 0.98],
-                      "final_answer_accuracy_ci_high": acc_hi, "posterior_router_probe_gap": [0.43, 0.43],
-                      "posterior_router_probe_gap_ci_low": gap_lo, "posterior_router_probe_gap_ci_high": [0.5, 0.5]})
+
+    s = pd.DataFrame(
+        {
+            "cell_id": ["a", "b"],
+            "role": "primary",
+            "final_answer_accuracy": [0.98, 0.98],
+            "final_answer_accuracy_ci_high": acc_hi,
+            "posterior_router_probe_gap": [0.43, 0.43],
+            "posterior_router_probe_gap_ci_low": gap_lo,
+            "posterior_router_probe_gap_ci_high": [0.5, 0.5],
+        }
+    )
     sanity = pd.DataFrame({"cell_id": ["a", "b"], "entangled_answer_accuracy": entangled})
     return q_accuracy_hides_gap({"summary": s, "cell_sanity": sanity}, 0.01)
 

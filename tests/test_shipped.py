@@ -1,6 +1,7 @@
 """Shipped entangled models: a small base trained with the recipe, shipped, installed again with
 `entangle.mode: shipped` (same bytes, quality rechecked), and every way an artifact can be wrong
 named before any cell uses it. The default and quick collections' shipped bases are checked too."""
+
 import json
 import shutil
 import subprocess
@@ -11,8 +12,8 @@ import pytest
 
 from latentstrat import data, shipped
 from latentstrat.config import base_settings, load_config
-from latentstrat.paths import Paths
 from latentstrat.entangle import run_entangle
+from latentstrat.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
 # thresholds at 0: a 20-step model passes, so the shipping path (which refuses failing models) runs
@@ -20,9 +21,17 @@ LENIENT = {"quality_min_answer_accuracy": 0.0, "quality_min_strategy_match": 0.0
 
 
 def cfg_with(mode="train", **over):
-    o = {"data": {"train_per_task": 8, "validation_per_task": 3, "test_per_task": 3},
-         "entangle": {"mode": mode, "steps": 4, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2,
-                      **LENIENT}}
+    o = {
+        "data": {"train_per_task": 8, "validation_per_task": 3, "test_per_task": 3},
+        "entangle": {
+            "mode": mode,
+            "steps": 4,
+            "batch_size": 8,
+            "warmup_steps": 1,
+            "quality_samples_per_task": 2,
+            **LENIENT,
+        },
+    }
     for k, v in over.items():
         o.setdefault(k, {}).update(v)
     return load_config(ROOT / "config" / "smoke.yaml", overrides=o)
@@ -42,16 +51,24 @@ def trained(tmp_path_factory):
 def test_ship_then_install_gives_the_same_model_and_rechecks_quality(trained, tmp_path):
     root, cfg, prov = trained
     files = sorted(p.relative_to(root / "ship").as_posix() for p in (root / "ship").rglob("*") if p.is_file())
-    assert {"SHA256SUMS", "provenance.json", "history.parquet", "quality.json", "model/config.json",
-            "model/model.safetensors", "reference/tokens.parquet"} <= set(files)
+    assert {
+        "SHA256SUMS",
+        "provenance.json",
+        "history.parquet",
+        "quality.json",
+        "model/config.json",
+        "model/model.safetensors",
+        "reference/tokens.parquet",
+    } <= set(files)
     assert prov["reference"]["code_version"] and prov["reference"]["cpu"]
     assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
     assert "mode" not in prov["recipe"]["entangle"]  # how the model is obtained is not the recipe
     assert prov["trained"]["code_version"] and prov["trained"]["cpu"]
     assert len(prov["data_fingerprint"]) == 64
 
-    report = run_entangle(cfg_with("shipped"), root / "data", tmp_path, threads=1, log=lambda m: None,
-                          shipped_dir=root / "ship")
+    report = run_entangle(
+        cfg_with("shipped"), root / "data", tmp_path, threads=1, log=lambda m: None, shipped_dir=root / "ship"
+    )
     for f in ("config.json", "model.safetensors"):
         assert (tmp_path / "model" / f).read_bytes() == (root / "entangle" / "model" / f).read_bytes()
     q = json.loads((tmp_path / "quality.json").read_text())
@@ -108,7 +125,9 @@ def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is
     root, cfg, _ = trained
     here = run_reference(cfg, root / "data", root / "entangle", tmp_path / "here", log=lambda m: None)
     installed = tmp_path / "installed"
-    run_entangle(cfg_with("shipped"), root / "data", installed, threads=1, log=lambda m: None, shipped_dir=root / "ship")
+    run_entangle(
+        cfg_with("shipped"), root / "data", installed, threads=1, log=lambda m: None, shipped_dir=root / "ship"
+    )
     got = run_reference(cfg_with("shipped"), root / "data", installed, tmp_path / "shipped", log=lambda m: None)
     assert got["b_source"].startswith("the table shipped with the base") and here["b_source"] == "computed here"
     assert got["S_ref"] == here["S_ref"] and got["T_ref"] == here["T_ref"]
@@ -135,7 +154,9 @@ def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is
         shipped.verify(d, cfg, root / "data")
     shipped.add_reference(cfg, root / "data", d)
     assert shipped.verify(d, cfg, root / "data")["reference"]["cpu"]
-    assert (d / "reference" / "tokens.parquet").read_bytes() == (root / "ship" / "reference" / "tokens.parquet").read_bytes()
+    assert (d / "reference" / "tokens.parquet").read_bytes() == (
+        root / "ship" / "reference" / "tokens.parquet"
+    ).read_bytes()
 
 
 def test_another_recipe_or_other_data_is_refused(trained, tmp_path):
@@ -184,8 +205,23 @@ def test_shipped_base_verifies_against_a_fresh_data_stage(config, tmp_path):
 
 
 def test_workflow_names_a_missing_shipped_base(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--directory", str(ROOT), "--config",
-                        f"results_dir={tmp_path}", "base=no-such-base", "entangle={mode: shipped}"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--directory",
+            str(ROOT),
+            "--config",
+            f"results_dir={tmp_path}",
+            "base=no-such-base",
+            "entangle={mode: shipped}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode != 0
     assert "ships no base 'no-such-base'" in r.stdout + r.stderr and "mode: train" in r.stdout + r.stderr

@@ -5,6 +5,7 @@ starts one with .ci/slurm/start.sh (root only) and stops it afterwards. Skipped,
 reason, when neither works. The grid is the smoke collection's, cut to 2 families x 2 betas
 (no comparison arm) to fit 2 CPU cores; every rule still runs as Slurm jobs.
 """
+
 import os
 import shutil
 import subprocess
@@ -54,9 +55,23 @@ def slurm_run(wd, env, *args):
     # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct;
     # its jobs take 10-15 s, so the first status check comes after 4 s, not the profile's 10 (the
     # plugin adds 10 s to the interval after each round that finds no job finished)
-    cmd = [SNAKEMAKE, "--profile", "slurm", "--cores", "2", "--slurm-status-command", "squeue",
-           "--slurm-init-seconds-before-status-checks", "4",
-           "--configfile", "config/smoke.yaml", "--config", f"results_dir={wd / 'results'}", *GRID, *args]
+    cmd = [
+        SNAKEMAKE,
+        "--profile",
+        "slurm",
+        "--cores",
+        "2",
+        "--slurm-status-command",
+        "squeue",
+        "--slurm-init-seconds-before-status-checks",
+        "4",
+        "--configfile",
+        "config/smoke.yaml",
+        "--config",
+        f"results_dir={wd / 'results'}",
+        *GRID,
+        *args,
+    ]
     return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -66,10 +81,18 @@ def status_of(wd, env):
     import json
 
     cfg = wd / "status.yaml"
-    cfg.write_text(f"extends: {wd / 'config' / 'smoke.yaml'}\nresults_dir: {wd / 'results'}\n"
-                   "grid: {reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}\ncomparison_arms: []\n")
-    r = subprocess.run([sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--json"], env=env,
-                       capture_output=True, text=True, timeout=120, cwd=wd)
+    cfg.write_text(
+        f"extends: {wd / 'config' / 'smoke.yaml'}\nresults_dir: {wd / 'results'}\n"
+        "grid: {reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}\ncomparison_arms: []\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=wd,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     st = json.loads(r.stdout)
     return {c["cell_id"]: {s: (v["state"], v["job"]) for s, v in c["stages"].items()} for c in st["cells"]}

@@ -1,12 +1,13 @@
 """python -m latentstrat.status: cells x stages from files and the Slurm queue (fake jobs here;
 tests/test_slurm.py runs it against a real cluster)."""
+
 import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from latentstrat import host
 from latentstrat.cells import expand_cells
@@ -48,9 +49,11 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     log.write_text("step 3/6\nTraceback (most recent call last):\n  ...\nValueError: checkpoint x is broken\n")
     old = time.time() - 3600
     os.utime(log, (old, old))
-    jobs = [{"id": "101", "state": "RUNNING", "comment": f"rule_train_wildcards_{running}"},
-            {"id": "102", "state": "PENDING", "comment": f"rule_evaluate_wildcards_{pending}"},
-            {"id": "99", "state": "COMPLETED", "comment": f"rule_train_wildcards_{pending}"}]
+    jobs = [
+        {"id": "101", "state": "RUNNING", "comment": f"rule_train_wildcards_{running}"},
+        {"id": "102", "state": "PENDING", "comment": f"rule_evaluate_wildcards_{pending}"},
+        {"id": "99", "state": "COMPLETED", "comment": f"rule_train_wildcards_{pending}"},
+    ]
     write_outputs(stage_outputs(p, pending, tasks)["train"], now)
     st = collection_status(cfg, jobs=jobs)
     by = {c["cell_id"]: {s: v["state"] for s, v in c["stages"].items()} for c in st["cells"]}
@@ -58,8 +61,12 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     assert by[stale]["train"] == "stale"
     assert by[failed]["train"] == "failed"
     assert next(c for c in st["cells"] if c["cell_id"] == failed)["stages"]["train"]["detail"].startswith("ValueError")
-    assert by[running]["train"] == "running" and by[pending] == {"train": "done", "evaluate": "pending",
-                                                                 "probes": "missing", "metrics": "missing"}
+    assert by[running]["train"] == "running" and by[pending] == {
+        "train": "done",
+        "evaluate": "pending",
+        "probes": "missing",
+        "metrics": "missing",
+    }
     assert st["summary"].endswith(f"; 2/{len(cells)} cells done, 1 running, 1 failed, 1 stale")
     text = render(st)
     assert "Slurm job 101" in text and "ValueError: checkpoint x is broken" in text and text.endswith(st["summary"])
@@ -75,7 +82,10 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     cid = expand_cells(cfg)[0].cell_id
     for files in stage_outputs(p, cid, tasks).values():
         write_outputs(files, host.code_version()["code_version"])
-    by_stage = lambda st: {s: v["state"] for s, v in next(c for c in st["cells"] if c["cell_id"] == cid)["stages"].items()}
+
+    def by_stage(st):
+        return {s: v["state"] for s, v in next(c for c in st["cells"] if c["cell_id"] == cid)["stages"].items()}
+
     st = collection_status(cfg, jobs=[])
     assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "metrics"), "done") and st["corrupt"] == []
     # the base: nothing built yet, every base stage missing and named in the summary
@@ -97,8 +107,12 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     assert f"evaluate: corrupt: {records}" in text and "--rerun-corrupt" in text
     # a stage that reads such a file names it, the job that wrote it and the command
     from latentstrat.io import read_parquet
-    with pytest.raises(ValueError, match=r"evaluate records .*records.parquet is unreadable .* the evaluate job that "
-                                         r"wrote it must run again: `python -m latentstrat.status .* --rerun-corrupt`"):
+
+    with pytest.raises(
+        ValueError,
+        match=r"evaluate records .*records.parquet is unreadable .* the evaluate job that "
+        r"wrote it must run again: `python -m latentstrat.status .* --rerun-corrupt`",
+    ):
         read_parquet(records, "evaluate records")
     # a base stage's output too
     write_outputs([Path(p.data_files()["train"])], "")
@@ -124,11 +138,16 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     from workflow_helpers import copy_workflow, snakemake
 
     wd = copy_workflow(tmp_path)
-    raw = {"extends": "smoke.yaml", "collection": "corrupt", "results_dir": str(wd / "results"),
-           "data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
-           "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
-           "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
-           "grid": {"reconstruction_family": ["raw"], "beta": [0.1]}, "comparison_arms": []}
+    raw = {
+        "extends": "smoke.yaml",
+        "collection": "corrupt",
+        "results_dir": str(wd / "results"),
+        "data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
+        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
+        "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
+        "grid": {"reconstruction_family": ["raw"], "beta": [0.1]},
+        "comparison_arms": [],
+    }
     cfg_path = wd / "config" / "corrupt.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     r = snakemake(wd, "--cores", "2", "-q", configfile="config/corrupt.yaml")
@@ -144,13 +163,15 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     status = [sys.executable, "-m", "latentstrat.status", "--configfile", "config/corrupt.yaml"]
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
     assert f"{cid} evaluate: corrupt: {records}" in out and "1 corrupt" in out, out
-    r = subprocess.run(status + ["--rerun-corrupt", "--", "--cores", "2"], cwd=wd, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        status + ["--rerun-corrupt", "--", "--cores", "2"], cwd=wd, capture_output=True, text=True, timeout=600
+    )
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     ran = re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)", log, flags=re.M)
-    assert sorted(ran) == sorted(["evaluate", "probe_task"] * 1 + ["probe_task"] * 5 + ["probe_global", "metrics",
-                                                                                       "aggregate", "report", "all"]), ran
+    assert sorted(ran) == sorted(
+        ["evaluate", "probe_task"] * 1 + ["probe_task"] * 5 + ["probe_global", "metrics", "aggregate", "report", "all"]
+    ), ran
     assert summary.stat().st_mtime_ns == train_mtime  # train did not rerun
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout

@@ -1,4 +1,5 @@
 """Task suite: hand-computed traces, verifier/matcher on random inputs, corruptions, bad text."""
+
 from __future__ import annotations
 
 import random
@@ -15,30 +16,79 @@ N_RANDOM = 1000
 EXPECTED = [
     ("sorting_algorithms", "sort 5 3 8 1 4", "bubble", "3 5 1 4 8 ; 3 1 4 5 8 ; 1 3 4 5 8 ; answer 1 3 4 5 8"),
     ("sorting_algorithms", "sort 5 3 8 1 4", "insertion", "3 5 ; 3 5 8 ; 1 3 5 8 ; 1 3 4 5 8 ; answer 1 3 4 5 8"),
-    ("sorting_algorithms", "sort 5 3 8 1 4", "selection",
-     "1 3 8 5 4 ; 1 3 8 5 4 ; 1 3 4 5 8 ; 1 3 4 5 8 ; answer 1 3 4 5 8"),
+    (
+        "sorting_algorithms",
+        "sort 5 3 8 1 4",
+        "selection",
+        "1 3 8 5 4 ; 1 3 8 5 4 ; 1 3 4 5 8 ; 1 3 4 5 8 ; answer 1 3 4 5 8",
+    ),
     ("grid_pathfinding", "path 2 5 to 4 1", "horizontal_first", "left 4 3 2 1 down 3 4 answer 6"),
     ("grid_pathfinding", "path 2 5 to 4 1", "vertical_first", "down 3 4 left 4 3 2 1 answer 6"),
     ("grid_pathfinding", "path 3 0 to 1 1", "vertical_first", "up 2 1 right 1 answer 3"),
-    ("multidigit_addition", "add 4 7 2 + 3 8 9", "right_to_left", "2 + 9 = 1 1 ; 7 + 8 + 1 = 1 6 ; 4 + 3 + 1 = 8 ; answer 8 6 1"),
-    ("multidigit_addition", "add 4 7 2 + 3 8 9", "left_to_right", "+ 3 0 0 = 7 7 2 ; + 8 0 = 8 5 2 ; + 9 = 8 6 1 ; answer 8 6 1"),
+    (
+        "multidigit_addition",
+        "add 4 7 2 + 3 8 9",
+        "right_to_left",
+        "2 + 9 = 1 1 ; 7 + 8 + 1 = 1 6 ; 4 + 3 + 1 = 8 ; answer 8 6 1",
+    ),
+    (
+        "multidigit_addition",
+        "add 4 7 2 + 3 8 9",
+        "left_to_right",
+        "+ 3 0 0 = 7 7 2 ; + 8 0 = 8 5 2 ; + 9 = 8 6 1 ; answer 8 6 1",
+    ),
     ("multidigit_addition", "add 9 5 + 7", "right_to_left", "5 + 7 = 1 2 ; 9 + 1 = 1 0 ; answer 1 0 2"),
-    ("linear_equations", "solve 5 x + 3 = 2 x + 1 2", "x_terms_first",
-     "5 x - 2 x = 3 x ; 3 x + 3 = 1 2 ; 1 2 - 3 = 9 ; 3 x = 9 ; x = 9 / 3 ; answer 3"),
-    ("linear_equations", "solve 5 x + 3 = 2 x + 1 2", "constants_first",
-     "1 2 - 3 = 9 ; 5 x = 2 x + 9 ; 5 x - 2 x = 3 x ; 3 x = 9 ; x = 9 / 3 ; answer 3"),
-    ("base_conversion", "convert 1 0 1 1 0 1 1 to base 8", "group_from_right", "0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3"),
-    ("base_conversion", "convert 1 0 1 1 0 1 1 to base 8", "pad_left",
-     "= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3"),
-    ("base_conversion", "convert 1 1 1 0 0 1 0 to base 4", "group_from_right", "1 0 = 2 ; 0 0 = 0 ; 1 1 = 3 ; 1 = 1 ; answer 1 3 0 2"),
-    ("base_conversion", "convert 1 1 1 0 0 1 0 to base 4", "pad_left",
-     "= 0 1 1 1 0 0 1 0 ; 0 1 = 1 ; 1 1 = 3 ; 0 0 = 0 ; 1 0 = 2 ; answer 1 3 0 2"),
+    (
+        "linear_equations",
+        "solve 5 x + 3 = 2 x + 1 2",
+        "x_terms_first",
+        "5 x - 2 x = 3 x ; 3 x + 3 = 1 2 ; 1 2 - 3 = 9 ; 3 x = 9 ; x = 9 / 3 ; answer 3",
+    ),
+    (
+        "linear_equations",
+        "solve 5 x + 3 = 2 x + 1 2",
+        "constants_first",
+        "1 2 - 3 = 9 ; 5 x = 2 x + 9 ; 5 x - 2 x = 3 x ; 3 x = 9 ; x = 9 / 3 ; answer 3",
+    ),
+    (
+        "base_conversion",
+        "convert 1 0 1 1 0 1 1 to base 8",
+        "group_from_right",
+        "0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3",
+    ),
+    (
+        "base_conversion",
+        "convert 1 0 1 1 0 1 1 to base 8",
+        "pad_left",
+        "= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3",
+    ),
+    (
+        "base_conversion",
+        "convert 1 1 1 0 0 1 0 to base 4",
+        "group_from_right",
+        "1 0 = 2 ; 0 0 = 0 ; 1 1 = 3 ; 1 = 1 ; answer 1 3 0 2",
+    ),
+    (
+        "base_conversion",
+        "convert 1 1 1 0 0 1 0 to base 4",
+        "pad_left",
+        "= 0 1 1 1 0 0 1 0 ; 0 1 = 1 ; 1 1 = 3 ; 0 0 = 0 ; 1 0 = 2 ; answer 1 3 0 2",
+    ),
     ("list_reversal", "reverse 3 8 1 9 4", "swap_ends", "4 8 1 9 3 ; 4 9 1 8 3 ; answer 4 9 1 8 3"),
     ("list_reversal", "reverse 3 8 1 9 4", "take_last", "4 ; 4 9 ; 4 9 1 ; 4 9 1 8 ; 4 9 1 8 3 ; answer 4 9 1 8 3"),
     ("list_reversal", "reverse 2 0 0 2", "swap_ends", "2 0 0 2 ; 2 0 0 2 ; answer 2 0 0 2"),
-    ("gcd_computation", "gcd 4 8 , 1 8", "euclid_remainder", "4 8 mod 1 8 = 1 2 ; 1 8 mod 1 2 = 6 ; 1 2 mod 6 = 0 ; answer 6"),
-    ("gcd_computation", "gcd 4 8 , 1 8", "prime_factors",
-     "4 8 = 2 x 2 x 2 x 2 x 3 ; 1 8 = 2 x 3 x 3 ; common 2 x 3 ; answer 6"),
+    (
+        "gcd_computation",
+        "gcd 4 8 , 1 8",
+        "euclid_remainder",
+        "4 8 mod 1 8 = 1 2 ; 1 8 mod 1 2 = 6 ; 1 2 mod 6 = 0 ; answer 6",
+    ),
+    (
+        "gcd_computation",
+        "gcd 4 8 , 1 8",
+        "prime_factors",
+        "4 8 = 2 x 2 x 2 x 2 x 3 ; 1 8 = 2 x 3 x 3 ; common 2 x 3 ; answer 6",
+    ),
     ("gcd_computation", "gcd 1 7 , 3 0", "prime_factors", "1 7 = 1 7 ; 3 0 = 2 x 3 x 5 ; common 1 ; answer 1"),
 ]
 
@@ -52,8 +102,15 @@ def test_hand_computed_traces(task, x, strategy, y):
 
 
 def test_registry_covers_the_default_tasks():
-    names = {"sorting_algorithms", "grid_pathfinding", "multidigit_addition", "linear_equations",
-             "base_conversion", "list_reversal", "gcd_computation"}
+    names = {
+        "sorting_algorithms",
+        "grid_pathfinding",
+        "multidigit_addition",
+        "linear_equations",
+        "base_conversion",
+        "list_reversal",
+        "gcd_computation",
+    }
     assert names <= set(TASKS)
     for name, t in TASKS.items():
         assert t.name == name and 2 <= len(t.strategies) <= 4
@@ -144,8 +201,22 @@ def test_corruption_control_uncorrupted_is_not_caught():
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
-@pytest.mark.parametrize("junk", [None, 17, "", "   ", "answer", "answer answer", "<unk> <unk>", "; ; ;",
-                                  "x = = / r mod", "answer 9 9 9 9 9 9 9 9 9 9", "</y> answer 1"])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        None,
+        17,
+        "",
+        "   ",
+        "answer",
+        "answer answer",
+        "<unk> <unk>",
+        "; ; ;",
+        "x = = / r mod",
+        "answer 9 9 9 9 9 9 9 9 9 9",
+        "</y> answer 1",
+    ],
+)
 def test_verifier_and_matcher_never_raise_on_junk(name, junk):
     t = TASKS[name]
     x = _samples(t, 1)[0]

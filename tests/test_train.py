@@ -1,4 +1,5 @@
 """Disentangle trainer: outputs, determinism, SIGTERM resume, NaN handling (tiny CPU runs)."""
+
 import json
 import os
 import signal
@@ -11,20 +12,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from base_helpers import TINY
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
+from latentstrat.io import write_parquet
+
 
 def weights(d):
     """A trained cell's weights: both peft adapters and the heads, under one set of names."""
     from pathlib import Path
+
     d = Path(d)
     out = {f"heads.{k}": v for k, v in load_file(d / "heads" / "heads.safetensors").items()}
     for name in ("generator", "posterior"):
-        out.update({f"{name}.{k}": v for k, v in load_file(d / "adapters" / name / "adapter_model.safetensors").items()})
+        out.update(
+            {f"{name}.{k}": v for k, v in load_file(d / "adapters" / name / "adapter_model.safetensors").items()}
+        )
     return out
 
-from latentstrat.cells import expand_cells
-from latentstrat.config import load_config
-from latentstrat.io import write_parquet
-from base_helpers import TINY
 
 @pytest.fixture(scope="module")
 def base(tiny_base):
@@ -40,6 +45,7 @@ def tiny_cfg(**train):
 
 def run(cfg, cell, base, out):
     from latentstrat.train import train_cell
+
     return train_cell(cfg, cell, base["data_dir"], base["entangle_dir"], base["reference_dir"], out, threads=1)
 
 
@@ -47,8 +53,14 @@ def test_outputs_and_determinism(base, tmp_path):
     cfg, cell = tiny_cfg()
     s1 = run(cfg, cell, base, tmp_path / "a")
     run(cfg, cell, base, tmp_path / "b")
-    for f in ("heads/heads.safetensors", "heads/config.json", "adapters/generator/adapter_config.json",
-              "adapters/posterior/adapter_model.safetensors", "history.parquet", "summary.json"):
+    for f in (
+        "heads/heads.safetensors",
+        "heads/config.json",
+        "adapters/generator/adapter_config.json",
+        "adapters/posterior/adapter_model.safetensors",
+        "history.parquet",
+        "summary.json",
+    ):
         assert (tmp_path / "a" / f).exists()
     h1 = pd.read_parquet(tmp_path / "a" / "history.parquet")
     h2 = pd.read_parquet(tmp_path / "b" / "history.parquet")
@@ -133,7 +145,8 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
         "        time.sleep(0.5)\n"
         "    return orig(model, batch, cell_, scales, step, eps)\n"
         "train.forward_losses = slow\n"
-        "train.train_cell(cfg, cell, base['data_dir'], base['entangle_dir'], base['reference_dir'], out, threads=1)\n")
+        "train.train_cell(cfg, cell, base['data_dir'], base['entangle_dir'], base['reference_dir'], out, threads=1)\n"
+    )
     args = tmp_path / "args.json"
     args.write_text(json.dumps([cfg, cell, {k: str(v) for k, v in base.items()}, str(out), str(marker)]))
     p = subprocess.Popen([sys.executable, str(script), str(args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -199,9 +212,41 @@ def test_bench_train_runs_and_dispatches(capsys):
     from latentstrat.bench.__main__ import main
 
     assert main(["nope"]) == 2
-    assert main(["train", "--tasks", "sorting_algorithms", "--examples-per-task", "8", "--hidden", "32",
-                 "--intermediate", "64", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--latent-dim", "4",
-                 "--batch-size", "4", "--steps", "1", "--warmup", "0", "--threads", "1", "--matmul-n", "64", "--json"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--tasks",
+                "sorting_algorithms",
+                "--examples-per-task",
+                "8",
+                "--hidden",
+                "32",
+                "--intermediate",
+                "64",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--kv-heads",
+                "1",
+                "--latent-dim",
+                "4",
+                "--batch-size",
+                "4",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+                "--threads",
+                "1",
+                "--matmul-n",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["trainer_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0
     assert res["speedup"] == pytest.approx(res["trainer_tokens_per_s"] / res["naive_tokens_per_s"])
@@ -225,14 +270,16 @@ def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
     log = capsys.readouterr().out
     assert "starting from step 0" in log and "resumed" not in log
     run(cfg2, cell2, base, tmp_path / "fresh")
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "history.parquet"),
-                                  pd.read_parquet(tmp_path / "fresh" / "history.parquet"))
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "history.parquet"), pd.read_parquet(tmp_path / "fresh" / "history.parquet")
+    )
     w, w_fresh = weights(out), weights(tmp_path / "fresh")
     assert all(torch.equal(w[k], w_fresh[k]) for k in w)
 
 
 def test_grad_clip_per_aggregation_is_explicit():
     from latentstrat.train import grad_clip_for
+
     scales = {"S_ref": 26.0, "T_ref": 3.0}
     absolute = {"grad_clip_unit": "absolute"}
     assert grad_clip_for({"grad_clip": 1.0, **absolute}, "sum", "raw", scales) == 1.0

@@ -2,6 +2,7 @@
 interval excludes 0 (a collection whose arms differ by less than their noise gets "cannot
 tell"; one where they differ clearly gets the sign), and the learn-then-collapse test keeps
 its false-positive rate at or below 5% under no change."""
+
 import itertools
 
 import numpy as np
@@ -20,10 +21,19 @@ def arm_table(path, aggregation, scores, half_width):
     """One row per cell: matched router score with its 95% interval (half_width either side)."""
     rows = []
     for (fam, beta), s in zip(itertools.product(FAMILIES, BETAS), scores):
-        rows.append({"cell_id": f"{aggregation}-{fam}-{beta}", "reconstruction_family": fam, "beta": beta,
-                     "token_aggregation": aggregation, "beta_schedule": "constant", "matched_router_score": s,
-                     "matched_router_score_ci_low": s - half_width, "matched_router_score_ci_high": s + half_width,
-                     "final_answer_accuracy": 0.95})
+        rows.append(
+            {
+                "cell_id": f"{aggregation}-{fam}-{beta}",
+                "reconstruction_family": fam,
+                "beta": beta,
+                "token_aggregation": aggregation,
+                "beta_schedule": "constant",
+                "matched_router_score": s,
+                "matched_router_score_ci_low": s - half_width,
+                "matched_router_score_ci_high": s + half_width,
+                "final_answer_accuracy": 0.95,
+            }
+        )
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -62,13 +72,31 @@ def test_no_interval_means_cannot_tell(tmp_path):
     rows = []
     for agg, s in (("sum", 0.3), ("mean", 0.6)):
         for fam, beta in itertools.product(FAMILIES, BETAS):
-            rows.append({"reconstruction_family": fam, "beta": beta, "token_aggregation": agg,
-                         "beta_schedule": "constant", "matched_router_score": s})
+            rows.append(
+                {
+                    "reconstruction_family": fam,
+                    "beta": beta,
+                    "token_aggregation": agg,
+                    "beta_schedule": "constant",
+                    "matched_router_score": s,
+                }
+            )
     df = pd.DataFrame(rows)
     df[df.token_aggregation == "sum"].to_csv(tmp_path / "sum.csv", index=False)
     df[df.token_aggregation == "mean"].to_csv(tmp_path / "mean.csv", index=False)
-    assert report_cli(["--summary", str(tmp_path / "sum.csv"), "--comparison", str(tmp_path / "mean.csv"),
-                       "--out", str(tmp_path / "out")]) == 0
+    assert (
+        report_cli(
+            [
+                "--summary",
+                str(tmp_path / "sum.csv"),
+                "--comparison",
+                str(tmp_path / "mean.csv"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     c = pd.read_parquet(tmp_path / "out" / "aggregate" / "arm_contrasts.parquet").set_index("metric")
     assert c.loc["matched_router_score", "verdict"] == "cannot tell"
 
@@ -87,8 +115,11 @@ def test_paired_bootstrap_of_identical_cells_is_exactly_zero_and_has_binomial_wi
 
 
 def _history(values_by_cell):
-    rows = [{"cell_id": c, "step": 25 * k, "task": "all", "metric": "matched_router_score", "value": v}
-            for c, vals in values_by_cell.items() for k, v in enumerate(vals)]
+    rows = [
+        {"cell_id": c, "step": 25 * k, "task": "all", "metric": "matched_router_score", "value": v}
+        for c, vals in values_by_cell.items()
+        for k, v in enumerate(vals)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -112,8 +143,11 @@ def test_learn_then_collapse_is_found_when_it_happens():
     rng = np.random.default_rng(1)
     shape = np.array([0.3, 0.5, 0.7, 0.8, 0.6, 0.4, 0.3])
     h = _history({f"c{i}": shape + rng.normal(0, 0.01, 7) for i in range(12)})
-    t = {"history_long": h, "collection_state": pd.DataFrame(columns=["cell_id", "role"]),
-         "dynamics_summary": pd.DataFrame()}
+    t = {
+        "history_long": h,
+        "collection_state": pd.DataFrame(columns=["cell_id", "role"]),
+        "dynamics_summary": pd.DataFrame(),
+    }
     f = q_early_or_late(t, 0.01)
     assert f["status"] == "supported" and f["evidence"].startswith("learn then collapse")
     # learning that is kept is not a collapse
@@ -127,23 +161,38 @@ def test_router_scores_without_signal_above_chance_are_cannot_tell():
     their class balance differs, not because z carries strategy: never a sign."""
     from latentstrat.aggregate.contrasts import arm_contrasts
 
-    c = pd.DataFrame({"primary_cell": ["p1", "p2"], "comparison_cell": ["r1", "r2"],
-                      "delta_matched_router_score": [-0.08, -0.09],
-                      "delta_matched_router_score_ci_low": [-0.10, -0.11], "delta_matched_router_score_ci_high": [-0.05, -0.06]})
-    noise = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],
-                          above={"p1": False, "p2": False, "r1": False, "r2": False}).iloc[0]
+    c = pd.DataFrame(
+        {
+            "primary_cell": ["p1", "p2"],
+            "comparison_cell": ["r1", "r2"],
+            "delta_matched_router_score": [-0.08, -0.09],
+            "delta_matched_router_score_ci_low": [-0.10, -0.11],
+            "delta_matched_router_score_ci_high": [-0.05, -0.06],
+        }
+    )
+    noise = arm_contrasts(
+        {"mean": c}, None, metrics=["matched_router_score"], above={"p1": False, "p2": False, "r1": False, "r2": False}
+    ).iloc[0]
     assert noise.verdict == "cannot tell" and "above chance" in noise.why and noise.cells_cannot_tell == 2
-    signal = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"],
-                           above={"p1": True, "p2": False, "r1": True, "r2": True}).iloc[0]
+    signal = arm_contrasts(
+        {"mean": c}, None, metrics=["matched_router_score"], above={"p1": True, "p2": False, "r1": True, "r2": True}
+    ).iloc[0]
     assert signal.verdict == "negative" and signal.cells_negative == 2 and signal.why == ""
 
 
 def write_config(path, seeds=None):
     """A collection config whose grid is the tables' (4 families x 3 betas, sum vs matched mean)."""
     import yaml
-    cfg = {"collection": "toy-power", "base": "toy-base", "data": {"tasks": ["sorting_algorithms"]},
-           "cell": {"token_aggregation": "sum"}, "grid": {"reconstruction_family": FAMILIES, "beta": BETAS},
-           "primary_arm": "sum", "comparison_arms": [{"name": "mean", "settings": {"token_aggregation": "mean"}}]}
+
+    cfg = {
+        "collection": "toy-power",
+        "base": "toy-base",
+        "data": {"tasks": ["sorting_algorithms"]},
+        "cell": {"token_aggregation": "sum"},
+        "grid": {"reconstruction_family": FAMILIES, "beta": BETAS},
+        "primary_arm": "sum",
+        "comparison_arms": [{"name": "mean", "settings": {"token_aggregation": "mean"}}],
+    }
     if seeds:
         cfg["seeds"] = seeds
     path.write_text(yaml.safe_dump(cfg))
@@ -157,7 +206,12 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
     comparison = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
     cfg = write_config(tmp_path / "collection.yaml", seeds)
     out = tmp_path / "out"
-    assert report_cli(["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]) == 0
+    assert (
+        report_cli(
+            ["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]
+        )
+        == 0
+    )
     row = pd.read_parquet(out / "aggregate" / "arm_contrasts.parquet").set_index("metric").loc["matched_router_score"]
     return row, out
 
@@ -200,6 +254,7 @@ def test_a_noisy_collection_already_at_its_seed_cap_gets_no_followup(tmp_path):
 
 def test_power_arithmetic_by_hand():
     from latentstrat.power import detectable_difference, next_seeds, seeds_to_detect
+
     # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
     assert np.isnan(detectable_difference(float("nan"), 0.1))

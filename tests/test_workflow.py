@@ -4,6 +4,7 @@ Rerun cases run against a fake complete collection: every output file created, t
 in DAG order with Snakemake's touch executor (which also records params/code metadata), so the
 dry runs see exactly what a finished collection would.
 """
+
 import os
 import re
 import shutil
@@ -45,9 +46,14 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
 
 
 def test_config_overrides_expand_any_axes(wd):
-    rc, jobs, out = dry_run(wd, config=[
-        "grid={reconstruction_family: [raw, dist_norm], beta: [0.01, 0.1], token_aggregation: [mean, sum]}",
-        "seeds=[1, 2]", "comparison_arms=[]"])
+    rc, jobs, out = dry_run(
+        wd,
+        config=[
+            "grid={reconstruction_family: [raw, dist_norm], beta: [0.01, 0.1], token_aggregation: [mean, sum]}",
+            "seeds=[1, 2]",
+            "comparison_arms=[]",
+        ],
+    )
     assert rc == 0, out[-3000:]
     train = sorted(c for r, c, _ in jobs if r == "train")
     assert len(train) == 16
@@ -61,13 +67,16 @@ def test_one_and_one_point_zero_are_one_beta(wd):
     assert rules(jobs)["train"] == 4  # 4 families x one beta
 
 
-@pytest.mark.parametrize("config, key", [
-    (["grid={reconstruction_family: [raw, tokcc_b0.5]}"], "grid.reconstruction_family[1]"),
-    (["grid={beta: [0.1, -0.5]}"], "grid.beta[1]"),
-    (["grid={beta: []}"], "grid.beta"),
-    (["trian={steps: 3}"], "trian"),
-    (["train={stpes: 3}"], "train.stpes"),
-])
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        (["grid={reconstruction_family: [raw, tokcc_b0.5]}"], "grid.reconstruction_family[1]"),
+        (["grid={beta: [0.1, -0.5]}"], "grid.beta[1]"),
+        (["grid={beta: []}"], "grid.beta"),
+        (["trian={steps: 3}"], "trian"),
+        (["train={stpes: 3}"], "train.stpes"),
+    ],
+)
 def test_bad_config_fails_before_any_job_naming_the_key(wd, config, key):
     rc, jobs, out = dry_run(wd, config=config)
     assert rc != 0
@@ -140,16 +149,20 @@ def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
             shutil.move(a, d)
     assert rc == 0, out[-3000:]
     assert {c for r, c, _ in jobs if r in CELL_RULES} == {CELL}
-    assert rules(jobs) == Counter(train=1, evaluate=1, probe_task=N_TASKS, probe_global=1, metrics=1,
-                                  aggregate=1, report=1, all=1)
+    assert rules(jobs) == Counter(
+        train=1, evaluate=1, probe_task=N_TASKS, probe_global=1, metrics=1, aggregate=1, report=1, all=1
+    )
 
 
 def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     """A follow-up collection (another name, one more arm) on the same base and cell-work
     settings trains only its new cells; the shared ones and the base stages are not rerun."""
-    extra = ["collection=smoke-followup",
-             "comparison_arms=[{name: mean_lin100, settings: {token_aggregation: mean, beta_schedule: lin100}, grid: {beta: [0.01, 0.1]}}, "
-             "{name: matched_mean, settings: {token_aggregation: mean}}]"]
+    extra = [
+        "collection=smoke-followup",
+        "comparison_arms=[{name: mean_lin100, settings: {token_aggregation: mean, beta_schedule: lin100}, "
+        "grid: {beta: [0.01, 0.1]}}, "
+        "{name: matched_mean, settings: {token_aggregation: mean}}]",
+    ]
     rc, jobs, out = dry_run(done, config=extra)
     assert rc == 0, out[-3000:]
     trained = {c for r, c, _ in jobs if r == "train"}
@@ -173,7 +186,9 @@ def test_corrupting_one_cells_metrics_reruns_from_there(done):
         metrics.touch()
         os.utime(metrics, (st.st_atime, st.st_mtime))
     assert rc == 0, out[-3000:]
-    assert sorted((r, c) for r, c, _ in jobs) == sorted([("metrics", CELL), ("aggregate", None), ("report", None), ("all", None)])
+    assert sorted((r, c) for r, c, _ in jobs) == sorted(
+        [("metrics", CELL), ("aggregate", None), ("report", None), ("all", None)]
+    )
 
 
 def edit_and_dry_run(done, code: Path):
@@ -222,8 +237,9 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     assert rc == 0, out[-3000:]
     cells = {c for r, c, _ in jobs if r in CELL_RULES}
     assert len(cells) == 4 and all("_beta-10_" in c and c.startswith("agg-sum_") for c in cells)
-    assert rules(jobs) == Counter(train=4, evaluate=4, probe_task=4 * N_TASKS, probe_global=4, metrics=4,
-                                  aggregate=1, report=1, all=1)
+    assert rules(jobs) == Counter(
+        train=4, evaluate=4, probe_task=4 * N_TASKS, probe_global=4, metrics=4, aggregate=1, report=1, all=1
+    )
 
 
 def _recreate(files, content=None):

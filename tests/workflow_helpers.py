@@ -1,5 +1,6 @@
 """Helpers shared by test modules (test modules never import each other): a copy of the
 workflow to run Snakemake in, dry-run parsing, and the shrunk smoke config of the entangle tests."""
+
 import re
 import shutil
 import subprocess
@@ -15,8 +16,10 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 def smoke_cfg(**entangle):
     """config/smoke.yaml shrunk for the entangle tests (tiny splits, a 3-step entangle stage)."""
-    over = {"data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
-            "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2, **entangle}}
+    over = {
+        "data": {"train_per_task": 6, "validation_per_task": 3, "test_per_task": 3},
+        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2, **entangle},
+    }
     return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
 
 
@@ -75,5 +78,3 @@ def outputs_of(out: str) -> list[str]:
 
 def rules(jobs):
     return Counter(j[0] for j in jobs)
-
-

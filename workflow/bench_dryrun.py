@@ -6,6 +6,7 @@ a generated 1000-cell grid (10 families x 10 betas x 10 seeds, no comparison arm
 Prints one line per grid: cells, jobs and the best wall time of `snakemake -n -q` (parse,
 config validation, DAG). Goals: <= 3 s and <= 30 s.
 """
+
 import argparse
 import re
 import subprocess
@@ -21,7 +22,9 @@ GRIDS = {
     "generated (1000 cells)": [
         "grid={reconstruction_family: [raw, dist_norm, "
         + ", ".join(f"tokcc_a{a}" for a in (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1))
-        + "], beta: [" + ", ".join(str(b) for b in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30)) + "]}",
+        + "], beta: ["
+        + ", ".join(str(b) for b in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30))
+        + "]}",
         "seeds=[" + ", ".join(str(s) for s in range(10)) + "]",
         "comparison_arms=[]",
     ],

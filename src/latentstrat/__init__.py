@@ -3,4 +3,5 @@
 Data flow: tasks -> data -> model -> objective -> entangle -> reference -> train ->
 decode/evaluate -> probes -> metrics -> aggregate -> report. See docs/architecture.md.
 """
+
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@
   (every per-token layer over the real tokens only; tested equal to transformers' pass);
 - where a model's weights are and where a config's model jobs run.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,7 @@ import torch.nn as nn
 
 from latentstrat.config import pretrained_source
 
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 
 def _special_ids(tokenizer) -> dict:
@@ -34,16 +33,21 @@ def _special_ids(tokenizer) -> dict:
     return ids
 
 
-
 def embedded_config(embedded_cfg: dict, tokenizer):
     """The embedded default: a small Qwen2 with tied embeddings, vocab from the tokenizer."""
     from transformers import Qwen2Config
 
     e = embedded_cfg
     if e["hidden_size"] % e["num_attention_heads"]:
-        raise ValueError(f"config key backbone.embedded.hidden_size ({e['hidden_size']}) must be divisible by num_attention_heads ({e['num_attention_heads']})")
+        raise ValueError(
+            f"config key backbone.embedded.hidden_size ({e['hidden_size']}) must be divisible by num_attention_heads "
+            f"({e['num_attention_heads']})"
+        )
     if e["num_attention_heads"] % e["num_key_value_heads"]:
-        raise ValueError(f"config key backbone.embedded.num_attention_heads ({e['num_attention_heads']}) must be divisible by num_key_value_heads ({e['num_key_value_heads']})")
+        raise ValueError(
+            f"config key backbone.embedded.num_attention_heads ({e['num_attention_heads']}) must be divisible by "
+            f"num_key_value_heads ({e['num_key_value_heads']})"
+        )
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=e["hidden_size"],
@@ -56,7 +60,6 @@ def embedded_config(embedded_cfg: dict, tokenizer):
         use_cache=False,
         **_special_ids(tokenizer),
     )
-
 
 
 def init_new_token_rows(model, ids: list[int]) -> list[int]:
@@ -78,7 +81,6 @@ def init_new_token_rows(model, ids: list[int]) -> list[int]:
         for w in mats:
             w[ids] = w[:first].float().mean(0).to(w.dtype)
     return ids
-
 
 
 def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] | None = None):
@@ -105,9 +107,11 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
         try:
             model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, **attn)
         except OSError as e:
-            raise OSError(f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
-                          f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
-                          f"fill the hub cache and set HF_HUB_OFFLINE=1") from None
+            raise OSError(
+                f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
+                f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
+                f"fill the hub cache and set HF_HUB_OFFLINE=1"
+            ) from None
     elif source == "config_json":
         path = backbone_cfg.get("name_or_path")
         if not path or not Path(path).exists():
@@ -125,7 +129,6 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
         if source == "pretrained" and new_token_ids:
             init_new_token_rows(model, new_token_ids)
     return model.to(dtype)
-
 
 
 def load_entangled(entangle_dir: str | Path, dtype: str | None = None, attn_implementation: str | None = None):
@@ -171,7 +174,6 @@ neutral `[Z]` slot (no strategy code) and samples a strategy itself. A trained c
 """
 
 
-
 def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
     """Beside a saved entangled model: its tokenizer (transformers' files) and a short model
     card, so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
@@ -184,21 +186,26 @@ def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
         # AutoTokenizer load tokenizer.json as it is (tests/test_peft_format.py)
         path = folder / "tokenizer_config.json"
         tc = json.loads(path.read_text())
-        tc.update(tokenizer_class="PreTrainedTokenizerFast", auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]})
+        tc.update(
+            tokenizer_class="PreTrainedTokenizerFast", auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}
+        )
         path.write_text(json.dumps(tc, indent=2) + "\n")
     c = json.loads((folder / "config.json").read_text())
     n = sum(t.numel() for f in sorted(folder.glob("*.safetensors")) for t in load_file(str(f)).values())
-    card = MODEL_CARD.format(base=cfg["base"], arch=(c.get("architectures") or ["?"])[0], params=n,
-                             tasks=", ".join(cfg["data"]["tasks"]),
-                             tokenizer="word-level" if cfg["backbone"]["source"] != "pretrained"
-                             else f"{cfg['backbone']['name_or_path']}'s, extended")
+    card = MODEL_CARD.format(
+        base=cfg["base"],
+        arch=(c.get("architectures") or ["?"])[0],
+        params=n,
+        tasks=", ".join(cfg["data"]["tasks"]),
+        tokenizer="word-level"
+        if cfg["backbone"]["source"] != "pretrained"
+        else f"{cfg['backbone']['name_or_path']}'s, extended",
+    )
     (folder / "README.md").write_text(card)
-
 
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
 
 
 def packable(lm, mask) -> bool:
@@ -215,7 +222,6 @@ def packable(lm, mask) -> bool:
     if lm.training and float(getattr(c, "attention_dropout", 0.0)) > 0:
         return False
     return bool((mask[:, 1:] <= mask[:, :-1]).all())
-
 
 
 def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Tensor:
@@ -249,19 +255,18 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Te
         k = a.k_proj(h).view(n, kv_heads, head_dim)
         v = a.v_proj(h).view(n, kv_heads, head_dim)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        o = nn.functional.scaled_dot_product_attention(padded(q), padded(k), padded(v), is_causal=True,
-                                                       scale=a.scaling, enable_gqa=heads != kv_heads)
+        o = nn.functional.scaled_dot_product_attention(
+            padded(q), padded(k), padded(v), is_causal=True, scale=a.scaling, enable_gqa=heads != kv_heads
+        )
         x = x + a.o_proj(o.transpose(1, 2).reshape(B * T, heads * head_dim)[flat])
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     x = m.norm(x)
     return x.new_zeros(B * T, x.shape[-1]).index_copy(0, flat, x).view(B, T, -1)
 
 
-
 def device_of(model) -> torch.device:
     """Where a model's weights are."""
     return next(model.parameters()).device
-
 
 
 def device_for(cfg: dict) -> torch.device:

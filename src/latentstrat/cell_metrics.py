@@ -4,6 +4,7 @@ metrics.parquet and its bootstrap replicates (`write_cell_metrics`, the metrics 
 metric names, derived-metric formulas and the bootstrap's resampling are the registry's
 (latentstrat.metrics).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,22 @@ from latentstrat.metrics import (
 from latentstrat.probes import read_probes
 
 # probe table name -> metric name
-PROBE_METRIC = {"within_task_router": "within_task_router_probe", "posterior": "posterior_probe",
-                "global_router": "global_router_probe"}
+PROBE_METRIC = {
+    "within_task_router": "within_task_router_probe",
+    "posterior": "posterior_probe",
+    "global_router": "global_router_probe",
+}
 # the evaluate record columns the metrics read (evaluate.RECORD_COLUMNS has them all)
-METRIC_RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "correct", "matched_strategies",
-                         "followed_strategy", *LOSS_METRICS]
+METRIC_RECORD_COLUMNS = [
+    "cell_id",
+    "task",
+    "example_id",
+    "strategy",
+    "correct",
+    "matched_strategies",
+    "followed_strategy",
+    *LOSS_METRICS,
+]
 PROVENANCE = ["code_version", "code_commit", "code_dirty", "started_at", "finished_at", "host", "device"]
 
 
@@ -44,11 +56,22 @@ def _probe_summary(probes, name: str) -> dict:
     m = PROBE_METRIC[name]
     ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
     if ok.empty:
-        return {m: math.nan, f"{m}_chance": math.nan, f"{m}_shuffled": math.nan, f"{m}_corrected": math.nan,
-                f"{m}_tasks": 0, f"{m}_task_list": ""}
-    return {m: float(ok["accuracy"].mean()), f"{m}_chance": float(ok["chance"].mean()),
-            f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()), f"{m}_corrected": float(ok["corrected"].mean()),
-            f"{m}_tasks": int(len(ok)), f"{m}_task_list": ",".join(sorted(ok["task"]))}
+        return {
+            m: math.nan,
+            f"{m}_chance": math.nan,
+            f"{m}_shuffled": math.nan,
+            f"{m}_corrected": math.nan,
+            f"{m}_tasks": 0,
+            f"{m}_task_list": "",
+        }
+    return {
+        m: float(ok["accuracy"].mean()),
+        f"{m}_chance": float(ok["chance"].mean()),
+        f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()),
+        f"{m}_corrected": float(ok["corrected"].mean()),
+        f"{m}_tasks": int(len(ok)),
+        f"{m}_task_list": ",".join(sorted(ok["task"])),
+    }
 
 
 def followed_strategy_tv(records) -> tuple[float, float]:
@@ -120,11 +143,15 @@ def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT
         with np.errstate(invalid="ignore"):
             rep[m], rep[f"{m}_corrected"] = stack(accs), stack(corrs)
     rep["matched_router_score"] = rep["within_task_router_probe"] * rep["strategy_match_rate"]
-    rep["chance_corrected_matched_router_score"] = (rep["within_task_router_probe_corrected"]
-                                                    * rep["strategy_match_rate"])
+    rep["chance_corrected_matched_router_score"] = (
+        rep["within_task_router_probe_corrected"] * rep["strategy_match_rate"]
+    )
     shared = sorted(set(per_task["posterior"]) & set(per_task["within_task_router"]))
-    rep["posterior_router_probe_gap"] = (np.nanmean([per_task["posterior"][t] - per_task["within_task_router"][t]
-                                                     for t in shared], axis=0) if shared else np.full(n_boot, np.nan))
+    rep["posterior_router_probe_gap"] = (
+        np.nanmean([per_task["posterior"][t] - per_task["within_task_router"][t] for t in shared], axis=0)
+        if shared
+        else np.full(n_boot, np.nan)
+    )
     return pd.DataFrame({m: rep[m] for m in BOOTSTRAP_METRICS})
 
 
@@ -135,9 +162,14 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     >= 1 strategy; probes = means over tasks of the 'ok' per-task probes (global: its row);
     losses = means of the per-example losses; derived metrics by `derive`.
     """
-    row = {"cell_id": cell["cell_id"], "arm": cell["arm"], "role": cell["role"],
-           **{k: cell[k] for k in CELL_KEYS},
-           "family_label": family_label(cell["reconstruction_family"]), "beta_label": beta_label(cell["beta"])}
+    row = {
+        "cell_id": cell["cell_id"],
+        "arm": cell["arm"],
+        "role": cell["role"],
+        **{k: cell[k] for k in CELL_KEYS},
+        "family_label": family_label(cell["reconstruction_family"]),
+        "beta_label": beta_label(cell["beta"]),
+    }
     row["final_answer_accuracy"] = float(records["correct"].astype(bool).mean())
     row["strategy_match_rate"] = float(records["matched_strategies"].map(len).gt(0).mean())
     for name in LOSS_METRICS:
@@ -153,8 +185,9 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 
 
-def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None,
-                       train_summary_path=None):
+def write_cell_metrics(
+    cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None, train_summary_path=None
+):
     """Check that records and probe tables belong to `cell` and cover its tasks, then write
     the one-row metrics.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
     the bootstrap replicates (bootstrap.parquet beside it, or `bootstrap_path`). Returns the row
@@ -170,8 +203,11 @@ def write_cell_metrics(cfg: dict, cell: dict, records_path, probe_paths, out_pat
     other = sorted(set(probes["cell_id"]) - {cid})
     if other:
         raise ValueError(f"probe tables {[str(p) for p in probe_paths]} include cell {other[0]!r}, not {cid!r}")
-    for name, task_set in (("within_task_router", set(records["task"])), ("posterior", set(records["task"])),
-                           ("global_router", {"global"})):
+    for name, task_set in (
+        ("within_task_router", set(records["task"])),
+        ("posterior", set(records["task"])),
+        ("global_router", {"global"}),
+    ):
         missing = sorted(task_set - set(probes.loc[probes["probe"] == name, "task"]))
         if missing:
             raise ValueError(f"probe tables {[str(p) for p in probe_paths]} lack the {name} probe of {missing}")

@@ -9,6 +9,7 @@ Cell ids are canonical strings built from the cell's settings (never from the po
 grid): `agg-sum_fam-raw_beta-0.01_seed-314159`, plus `key-value` for every other cell setting
 that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are the same beta.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from latentstrat.schema import parsed_schema
-
 
 # cell setting -> short id key, in id order. agg, fam, beta and seed always appear.
 ID_KEYS = {
@@ -41,10 +41,10 @@ ALWAYS_IN_ID = ("token_aggregation", "reconstruction_family", "beta", "seed")
 CELL_KEYS = tuple(ID_KEYS)
 
 
-
 @dataclass(frozen=True)
 class Family:
     """A reconstruction family: kind in raw|dist_norm|tokcc|dist_tokcc, with its parameters."""
+
     name: str
     kind: str
     alpha: float = 0.25  # tokcc exponent a
@@ -53,14 +53,17 @@ class Family:
 
 
 _FAMILY_RE = re.compile(
-    r"^(?:(?P<raw>raw)|(?P<dist>dist_norm)|tokcc_a(?P<a>[0-9.]+)|dist_tokcc_(?P<p>[0-9.]+)_(?P<q>[0-9.]+)(?:_a(?P<a2>[0-9.]+))?)$")
-
+    r"^(?:(?P<raw>raw)|(?P<dist>dist_norm)|tokcc_a(?P<a>[0-9.]+)|dist_tokcc_(?P<p>[0-9.]+)_(?P<q>[0-9.]+)(?:_a(?P<a2>[0-9.]+))?)$"
+)
 
 
 def parse_family(name: str) -> Family:
     m = _FAMILY_RE.match(str(name))
     if not m:
-        raise ValueError(f"unknown reconstruction family {name!r} (expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])")
+        raise ValueError(
+            f"unknown reconstruction family {name!r} (expected raw, dist_norm, tokcc_a<alpha>, "
+            "dist_tokcc_<p>_<q>[_a<alpha>])"
+        )
     try:
         if m["raw"]:
             return Family(name, "raw")
@@ -71,7 +74,6 @@ def parse_family(name: str) -> Family:
         return Family(name, "dist_tokcc", alpha=float(m["a2"]) if m["a2"] else 0.25, p=float(m["p"]), q=float(m["q"]))
     except ValueError:
         raise ValueError(f"unknown reconstruction family {name!r}: malformed number") from None
-
 
 
 def family_label(name: str) -> str:
@@ -87,11 +89,9 @@ def family_label(name: str) -> str:
     return f"dist+tokcc {f.p:g}/{f.q:g}" + ("" if f.alpha == 0.25 else f" a{a}")
 
 
-
 def _short(x: float) -> str:
     s = f"{x:g}"
     return s[1:] if s.startswith("0.") else s
-
 
 
 def schedule_warmup(schedule: str) -> int:
@@ -102,7 +102,6 @@ def schedule_warmup(schedule: str) -> int:
     if not m:
         raise ValueError(f"unknown beta schedule {schedule!r}")
     return int(m[1])
-
 
 
 def format_value(v: Any) -> str:
@@ -117,17 +116,14 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-
 def beta_label(beta: float) -> str:
     """Label as the original study writes it: beta=.01, beta=1."""
     return "beta=" + _short(float(beta))
 
 
-
 def schema_cell_defaults() -> dict:
     props = parsed_schema()["properties"]["cell"]["properties"]
     return {k: v["default"] for k, v in props.items()}
-
 
 
 def cell_id(settings: dict) -> str:
@@ -145,16 +141,13 @@ def cell_id(settings: dict) -> str:
 INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "seed")
 
 
-
 def init_id(settings: dict) -> str:
     """The name of a cell's model at step 0, from its INIT_KEYS, e.g. init-entangled_adapt-lora_..."""
     return "_".join(f"{ID_KEYS[k]}-{format_value(settings[k])}" for k in INIT_KEYS)
 
 
-
 def _canon(v):
     return format_value(v)
-
 
 
 def parse_cell_id(cid: str) -> dict:
@@ -172,7 +165,6 @@ def parse_cell_id(cid: str) -> dict:
     return out
 
 
-
 @dataclass(frozen=True)
 class Cell:
     cell_id: str
@@ -184,7 +176,6 @@ class Cell:
         return {"cell_id": self.cell_id, "arm": self.arm, "role": self.role, **self.settings}
 
 
-
 def normalize_settings(s: dict) -> dict:
     out = dict(s)
     for k in ("beta", "posterior_variance_weight", "router_marginal_kl_weight"):
@@ -192,7 +183,6 @@ def normalize_settings(s: dict) -> dict:
     for k in ("latent_dim", "z_slots", "seed"):
         out[k] = int(out[k])
     return out
-
 
 
 def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -> list[Cell]:
@@ -212,7 +202,6 @@ def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -
     return cells
 
 
-
 def expand_cells(cfg: dict) -> list[Cell]:
     """All cells of a validated config (config.load_config / config.validate): the primary arm,
     then each run-here comparison arm."""
@@ -226,7 +215,6 @@ def expand_cells(cfg: dict) -> list[Cell]:
         grid.update(arm.get("grid", {}))
         cells += _arm_cells(arm["name"], "comparison", base, grid, seeds)
     return cells
-
 
 
 def external_arms(cfg: dict) -> list[dict]:

@@ -5,6 +5,7 @@ settings, the guard against reusing a base folder built from other ones).
 The cells a config describes: latentstrat.cells; where their outputs live: latentstrat.paths.
 `python -m latentstrat.config FILE...` checks configs before a run.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,10 @@ def _schema_error_message(err: jsonschema.ValidationError) -> str:
     if err.validator in ("minItems", "minProperties") and not err.instance:
         return f"config key {where}: must not be empty"
     if err.validator == "pattern" and "tokcc" in str(err.schema.get("pattern", "")):
-        return (f"config key {where}: unknown reconstruction family {err.instance!r} "
-                "(expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])")
+        return (
+            f"config key {where}: unknown reconstruction family {err.instance!r} "
+            "(expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])"
+        )
     if err.validator == "pattern" and "lin" in str(err.schema.get("pattern", "")):
         return f"config key {where}: unknown beta schedule {err.instance!r} (expected constant or lin<N>)"
     return f"config key {where}: {err.message}"
@@ -80,14 +83,18 @@ def _check_semantics(cfg: dict) -> None:
             except ValueError as e:
                 raise ConfigError(f"config key {where}[{i}]: {e}") from None
     if cfg["backbone"]["source"] in ("pretrained", "config_json") and not cfg["backbone"]["name_or_path"]:
-        raise ConfigError(f"config key backbone.name_or_path: required when backbone.source is {cfg['backbone']['source']!r}")
+        raise ConfigError(
+            f"config key backbone.name_or_path: required when backbone.source is {cfg['backbone']['source']!r}"
+        )
     names = [cfg["primary_arm"]] + [a["name"] for a in cfg["comparison_arms"]]
     for i, arm in enumerate(cfg["comparison_arms"]):
         where = f"comparison_arms[{i}]"
         if names.count(arm["name"]) > 1:
             raise ConfigError(f"config key {where}.name: arm name {arm['name']!r} is used twice")
         if "table" in arm and ("grid" in arm or arm.get("settings")):
-            raise ConfigError(f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both")
+            raise ConfigError(
+                f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both"
+            )
         if "table" not in arm and not arm.get("settings") and "grid" not in arm:
             raise ConfigError(f"config key {where}: needs `settings`/`grid` (run here) or `table` (external)")
     cells = expand_cells(cfg)
@@ -96,9 +103,11 @@ def _check_semantics(cfg: dict) -> None:
     slots = cfg["entangle"]["z_slots"]
     for c in cells:
         if c.settings["init"] == "entangled" and int(c.settings["z_slots"]) != slots:
-            raise ConfigError(f"config key cell/grid/comparison_arms z_slots: cell {c.cell_id} has z_slots "
-                              f"{c.settings['z_slots']} but the entangled model it starts from is trained with "
-                              f"entangle.z_slots {slots} (a cell must start as that model: same record layout)")
+            raise ConfigError(
+                f"config key cell/grid/comparison_arms z_slots: cell {c.cell_id} has z_slots "
+                f"{c.settings['z_slots']} but the entangled model it starts from is trained with "
+                f"entangle.z_slots {slots} (a cell must start as that model: same record layout)"
+            )
     ids = [c.cell_id for c in cells]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -114,8 +123,12 @@ def _family_values(cfg: dict):
         yield f"comparison_arms[{i}].grid.reconstruction_family", arm.get("grid", {}).get("reconstruction_family", [])
 
 
-def load_config(path: str | Path | None = None, overrides: dict | None = None, cfg: dict | None = None,
-                here: str | Path | None = None) -> dict:
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict | None = None,
+    cfg: dict | None = None,
+    here: str | Path | None = None,
+) -> dict:
     """Read a YAML config (or take `cfg`, read from a file in folder `here`), deep-merge
     `overrides`, validate, fill defaults. `extends:` resolves relative to the config's folder."""
     if cfg is None:
@@ -128,7 +141,9 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None, c
             except yaml.YAMLError as e:
                 where = getattr(e, "problem_mark", None)
                 at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-                raise ConfigError(f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+                raise ConfigError(
+                    f"config file {path} is not valid YAML{at}: {getattr(e, 'problem', None) or e}"
+                ) from None
     cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else (Path(here) if here else None))
     if overrides:
         _deep_merge(cfg, overrides)
@@ -207,8 +222,12 @@ def base_settings(cfg: dict) -> dict:
     how the model is run."""
     entangle = {k: v for k, v in cfg["entangle"].items() if k != "mode"}
     backbone = {k: v for k, v in cfg["backbone"].items() if k != "attn_implementation"}
-    return {"data": cfg["data"], "backbone": backbone, "entangle": entangle,
-            "tokenizer": tokenizer_identity(cfg["backbone"])}
+    return {
+        "data": cfg["data"],
+        "backbone": backbone,
+        "entangle": entangle,
+        "tokenizer": tokenizer_identity(cfg["backbone"]),
+    }
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -231,9 +250,11 @@ def base_guard(stored: dict, cfg: dict) -> str | None:
     diff = settings_diff(stored, base_settings(cfg))
     if not diff:
         return None
-    return (f"base {cfg['base']!r} was built with different settings: {', '.join(diff)} differ from this config. "
-            f"Use a new `base` name for the new settings, or delete the base folder to rebuild it "
-            f"(and retrain every collection on it).")
+    return (
+        f"base {cfg['base']!r} was built with different settings: {', '.join(diff)} differ from this config. "
+        f"Use a new `base` name for the new settings, or delete the base folder to rebuild it "
+        f"(and retrain every collection on it)."
+    )
 
 
 def pretrained_source(backbone_cfg: dict) -> tuple[str, str | None]:
@@ -244,8 +265,10 @@ def pretrained_source(backbone_cfg: dict) -> tuple[str, str | None]:
         raise ValueError("config key backbone.name_or_path: required when backbone.source is 'pretrained'")
     local = os.path.expanduser(path)
     if path.startswith(("/", "./", "../", "~")) and not Path(local).is_dir():
-        raise FileNotFoundError(f"config key backbone.name_or_path: local model directory {path!r} does not exist "
-                                f"(it must hold the model's config.json, weights and tokenizer files)")
+        raise FileNotFoundError(
+            f"config key backbone.name_or_path: local model directory {path!r} does not exist "
+            f"(it must hold the model's config.json, weights and tokenizer files)"
+        )
     return (local if Path(local).is_dir() else path), backbone_cfg.get("revision")
 
 

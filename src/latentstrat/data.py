@@ -14,6 +14,7 @@ at zero computes exactly the entangled p(y|x) at step 0 (docs/design.md, "Initia
 
 Supervised tokens: the y tokens, `</y>` and `<eos>` (n_supervised = n_y_tokens + 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,32 @@ from latentstrat.tasks import TASKS
 
 SPLITS = ("train", "validation", "test")
 PAD, UNK, BOS, X_OPEN, X_CLOSE, Z_OPEN, Z_SLOT, Z_CLOSE, Y_OPEN, Y_CLOSE, EOS = (
-    "<pad>", "<unk>", "<bos>", "<x>", "</x>", "<z>", "[Z]", "</z>", "<y>", "</y>", "<eos>")
+    "<pad>",
+    "<unk>",
+    "<bos>",
+    "<x>",
+    "</x>",
+    "<z>",
+    "[Z]",
+    "</z>",
+    "<y>",
+    "</y>",
+    "<eos>",
+)
 SPECIAL_TOKENS = (PAD, UNK, BOS, X_OPEN, X_CLOSE, Z_OPEN, Z_SLOT, Z_CLOSE, Y_OPEN, Y_CLOSE, EOS)
-COLUMNS = ("task", "example_id", "split", "strategy", "x", "y", "answer", "ambiguous",
-           "matching_strategies", "n_y_tokens", "n_supervised")
+COLUMNS = (
+    "task",
+    "example_id",
+    "split",
+    "strategy",
+    "x",
+    "y",
+    "answer",
+    "ambiguous",
+    "matching_strategies",
+    "n_y_tokens",
+    "n_supervised",
+)
 MAX_DRAWS_PER_EXAMPLE = 200  # give up (clear error) when a task's input space is too small
 
 
@@ -70,24 +93,38 @@ def generate_task(name: str, sizes: dict[str, int], seed: int) -> pd.DataFrame:
     while len(xs) < total:
         draws += 1
         if draws > MAX_DRAWS_PER_EXAMPLE * total:
-            raise ValueError(f"task {name}: found only {len(xs)} distinct inputs for {total} requested "
-                             f"examples (data.*_per_task too large for this task's input space)")
+            raise ValueError(
+                f"task {name}: found only {len(xs)} distinct inputs for {total} requested "
+                f"examples (data.*_per_task too large for this task's input space)"
+            )
         x = task.sample_input(rng)
         if x not in seen:
             seen.add(x)
             xs.append(x)
     rows, start = [], 0
     for split in SPLITS:
-        for i, x in enumerate(xs[start:start + sizes[split]]):
+        for i, x in enumerate(xs[start : start + sizes[split]]):
             strategy = rng.choice(task.strategies)
             y = task.render(x, strategy)
             matches = sorted(task.matching_strategies(x, y))
             if strategy not in matches or not task.final_answer_correct(x, y):
                 raise AssertionError(f"task {name}: the {strategy} trace of {x!r} fails its own verifier/matcher")
             n_y = len(y.split())
-            rows.append(dict(task=name, example_id=f"{name}-{split}-{i:05d}", split=split, strategy=strategy,
-                             x=x, y=y, answer=task.answer(x), ambiguous=len(matches) > 1,
-                             matching_strategies=matches, n_y_tokens=n_y, n_supervised=n_y + 2))
+            rows.append(
+                dict(
+                    task=name,
+                    example_id=f"{name}-{split}-{i:05d}",
+                    split=split,
+                    strategy=strategy,
+                    x=x,
+                    y=y,
+                    answer=task.answer(x),
+                    ambiguous=len(matches) > 1,
+                    matching_strategies=matches,
+                    n_y_tokens=n_y,
+                    n_supervised=n_y + 2,
+                )
+            )
         start += sizes[split]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -134,10 +171,12 @@ def pretrained_tokenizer(backbone_cfg: dict):
     try:
         tok = AutoTokenizer.from_pretrained(path, revision=revision, use_fast=True)
     except (OSError, ValueError) as e:
-        raise OSError(f"config key backbone.name_or_path: cannot load the tokenizer of {path!r} "
-                      f"(revision {revision or 'default'}): {e}. Offline: point name_or_path at a local "
-                      f"directory holding the model and its tokenizer, or fill the hub cache and set "
-                      f"HF_HUB_OFFLINE=1") from None
+        raise OSError(
+            f"config key backbone.name_or_path: cannot load the tokenizer of {path!r} "
+            f"(revision {revision or 'default'}): {e}. Offline: point name_or_path at a local "
+            f"directory holding the model and its tokenizer, or fill the hub cache and set "
+            f"HF_HUB_OFFLINE=1"
+        ) from None
     if not tok.is_fast:
         raise ValueError(f"backbone {path!r}: its tokenizer has no fast (tokenizers) version; latentstrat needs one")
     backend = tok.backend_tokenizer
@@ -163,8 +202,14 @@ def record_tokenizer(backend) -> "PreTrainedTokenizerFast":  # noqa: F821
     backbone's with the record markers added), with the record's pad/unk/bos/eos tokens."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, unk_token=UNK, bos_token=BOS,
-                                   eos_token=EOS, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def load_tokenizer(data_dir: str | Path) -> "PreTrainedTokenizerFast":  # noqa: F821
@@ -207,9 +252,12 @@ def tokenizer_info(tokenizer, backbone_cfg: dict, added: list[str]) -> dict:
     """What the data stage records about its tokenizer (tokenizer_info.json): its identity, its
     size, the record tokens' ids, and which of them it added to a pretrained tokenizer."""
     vocab = tokenizer.get_vocab()
-    return {"identity": config.tokenizer_identity(backbone_cfg), "size": len(tokenizer),
-            "special_token_ids": {t: int(vocab[t]) for t in SPECIAL_TOKENS},
-            "added_token_ids": sorted(int(vocab[t]) for t in added)}
+    return {
+        "identity": config.tokenizer_identity(backbone_cfg),
+        "size": len(tokenizer),
+        "special_token_ids": {t: int(vocab[t]) for t in SPECIAL_TOKENS},
+        "added_token_ids": sorted(int(vocab[t]) for t in added),
+    }
 
 
 # ----------------------------------------------------------------------------- data card
@@ -223,11 +271,17 @@ def data_card(df: pd.DataFrame) -> pd.DataFrame:
         row = dict(task=name, strategies=", ".join(TASKS[name].strategies), n_strategies=len(TASKS[name].strategies))
         for s in SPLITS:
             row[f"n_{s}"] = int((g.split == s).sum())
-        row.update(ambiguity_rate=float(g.ambiguous.mean()), n_ambiguous=int(g.ambiguous.sum()),
-                   y_tokens_mean=float(n.mean()), y_tokens_std=float(n.std(ddof=0)), y_tokens_min=int(n.min()),
-                   y_tokens_median=float(n.median()), y_tokens_max=int(n.max()),
-                   record_tokens_max=int((g.x.str.split().str.len() + n).max() + 10),
-                   strategy_counts=", ".join(f"{k}:{v}" for k, v in sorted(g.strategy.value_counts().items())))
+        row.update(
+            ambiguity_rate=float(g.ambiguous.mean()),
+            n_ambiguous=int(g.ambiguous.sum()),
+            y_tokens_mean=float(n.mean()),
+            y_tokens_std=float(n.std(ddof=0)),
+            y_tokens_min=int(n.min()),
+            y_tokens_median=float(n.median()),
+            y_tokens_max=int(n.max()),
+            record_tokens_max=int((g.x.str.split().str.len() + n).max() + 10),
+            strategy_counts=", ".join(f"{k}:{v}" for k, v in sorted(g.strategy.value_counts().items())),
+        )
         for s in TASKS[name].strategies:
             row[f"y_tokens_mean[{s}]"] = float(n[g.strategy == s].mean()) if (g.strategy == s).any() else float("nan")
         rows.append(row)
@@ -235,21 +289,33 @@ def data_card(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def data_card_markdown(card: pd.DataFrame, df: pd.DataFrame) -> str:
-    lines = ["# Data card", "",
-             f"{len(df)} examples, {card.shape[0]} tasks. Splits are disjoint by input x within each task; "
-             "strategy labels are uniform per example. `ambiguous`: the true trace matches more than one "
-             "strategy (left out of probe labels). y tokens: word-level tokens of the trace + final answer "
-             "(supervised tokens = y tokens + 2). Record tokens max includes the 10 special tokens of the "
-             "record with one z slot.", "",
-             "| task | strategies | train | validation | test | ambiguity rate | y tokens mean | std | min | median | max | record tokens max |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Data card",
+        "",
+        f"{len(df)} examples, {card.shape[0]} tasks. Splits are disjoint by input x within each task; "
+        "strategy labels are uniform per example. `ambiguous`: the true trace matches more than one "
+        "strategy (left out of probe labels). y tokens: word-level tokens of the trace + final answer "
+        "(supervised tokens = y tokens + 2). Record tokens max includes the 10 special tokens of the "
+        "record with one z slot.",
+        "",
+        "| task | strategies | train | validation | test | ambiguity rate | y tokens mean | std | min | median | "
+        "max | record tokens max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in card.itertuples(index=False):
-        lines.append(f"| {r.task} | {r.strategies} | {r.n_train} | {r.n_validation} | {r.n_test} | "
-                     f"{r.ambiguity_rate:.2%} | {r.y_tokens_mean:.1f} | {r.y_tokens_std:.1f} | {r.y_tokens_min} | "
-                     f"{r.y_tokens_median:g} | {r.y_tokens_max} | {r.record_tokens_max} |")
+        lines.append(
+            f"| {r.task} | {r.strategies} | {r.n_train} | {r.n_validation} | {r.n_test} | "
+            f"{r.ambiguity_rate:.2%} | {r.y_tokens_mean:.1f} | {r.y_tokens_std:.1f} | {r.y_tokens_min} | "
+            f"{r.y_tokens_median:g} | {r.y_tokens_max} | {r.record_tokens_max} |"
+        )
     m = card.y_tokens_mean
-    lines += ["", f"Longest / shortest mean y: {m.max():.1f} / {m.min():.1f} = {m.max() / m.min():.2f}x.", "",
-              "## One example per task and strategy (train split)", ""]
+    lines += [
+        "",
+        f"Longest / shortest mean y: {m.max():.1f} / {m.min():.1f} = {m.max() / m.min():.2f}x.",
+        "",
+        "## One example per task and strategy (train split)",
+        "",
+    ]
     train = df[df.split == "train"]
     for name in card.task:
         lines.append(f"### {name}")
@@ -265,8 +331,9 @@ def data_card_markdown(card: pd.DataFrame, df: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------- stage
 
 
-def build_dataset(data_cfg: dict, out_dir: str | Path, base_config: dict | None = None,
-                  backbone_cfg: dict | None = None) -> pd.DataFrame:
+def build_dataset(
+    data_cfg: dict, out_dir: str | Path, base_config: dict | None = None, backbone_cfg: dict | None = None
+) -> pd.DataFrame:
     """The data stage: {train,validation,test}.parquet, tokenizer.json (+ tokenizer_info.json),
     data_card.{md,parquet} (and base_config.json when given). The tokenizer is word-level, or
     the pretrained backbone's own when `backbone_cfg` has source pretrained; token counts
@@ -309,6 +376,7 @@ def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
 @dataclass
 class Encoded:
     """Token ids per example of one split, computed once (see `encode`)."""
+
     tasks: list[str]  # sorted task names; task_idx indexes this list
     z_slots: int
     gen_ids: list[list[int]]  # the record both the generator and the entangled model read
@@ -373,7 +441,7 @@ def length_grouped_batches(lengths, batch_size: int, rng):
     order = list(range(len(lengths)))
     _shuffle(order, rng)
     order.sort(key=lambda i: lengths[i])
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     _shuffle(batches, rng)
     yield from batches
 
@@ -398,7 +466,7 @@ def length_batches(lengths, batch_size: int):
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     for s in range(0, len(order), batch_size):
-        yield order[s:s + batch_size]
+        yield order[s : s + batch_size]
 
 
 def task_mixed_batches(task_idx, batch_size: int, rng) -> list[list[int]]:
@@ -418,7 +486,7 @@ def task_mixed_batches(task_idx, batch_size: int, rng) -> list[list[int]]:
         rows = rows[rng.permutation(len(rows))]
         keys[rows] = (np.arange(len(rows)) + rng.random(len(rows))) / len(rows)
     order = np.argsort(keys, kind="stable").tolist()
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def _shuffle(items: list, rng) -> None:
@@ -432,6 +500,7 @@ def _shuffle(items: list, rng) -> None:
 @dataclass
 class Batch:
     """Right-padded tensors for one batch (fields: docs/architecture.md, Batching)."""
+
     gen_ids: torch.Tensor
     gen_mask: torch.Tensor
     z_open_pos: torch.Tensor
@@ -457,8 +526,8 @@ def _pad(seqs: list[list], value, dtype=torch.long) -> tuple[torch.Tensor, torch
     out = torch.full((len(seqs), width), value, dtype=dtype)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        out[i, :len(s)] = torch.as_tensor(s, dtype=dtype)
-        mask[i, :len(s)] = 1
+        out[i, : len(s)] = torch.as_tensor(s, dtype=dtype)
+        mask[i, : len(s)] = 1
     return out, mask
 
 
@@ -474,21 +543,32 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
     sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id)
     z_open = torch.tensor([encoded.z_open_pos[i] for i in idx])
     # next-token positions: the <y> token predicts the first y token, ...
-    gen_sup = [list(range(encoded.z_open_pos[i] + P + 2, encoded.z_open_pos[i] + P + 2 + len(encoded.sup_ids[i])))
-               for i in idx]
+    gen_sup = [
+        list(range(encoded.z_open_pos[i] + P + 2, encoded.z_open_pos[i] + P + 2 + len(encoded.sup_ids[i]))) for i in idx
+    ]
     b_t = None
     if b is not None:
         rows = [list(map(float, b[i])) for i in idx]
         for i, r in zip(idx, rows):
             if len(r) != len(encoded.sup_ids[i]):
-                raise ValueError(f"collate: b for row {i} has {len(r)} values, expected {len(encoded.sup_ids[i])} (n_supervised)")
+                raise ValueError(
+                    f"collate: b for row {i} has {len(r)} values, expected {len(encoded.sup_ids[i])} (n_supervised)"
+                )
         b_t, _ = _pad(rows, 0.0, dtype=torch.float32)
     return Batch(
-        gen_ids=gen_ids, gen_mask=gen_mask, z_open_pos=z_open,
+        gen_ids=gen_ids,
+        gen_mask=gen_mask,
+        z_open_pos=z_open,
         z_slot_pos=z_open[:, None] + torch.arange(1, P + 1)[None, :],
-        gen_sup_pos=_pad(gen_sup, 0)[0], sup_ids=sup_ids, sup_mask=sup_mask,
-        post_ids=post_ids, post_mask=post_mask, b=b_t,
-        task_idx=torch.tensor([encoded.task_idx[i] for i in idx]), row_idx=torch.tensor(idx))
+        gen_sup_pos=_pad(gen_sup, 0)[0],
+        sup_ids=sup_ids,
+        sup_mask=sup_mask,
+        post_ids=post_ids,
+        post_mask=post_mask,
+        b=b_t,
+        task_idx=torch.tensor([encoded.task_idx[i] for i in idx]),
+        row_idx=torch.tensor(idx),
+    )
 
 
 # ----------------------------------------------------------------------------- CLI

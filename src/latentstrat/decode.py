@@ -22,6 +22,7 @@ The model interface used for a cell (latentstrat.model.LatentStrategyModel): `ro
 forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache). The entangled
 model is such a causal LM itself.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,6 +59,7 @@ def special_id(tokenizer, token: str) -> int:
 class Prompts:
     """Per x: the router prefix `<bos> <x> .. </x> <z>` and the decoding prompt
     `<bos> <x> .. </x> <z> [Z]*P </z> <y>` (the training record cut after `<y>`)."""
+
     router: list[list[int]]
     prompt: list[list[int]]
     slot_pos: list[list[int]]
@@ -68,8 +70,8 @@ def encode_prompts(tokenizer, x_texts: list[str], z_slots: int) -> Prompts:
     enc = data.encode(pd.DataFrame({"task": "", "x": list(x_texts), "y": ""}), tokenizer, z_slots)
     router, prompt, slots = [], [], []
     for ids, zo in zip(enc.gen_ids, enc.z_open_pos):
-        router.append(ids[:zo + 1])
-        prompt.append(ids[:zo + z_slots + 3])  # ... <z> [Z]*P </z> <y>
+        router.append(ids[: zo + 1])
+        prompt.append(ids[: zo + z_slots + 3])  # ... <z> [Z]*P </z> <y>
         slots.append(list(range(zo + 1, zo + 1 + z_slots)))
     return Prompts(router, prompt, slots)
 
@@ -92,7 +94,7 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
     pad, dev = special_id(tokenizer, data.PAD), device_of(model)
     mus, logvars = [], []
     for s in range(0, len(prompts.router), batch_size):
-        ids, mask = _pad(prompts.router[s:s + batch_size], pad, left=False)
+        ids, mask = _pad(prompts.router[s : s + batch_size], pad, left=False)
         mu, logvar = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
         mus.append(mu.float().cpu())
         logvars.append(logvar.float().cpu())
@@ -115,8 +117,16 @@ def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator |
 
 
 @torch.no_grad()
-def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list[int]], z: torch.Tensor | None,
-                 max_new_tokens: int, temperature: float = 0.0, gen: torch.Generator | None = None) -> list[list[int]]:
+def decode_batch(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    slot_pos: list[list[int]],
+    z: torch.Tensor | None,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    gen: torch.Generator | None = None,
+) -> list[list[int]]:
     """Generated ids per prompt (up to and including <eos>, or max_new_tokens tokens).
 
     `z` [B, D]: `model` is a LatentStrategyModel, z goes into the `[Z]` slots at `slot_pos`
@@ -158,12 +168,21 @@ def decode_batch(model, tokenizer, prompts: list[list[int]], slot_pos: list[list
             pos = pos[:, -1:] + 1
             out = lm(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
     rows = out_ids[:, :n].tolist()
-    return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
+    return [r[: r.index(eos) + 1] if eos in r else r for r in rows]
 
 
-def decode_prompts(model, tokenizer, prompts: Prompts, z: torch.Tensor | None, max_new_tokens: int,
-                   batch_size: int, temperature: float = 0.0, gen: torch.Generator | None = None,
-                   progress: bool = False, desc: str = "decode") -> list[list[int]]:
+def decode_prompts(
+    model,
+    tokenizer,
+    prompts: Prompts,
+    z: torch.Tensor | None,
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float = 0.0,
+    gen: torch.Generator | None = None,
+    progress: bool = False,
+    desc: str = "decode",
+) -> list[list[int]]:
     """`decode_batch` over every prompt, batched by prompt length (data.length_batches);
     generated ids in input order. `z`: [N, D] for a cell, None for the entangled model."""
     N = len(prompts.prompt)
@@ -174,8 +193,16 @@ def decode_prompts(model, tokenizer, prompts: Prompts, z: torch.Tensor | None, m
     lines = Progress(desc, N, unit="example") if progress and not tty else None
     done = 0
     for idx in data.length_batches([len(p) for p in prompts.prompt], batch_size):
-        out = decode_batch(model, tokenizer, [prompts.prompt[i] for i in idx], [prompts.slot_pos[i] for i in idx],
-                           None if z is None else z[idx], max_new_tokens, temperature, gen)
+        out = decode_batch(
+            model,
+            tokenizer,
+            [prompts.prompt[i] for i in idx],
+            [prompts.slot_pos[i] for i in idx],
+            None if z is None else z[idx],
+            max_new_tokens,
+            temperature,
+            gen,
+        )
         for i, ids in zip(idx, out):
             token_ids[i] = ids
         done += len(idx)
@@ -187,9 +214,19 @@ def decode_prompts(model, tokenizer, prompts: Prompts, z: torch.Tensor | None, m
 
 
 @torch.no_grad()
-def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None, sample_z_from: str = "router",
-             max_new_tokens: int = 128, batch_size: int = 64, temperature: float = 0.0, seed: int = 0,
-             progress: bool = True, desc: str = "decode") -> Generation:
+def generate(
+    model,
+    tokenizer,
+    x_texts: list[str],
+    z: torch.Tensor | None = None,
+    sample_z_from: str = "router",
+    max_new_tokens: int = 128,
+    batch_size: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "decode",
+) -> Generation:
     """A cell's generations: y for every x, conditioned on z, given [N, D] or from the router.
 
     sample_z_from: 'router' (z ~ N(mu_r, sigma_r), seeded) or 'router_mean' (z = mu_r); ignored
@@ -212,8 +249,9 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
             elif tuple(z.shape) != (N, model.latent_dim):
                 raise ValueError(f"z has shape {tuple(z.shape)}, expected ({N}, {model.latent_dim})")
             gen = torch.Generator(device_of(model)).manual_seed(seed + 1) if temperature > 0 else None
-            token_ids = decode_prompts(model, tokenizer, prompts, z, max_new_tokens, batch_size, temperature, gen,
-                                       progress, desc)
+            token_ids = decode_prompts(
+                model, tokenizer, prompts, z, max_new_tokens, batch_size, temperature, gen, progress, desc
+            )
     finally:
         model.train(was_training)
     texts = [data.decode_y(tokenizer, ids) for ids in token_ids]
@@ -221,8 +259,16 @@ def generate(model, tokenizer, x_texts: list[str], z: torch.Tensor | None = None
 
 
 @torch.no_grad()
-def generate_zfree(model, tokenizer, x_texts: list[str], z_slots: int, max_new_tokens: int, batch_size: int,
-                   temperature: float = 1.0, seed: int = 0) -> list[str]:
+def generate_zfree(
+    model,
+    tokenizer,
+    x_texts: list[str],
+    z_slots: int,
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> list[str]:
     """The entangled (z-free) model's y text for every x: the cell's prompt layout with a
     neutral slot of `z_slots` `[Z]` tokens, sampled at `temperature` from a CPU generator
     seeded with `seed` (the draws do not depend on the device; 0 = greedy)."""

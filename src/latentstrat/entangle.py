@@ -28,6 +28,7 @@ Writes to `out_dir`:
                       at temperature 1 on validation inputs, thresholds, pass/fail; training summary
 - `quality.parquet`   the same checks as a table (task, check, value, threshold, passed)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,20 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host, parallel, shipped
-from latentstrat.io import dump_json
-from latentstrat.paths import ENTANGLE_FILES
+from latentstrat.backbone import (
+    DTYPES,
+    build_backbone,
+    count_params,
+    device_for,
+    device_of,
+    load_entangled,
+    write_model_extras,
+)
 from latentstrat.entangle_step import choose_step_settings, make_optimizer, rank_share, step_settings, train_step
-from latentstrat.io import write_parquet
+from latentstrat.io import dump_json, write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
-from latentstrat.backbone import DTYPES, build_backbone, count_params, device_for, device_of, load_entangled, write_model_extras
 from latentstrat.objective import zfree_token_nll
+from latentstrat.paths import ENTANGLE_FILES
 from latentstrat.quality import write_quality
 from latentstrat.tasks import TASKS
 
@@ -99,11 +107,14 @@ def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, 
     return out
 
 
-def validation_rows(model, encoded: data.Encoded, batch_size: int, step: int,
-                    metric: str = "validation_loss") -> list[dict]:
+def validation_rows(
+    model, encoded: data.Encoded, batch_size: int, step: int, metric: str = "validation_loss"
+) -> list[dict]:
     """`validation_loss` as history rows of `step`."""
-    return [dict(step=step, task=task, metric=metric, value=v)
-            for task, v in validation_loss(model, encoded, batch_size).items()]
+    return [
+        dict(step=step, task=task, metric=metric, value=v)
+        for task, v in validation_loss(model, encoded, batch_size).items()
+    ]
 
 
 # ----------------------------------------------------------------------------- training
@@ -127,21 +138,38 @@ def window_rows(window: dict, done: int, steps: int, lr: float, t0: float, log=p
     elapsed time); logs a line and starts a new window."""
     dt = time.time() - window["t"]
     loss = window["loss"] / window["n"]
-    rows = [dict(step=done, task="all", metric=metric, value=float(value))
-            for metric, value in (("train_loss", loss), ("grad_norm", window["gnorm"] / window["n"]),
-                                  ("lr", lr), ("tokens_per_s", window["tokens"] / max(dt, 1e-9)),
-                                  ("elapsed_s", time.time() - t0))]
+    rows = [
+        dict(step=done, task="all", metric=metric, value=float(value))
+        for metric, value in (
+            ("train_loss", loss),
+            ("grad_norm", window["gnorm"] / window["n"]),
+            ("lr", lr),
+            ("tokens_per_s", window["tokens"] / max(dt, 1e-9)),
+            ("elapsed_s", time.time() - t0),
+        )
+    ]
     elapsed = time.time() - t0
     eta = elapsed / done * (steps - done)
-    log(f"entangle step {done}/{steps}: loss {loss:.4f} lr {lr:.2e} "
-        f"{window['tokens'] / max(dt, 1e-9):.0f} tok/s, elapsed {elapsed:.0f}s ETA {eta:.0f}s")
+    log(
+        f"entangle step {done}/{steps}: loss {loss:.4f} lr {lr:.2e} "
+        f"{window['tokens'] / max(dt, 1e-9):.0f} tok/s, elapsed {elapsed:.0f}s ETA {eta:.0f}s"
+    )
     window.update(new_window())
     return rows
 
 
-def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths: list[float],
-                    log=print, backbone_dtype: torch.dtype = torch.float32,
-                    alternatives: list[list[int]] | None = None, rank: int = 0, world: int = 1):
+def train_entangled(
+    model,
+    train_enc: data.Encoded,
+    val_enc: data.Encoded,
+    ecfg: dict,
+    group_lengths: list[float],
+    log=print,
+    backbone_dtype: torch.dtype = torch.float32,
+    alternatives: list[list[int]] | None = None,
+    rank: int = 0,
+    world: int = 1,
+):
     """Train `model` (float32 weights) in place on the z-free records, with the step of
     `entangle_step.step_settings` (autocast, compile; validation runs uncompiled in float32).
     Batches group rows of similar `group_lengths` (one per row of `train_enc`;
@@ -164,8 +192,20 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
     average = [p.detach().clone() for p in params] if ecfg["ema_decay"] and rank == 0 else None
     step_nll, amp_dtype = step_settings(ecfg, backbone_dtype)
     t0 = time.time()
-    tokens = training_loop(model, train_enc, val_enc, ecfg, group_lengths, alternatives, (step_nll, amp_dtype),
-                           average, history, log, rank, world)
+    tokens = training_loop(
+        model,
+        train_enc,
+        val_enc,
+        ecfg,
+        group_lengths,
+        alternatives,
+        (step_nll, amp_dtype),
+        average,
+        history,
+        log,
+        rank,
+        world,
+    )
     wall = time.time() - t0
     if world > 1:
         parallel.check_identical(params, "entangle")
@@ -178,13 +218,22 @@ def train_entangled(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg:
         history += validation_rows(model, val_enc, 2 * bs, steps, final_metric)
         log(f"entangle: weight average (ema_decay {ecfg['ema_decay']}): validation loss {history[-1]['value']:.4f}")
     model.eval()
-    summary = dict(resample_strategies=alternatives is not None, steps=steps, batch_size=bs, lr=ecfg["lr"],
-                   autocast=str(amp_dtype).removeprefix("torch."), compiled=bool(ecfg["compile"]), processes=world,
-                   warmup_steps=ecfg["warmup_steps"], wall_s=wall, train_tokens=tokens,
-                   tokens_per_s=tokens / max(wall, 1e-9),
-                   ema_decay=ecfg["ema_decay"],
-                   final_validation_loss=final_losses(history, final_metric, steps),
-                   final_validation_loss_iterate=final_losses(history, "validation_loss", steps))
+    summary = dict(
+        resample_strategies=alternatives is not None,
+        steps=steps,
+        batch_size=bs,
+        lr=ecfg["lr"],
+        autocast=str(amp_dtype).removeprefix("torch."),
+        compiled=bool(ecfg["compile"]),
+        processes=world,
+        warmup_steps=ecfg["warmup_steps"],
+        wall_s=wall,
+        train_tokens=tokens,
+        tokens_per_s=tokens / max(wall, 1e-9),
+        ema_decay=ecfg["ema_decay"],
+        final_validation_loss=final_losses(history, final_metric, steps),
+        final_validation_loss_iterate=final_losses(history, "validation_loss", steps),
+    )
     return history, summary
 
 
@@ -193,8 +242,20 @@ def final_losses(history: list[dict], metric: str, step: int) -> dict[str, float
     return {r["task"]: r["value"] for r in history if r["metric"] == metric and r["step"] == step}
 
 
-def training_loop(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: dict, group_lengths, alternatives,
-                  step_fn: tuple, average, history: list[dict], log=print, rank: int = 0, world: int = 1) -> int:
+def training_loop(
+    model,
+    train_enc: data.Encoded,
+    val_enc: data.Encoded,
+    ecfg: dict,
+    group_lengths,
+    alternatives,
+    step_fn: tuple,
+    average,
+    history: list[dict],
+    log=print,
+    rank: int = 0,
+    world: int = 1,
+) -> int:
     """The `entangle.steps` updates of `train_entangled` (`step_fn`: its loss function and
     autocast dtype); rank 0 appends the train-loss and validation rows to `history`. Returns
     the tokens trained on."""
@@ -222,8 +283,12 @@ def training_loop(model, train_enc: data.Encoded, val_enc: data.Encoded, ecfg: d
         if average is not None:
             ema_update(average, params, ecfg["ema_decay"], step)
         tokens += n_tok
-        window.update(loss=window["loss"] + loss.item(), gnorm=window["gnorm"] + float(gnorm), n=window["n"] + 1,
-                      tokens=window["tokens"] + n_tok)
+        window.update(
+            loss=window["loss"] + loss.item(),
+            gnorm=window["gnorm"] + float(gnorm),
+            n=window["n"] + 1,
+            tokens=window["tokens"] + n_tok,
+        )
         done = step + 1
         if rank != 0:
             continue
@@ -249,8 +314,10 @@ def _check_compiler(device: torch.device) -> None:
     before any training, not at the first step."""
     error = host.cxx_compiler_error() if device.type == "cpu" else None
     if error:
-        raise RuntimeError(f"config key entangle.compile: true, but torch.compile finds no C++ compiler on this "
-                           f"machine ({error}); install one (apt install g++) or set entangle.compile: false")
+        raise RuntimeError(
+            f"config key entangle.compile: true, but torch.compile finds no C++ compiler on this "
+            f"machine ({error}); install one (apt install g++) or set entangle.compile: false"
+        )
 
 
 def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, shipped_dir=None) -> dict:
@@ -262,17 +329,23 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     if ecfg["mode"] == "shipped":
         return install_shipped(cfg, data_dir, out_dir, shipped_dir, log)
     if ecfg["mode"] == "skip":
-        report = dict(mode="skip", passed=None, backbone=cfg["backbone"],
-                      note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
-                           "no model is trained, copied or checked")
+        report = dict(
+            mode="skip",
+            passed=None,
+            backbone=cfg["backbone"],
+            note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
+            "no model is trained, copied or checked",
+        )
         write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
         dump_json(report, out_dir / ENTANGLE_FILES["quality"])
         return report
     _check_inputs(data_dir)
     device = device_for(cfg)
     if ecfg["processes"] != "auto" and ecfg["processes"] > 1 and device.type != "cpu":
-        raise ValueError(f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
-                         f"the CPU step; on {device.type} set entangle.processes: 1")
+        raise ValueError(
+            f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
+            f"the CPU step; on {device.type} set entangle.processes: 1"
+        )
     if ecfg["compile"] is True:
         _check_compiler(device)
     tokenizer = data.load_tokenizer(data_dir)
@@ -293,25 +366,39 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     dtype = DTYPES[cfg["backbone"]["dtype"]]
     model = build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
     model = model.to(device=device, dtype=torch.float32)
-    ecfg, choice = choose_step_settings(ecfg, model, train_enc, group_lengths, device, int(threads), dtype,
-                                        alternatives, log)
+    ecfg, choice = choose_step_settings(
+        ecfg, model, train_enc, group_lengths, device, int(threads), dtype, alternatives, log
+    )
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
-    log(f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
+    log(
+        f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
-        f"{threads} threads" + (f" in {ecfg['processes']} processes" if ecfg["processes"] > 1 else "")
+        f"{threads} threads"
+        + (f" in {ecfg['processes']} processes" if ecfg["processes"] > 1 else "")
         + f", autocast {ecfg['autocast']}, attention {ecfg['attention']}"
-        + (", compiled" if ecfg["compile"] else ""))
+        + (", compiled" if ecfg["compile"] else "")
+    )
     # with entangle.processes > 1, data parallel over CPU processes that split the threads
     world = ecfg["processes"]
     history, summary = parallel.run(
-        world, int(threads), train_entangled, (model, train_enc),
+        world,
+        int(threads),
+        train_entangled,
+        (model, train_enc),
         dict(val_enc=None, ecfg=ecfg, group_lengths=group_lengths, backbone_dtype=dtype, alternatives=alternatives),
-        rank0_kwargs=dict(val_enc=val_enc, log=log))
+        rank0_kwargs=dict(val_enc=val_enc, log=log),
+    )
     model.set_attn_implementation(attention)
-    summary.update(parameters=count_params(model), threads=int(threads), device=str(device),
-                   torch_threads=max(1, int(threads) // world), attention=ecfg["attention"], step_choice=choice,
-                   code=code)
+    summary.update(
+        parameters=count_params(model),
+        threads=int(threads),
+        device=str(device),
+        torch_threads=max(1, int(threads) // world),
+        attention=ecfg["attention"],
+        step_choice=choice,
+        code=code,
+    )
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     write_model_extras(out_dir / "model.tmp", tokenizer, cfg)  # tokenizer files and model card
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
@@ -328,14 +415,26 @@ def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=p
     _check_inputs(data_dir)
     t0 = time.time()
     prov = shipped.install(shipped_dir, cfg, data_dir, out_dir)
-    log(f"entangle: installed the shipped entangled model {shipped_dir} (trained with code "
+    log(
+        f"entangle: installed the shipped entangled model {shipped_dir} (trained with code "
         f"{prov['trained'].get('code_version')} on {prov['trained'].get('cpu')}; checksums, recipe and data "
-        f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:")
+        f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:"
+    )
     model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(device_for(cfg))
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
-    return write_quality(model, tokenizer, val_df, train_df, cfg["entangle"], out_dir, log, mode="shipped",
-                         shipped=prov, host=host.describe())
+    return write_quality(
+        model,
+        tokenizer,
+        val_df,
+        train_df,
+        cfg["entangle"],
+        out_dir,
+        log,
+        mode="shipped",
+        shipped=prov,
+        host=host.describe(),
+    )
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -364,8 +463,12 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
-    report = run_entangle(cfg, args.data_dir or paths.data_dir, args.out or paths.entangle_dir,
-                          args.threads or cfg["resources"]["threads"])
+    report = run_entangle(
+        cfg,
+        args.data_dir or paths.data_dir,
+        args.out or paths.entangle_dir,
+        args.threads or cfg["resources"]["threads"],
+    )
     print(f"quality passed: {report['passed']}")
 
 

@@ -4,6 +4,7 @@
 torch.compile; `choose_step_settings`: `auto` resolved by timing the candidates of
 `step_candidates`, docs/entangle.md). The stage's loop is `entangle.train_entangled`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,11 @@ def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
 
 
 def autocast_for(model, dtype: torch.dtype):
@@ -38,8 +42,15 @@ def autocast_for(model, dtype: torch.dtype):
     return torch.autocast(device_of(model).type, dtype=dtype)
 
 
-def train_step(model, opt, batch: data.Batch | None, step_nll=zfree_token_nll,
-               amp_dtype: torch.dtype = torch.float32, n_supervised: int | None = None, world: int = 1):
+def train_step(
+    model,
+    opt,
+    batch: data.Batch | None,
+    step_nll=zfree_token_nll,
+    amp_dtype: torch.dtype = torch.float32,
+    n_supervised: int | None = None,
+    world: int = 1,
+):
     """One update on the mean NLL per supervised token of the batch; returns (loss, grad norm).
     Data parallel (`world` > 1, `latentstrat.parallel`): `batch` is this rank's share of the
     global batch (None: an empty share) and `n_supervised` the global batch's supervised token
@@ -112,8 +123,15 @@ def step_candidates(ecfg: dict, device: torch.device) -> list[dict]:
     return out
 
 
-def time_step(model, enc: data.Encoded, batches: list[list[int]], settings: dict, ecfg: dict,
-              backbone_dtype: torch.dtype, world: int) -> float:
+def time_step(
+    model,
+    enc: data.Encoded,
+    batches: list[list[int]],
+    settings: dict,
+    ecfg: dict,
+    backbone_dtype: torch.dtype,
+    world: int,
+) -> float:
     """Tokens/s of rank 0's share of `batches` with `settings`, on a copy of `model` (the model
     itself is untouched), after TRIAL_WARMUP untimed steps (compilation happens there)."""
     trial = copy.deepcopy(model)
@@ -134,8 +152,17 @@ def time_step(model, enc: data.Encoded, batches: list[list[int]], settings: dict
     return tokens / max(elapsed, 1e-9)
 
 
-def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, device: torch.device, threads: int,
-                         backbone_dtype: torch.dtype, alternatives=None, log=print) -> tuple[dict, dict]:
+def choose_step_settings(
+    ecfg: dict,
+    model,
+    enc: data.Encoded,
+    group_lengths,
+    device: torch.device,
+    threads: int,
+    backbone_dtype: torch.dtype,
+    alternatives=None,
+    log=print,
+) -> tuple[dict, dict]:
     """Resolve `auto` speed settings (autocast, attention, compile, processes) for this host.
 
     processes: 2 one-thread processes on a CPU with >= 2 threads (bit-reproducible, and on 2
@@ -156,8 +183,9 @@ def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, de
         record["chosen"] = {k: resolved[k] for k in SPEED_KEYS}
         return resolved, record
     rng = np.random.default_rng(ecfg["seed"] + 1)
-    epochs = (b for _ in itertools.count()
-              for b in data.epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives))
+    epochs = (
+        b for _ in itertools.count() for b in data.epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives)
+    )
     batches = list(itertools.islice(epochs, TRIAL_WARMUP + TRIAL_STEPS))
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads // world))  # one rank's share of the cores, as in training
@@ -176,8 +204,13 @@ def choose_step_settings(ecfg: dict, model, enc: data.Encoded, group_lengths, de
     best = max(record["trial"], key=lambda r: r["tokens_per_s"])
     pick = best if best["tokens_per_s"] >= MIN_GAIN * plain else record["trial"][0]
     resolved.update({k: pick[k] for k in PLAIN})
-    record.update(chosen={k: resolved[k] for k in SPEED_KEYS}, speedup_vs_plain=pick["tokens_per_s"] / plain,
-                  trial_s=time.time() - t0)
-    log(f"entangle: step settings {record['chosen']} ({record['speedup_vs_plain']:.2f}x the plain float32 step, "
-        f"{host.cpu_model()}, native bf16: {host.native_bf16()})")
+    record.update(
+        chosen={k: resolved[k] for k in SPEED_KEYS},
+        speedup_vs_plain=pick["tokens_per_s"] / plain,
+        trial_s=time.time() - t0,
+    )
+    log(
+        f"entangle: step settings {record['chosen']} ({record['speedup_vs_plain']:.2f}x the plain float32 step, "
+        f"{host.cpu_model()}, native bf16: {host.native_bf16()})"
+    )
     return resolved, record

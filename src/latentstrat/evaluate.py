@@ -27,8 +27,9 @@ Record columns (RECORD_COLUMNS, one parquet row per example):
 | posterior_mu | list[float]: mu_q(x, y_true) |
 | n_supervised | supervised tokens of the true record (y tokens, `</y>`, `<eos>`) |
 | n_generated | generated tokens up to and including `<eos>` (max_new_tokens if none) |
-| reconstruction_loss ... active_reconstruction_objective | per-example A_i of each family (cell's aggregation) and KL(q || router) |
+| reconstruction_loss ... active_reconstruction_objective | per-example A_i of each family and KL(q || router) |
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,21 +39,38 @@ import pandas as pd
 import torch
 
 from latentstrat import data, decode
+from latentstrat.backbone import device_for
 from latentstrat.cells import parse_family
-from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
-from latentstrat.backbone import device_for
 from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
+from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
 from latentstrat.reference import load_b, scales_for
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
 HEADS = TRAIN_FILES["heads"]
-RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "x", "y_true", "y_generated",
-                  "matched_strategies", "followed_strategy", "generation_ambiguous", "ambiguous", "correct",
-                  "router_z", "router_mu", "posterior_mu", "n_supervised", "n_generated", *LOSS_METRICS]
+RECORD_COLUMNS = [
+    "cell_id",
+    "task",
+    "example_id",
+    "strategy",
+    "x",
+    "y_true",
+    "y_generated",
+    "matched_strategies",
+    "followed_strategy",
+    "generation_ambiguous",
+    "ambiguous",
+    "correct",
+    "router_z",
+    "router_mu",
+    "posterior_mu",
+    "n_supervised",
+    "n_generated",
+    *LOSS_METRICS,
+]
 
 
 def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
@@ -78,8 +96,9 @@ def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, n
 
 
 @torch.no_grad()
-def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, batch_size: int, seed: int,
-                   step: int) -> dict[str, np.ndarray]:
+def example_losses(
+    model, encoded: data.Encoded, b, cell: dict, scales: dict, batch_size: int, seed: int, step: int
+) -> dict[str, np.ndarray]:
     """Per-example losses of every family + KL, mu_q, with z ~ q (noise seeded per example)."""
     n = len(encoded)
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
@@ -96,15 +115,28 @@ def example_losses(model, encoded: data.Encoded, b, cell: dict, scales: dict, ba
 
 
 def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
-    for p, stage in ((data_dir / "tokenizer.json", "data"), (data_dir / "test.parquet", "data"),
-                     (reference_dir / REFERENCE_FILES["tokens"], "reference"), (reference_dir / REFERENCE_FILES["scales"], "reference"),
-                     (train_dir / HEADS, "train")):
+    for p, stage in (
+        (data_dir / "tokenizer.json", "data"),
+        (data_dir / "test.parquet", "data"),
+        (reference_dir / REFERENCE_FILES["tokens"], "reference"),
+        (reference_dir / REFERENCE_FILES["scales"], "reference"),
+        (train_dir / HEADS, "train"),
+    ):
         if not p.exists():
             raise FileNotFoundError(f"evaluate: input {p} does not exist (run the {stage} stage)")
 
 
-def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, train_dir, out_path,
-                  threads: int | None = None, log=print) -> pd.DataFrame:
+def evaluate_cell(
+    cfg: dict,
+    cell: dict,
+    data_dir,
+    entangle_dir,
+    reference_dir,
+    train_dir,
+    out_path,
+    threads: int | None = None,
+    log=print,
+) -> pd.DataFrame:
     """Write the cell's records.parquet (RECORD_COLUMNS) and return it."""
     data_dir, reference_dir, train_dir = Path(data_dir), Path(reference_dir), Path(train_dir)
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
@@ -117,30 +149,57 @@ def evaluate_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, 
         raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
     scales = scales_for(reference_dir, cell["token_aggregation"], parse_family(cell["reconstruction_family"]).alpha)
-    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir,
-                            data.added_token_ids(data_dir)).to(device_for(cfg))
+    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, data.added_token_ids(data_dir)).to(
+        device_for(cfg)
+    )
 
     with torch.no_grad(), model.merged():
-        gen = decode.generate(model, tokenizer, test.x.tolist(), sample_z_from="router",
-                              max_new_tokens=ecfg["max_new_tokens"], batch_size=ecfg["batch_size"], seed=ecfg["seed"],
-                              desc=f"decode {cell['cell_id']}")
-        losses = example_losses(model, data.encode(test, tokenizer, model.z_slots), b, cell, scales,
-                                ecfg["batch_size"], ecfg["seed"] + 1, cfg["train"]["steps"])
+        gen = decode.generate(
+            model,
+            tokenizer,
+            test.x.tolist(),
+            sample_z_from="router",
+            max_new_tokens=ecfg["max_new_tokens"],
+            batch_size=ecfg["batch_size"],
+            seed=ecfg["seed"],
+            desc=f"decode {cell['cell_id']}",
+        )
+        losses = example_losses(
+            model,
+            data.encode(test, tokenizer, model.z_slots),
+            b,
+            cell,
+            scales,
+            ecfg["batch_size"],
+            ecfg["seed"] + 1,
+            cfg["train"]["steps"],
+        )
     scored = score_generations(test, gen.texts)
-    rec = pd.DataFrame({
-        "cell_id": cell["cell_id"], "task": test.task, "example_id": test.example_id, "strategy": test.strategy,
-        "x": test.x, "y_true": test.y, "y_generated": gen.texts, **{c: scored[c] for c in scored.columns},
-        "ambiguous": test.ambiguous.astype(bool),
-        "router_z": [list(map(float, r)) for r in gen.z.numpy()],
-        "router_mu": [list(map(float, r)) for r in gen.mu_r.numpy()],
-        "posterior_mu": [list(map(float, r)) for r in losses["mu_q"]],
-        "n_supervised": test.n_supervised.astype("int64"), "n_generated": np.asarray(gen.n_generated, dtype="int64"),
-        **{col: losses[k] for k, col in LOSS_METRIC_OF.items()},
-    })[RECORD_COLUMNS]
+    rec = pd.DataFrame(
+        {
+            "cell_id": cell["cell_id"],
+            "task": test.task,
+            "example_id": test.example_id,
+            "strategy": test.strategy,
+            "x": test.x,
+            "y_true": test.y,
+            "y_generated": gen.texts,
+            **{c: scored[c] for c in scored.columns},
+            "ambiguous": test.ambiguous.astype(bool),
+            "router_z": [list(map(float, r)) for r in gen.z.numpy()],
+            "router_mu": [list(map(float, r)) for r in gen.mu_r.numpy()],
+            "posterior_mu": [list(map(float, r)) for r in losses["mu_q"]],
+            "n_supervised": test.n_supervised.astype("int64"),
+            "n_generated": np.asarray(gen.n_generated, dtype="int64"),
+            **{col: losses[k] for k, col in LOSS_METRIC_OF.items()},
+        }
+    )[RECORD_COLUMNS]
     bad = [c for c in LOSS_METRICS if not np.isfinite(rec[c]).all()]
     if bad:
         raise FloatingPointError(f"evaluate: cell {cell['cell_id']}: non-finite per-example {bad[0]}")
     write_parquet(rec, out_path)
-    log(f"evaluate {cell['cell_id']}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
-        f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}")
+    log(
+        f"evaluate {cell['cell_id']}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
+        f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}"
+    )
     return rec

@@ -6,6 +6,7 @@ The CPU's features come from `torch.cpu.get_capabilities()` (x86 and ARM). The t
 BF16), bf16 autocast emulates bf16 and runs slower than float32, so it is never a candidate
 there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,11 @@ def has_cxx_compiler() -> bool:
 
 def describe() -> dict:
     """The host facts recorded next to every step-speed choice and benchmark number."""
-    return {"cpu": cpu_model(), "native_bf16": native_bf16(),
-            "bf16_flags": sorted(f for f in BF16_FLAGS if f in cpu_flags())}
+    return {
+        "cpu": cpu_model(),
+        "native_bf16": native_bf16(),
+        "bf16_flags": sorted(f for f in BF16_FLAGS if f in cpu_flags()),
+    }
 
 
 @functools.cache
@@ -71,11 +75,21 @@ def code_version() -> dict:
 
     root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
-        return {"code_commit": commit, "code_dirty": bool(status.strip()), "code_version": commit[:12] + ("+dirty" if status.strip() else "")}
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        return {
+            "code_commit": commit,
+            "code_dirty": bool(status.strip()),
+            "code_version": commit[:12] + ("+dirty" if status.strip() else ""),
+        }
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version
 

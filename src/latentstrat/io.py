@@ -3,6 +3,7 @@
 Nothing half-written ever carries the final name, so a killed job never leaves an output that
 looks complete.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,18 @@ def write_text(text: str, path: str | Path) -> None:
 
 
 # the job that writes a file, from the stage folder in its path (the layout: paths.Paths)
-PRODUCERS = {"data": "data", "entangle": "entangle", "reference": "reference", "step0": "step0", "train": "train",
-             "evaluate": "evaluate", "probes": "probe", "cells": "metrics", "aggregate": "aggregate",
-             "report": "report"}
+PRODUCERS = {
+    "data": "data",
+    "entangle": "entangle",
+    "reference": "reference",
+    "step0": "step0",
+    "train": "train",
+    "evaluate": "evaluate",
+    "probes": "probe",
+    "cells": "metrics",
+    "aggregate": "aggregate",
+    "report": "report",
+}
 RERUN_CORRUPT = "python -m latentstrat.status --configfile <config> --rerun-corrupt"
 
 
@@ -58,8 +68,10 @@ def producer(path: str | Path) -> str:
 
 def unreadable_message(what: str, path: str | Path, reason: str) -> str:
     reason = " ".join(str(reason).split())
-    return (f"{what} {path} is unreadable ({reason}); the {producer(path)} job that wrote it must run again: "
-            f"`{RERUN_CORRUPT}` finds every unreadable output and reruns its job and what depends on it")
+    return (
+        f"{what} {path} is unreadable ({reason}); the {producer(path)} job that wrote it must run again: "
+        f"`{RERUN_CORRUPT}` finds every unreadable output and reruns its job and what depends on it"
+    )
 
 
 def unreadable(path: str | Path) -> str | None:

@@ -4,6 +4,7 @@ bootstrap that gives a metric its 95% interval.
 Every stage, table and figure reads its names and labels from here (design section 6,
 docs/design.md); the cell-metrics stage that computes a cell's row is latentstrat.cell_metrics.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,38 +20,86 @@ class Metric:
 
 
 _M = [
-    Metric("chance_corrected_matched_router_score", "chance-corrected matched router score", True,
-           "within_task_router_probe_corrected x strategy_match_rate: 0 when router z predicts the followed "
-           "strategy no better than the majority class (a collapsed cell), the ranking metric"),
-    Metric("matched_router_score", "matched router score", True,
-           "within_task_router_probe x strategy_match_rate"),
-    Metric("within_task_router_probe", "within-task router probe", True,
-           "per task, CV accuracy of a linear probe from router-sampled z to the strategy the generation followed "
-           "(unambiguous matches); mean over tasks"),
-    Metric("global_router_probe", "global router probe", True,
-           "one probe over all tasks from router-sampled z to task:strategy"),
-    Metric("strategy_match_rate", "strategy-match rate", True,
-           "fraction of generations whose trace matches at least one strategy"),
-    Metric("posterior_probe", "posterior probe", True,
-           "per task, CV accuracy from the posterior mean mu_q(x, y_true) to the true strategy; mean over tasks"),
-    Metric("final_answer_accuracy", "final answer accuracy", True,
-           "mean verifier result over router-sampled greedy generations"),
-    Metric("reconstruction_loss", "reconstruction loss", False,
-           "raw reconstruction: mean_i A_i(l)"),
-    Metric("base_relative_reconstruction", "base-relative reconstruction", False,
-           "raw reconstruction over the entangled model's (raw / S_ref): 1 = the entangled model, below 1 = z carries information"),
-    Metric("tokcc_reconstruction_loss", "tokcc reconstruction", False,
-           "token-weighted concentration-corrected reconstruction: mean_i A_i(w*l) / T_ref"),
-    Metric("kl_prior_loss", "KL to prior", False,
-           "KL(q(z|x,y) || p_router(z|x)), summed over latent dims, mean over examples"),
-    Metric("active_reconstruction_objective", "active reconstruction objective", False,
-           "the reconstruction family this cell optimizes"),
-    Metric("kl_over_active_reconstruction", "KL / active recon", None,
-           "kl_prior_loss / active_reconstruction_objective"),
-    Metric("inferred_zfree_reference_scale", "inferred z-free reference scale", None,
-           "reconstruction_loss / base_relative_reconstruction = S_ref"),
-    Metric("posterior_router_probe_gap", "posterior-router probe gap", None,
-           "mean over the tasks both probes cover of posterior_probe - within_task_router_probe"),
+    Metric(
+        "chance_corrected_matched_router_score",
+        "chance-corrected matched router score",
+        True,
+        "within_task_router_probe_corrected x strategy_match_rate: 0 when router z predicts the followed "
+        "strategy no better than the majority class (a collapsed cell), the ranking metric",
+    ),
+    Metric("matched_router_score", "matched router score", True, "within_task_router_probe x strategy_match_rate"),
+    Metric(
+        "within_task_router_probe",
+        "within-task router probe",
+        True,
+        "per task, CV accuracy of a linear probe from router-sampled z to the strategy the generation followed "
+        "(unambiguous matches); mean over tasks",
+    ),
+    Metric(
+        "global_router_probe",
+        "global router probe",
+        True,
+        "one probe over all tasks from router-sampled z to task:strategy",
+    ),
+    Metric(
+        "strategy_match_rate",
+        "strategy-match rate",
+        True,
+        "fraction of generations whose trace matches at least one strategy",
+    ),
+    Metric(
+        "posterior_probe",
+        "posterior probe",
+        True,
+        "per task, CV accuracy from the posterior mean mu_q(x, y_true) to the true strategy; mean over tasks",
+    ),
+    Metric(
+        "final_answer_accuracy",
+        "final answer accuracy",
+        True,
+        "mean verifier result over router-sampled greedy generations",
+    ),
+    Metric("reconstruction_loss", "reconstruction loss", False, "raw reconstruction: mean_i A_i(l)"),
+    Metric(
+        "base_relative_reconstruction",
+        "base-relative reconstruction",
+        False,
+        "raw reconstruction over the entangled model's (raw / S_ref): 1 = the entangled model, below 1 = z carries "
+        "information",
+    ),
+    Metric(
+        "tokcc_reconstruction_loss",
+        "tokcc reconstruction",
+        False,
+        "token-weighted concentration-corrected reconstruction: mean_i A_i(w*l) / T_ref",
+    ),
+    Metric(
+        "kl_prior_loss",
+        "KL to prior",
+        False,
+        "KL(q(z|x,y) || p_router(z|x)), summed over latent dims, mean over examples",
+    ),
+    Metric(
+        "active_reconstruction_objective",
+        "active reconstruction objective",
+        False,
+        "the reconstruction family this cell optimizes",
+    ),
+    Metric(
+        "kl_over_active_reconstruction", "KL / active recon", None, "kl_prior_loss / active_reconstruction_objective"
+    ),
+    Metric(
+        "inferred_zfree_reference_scale",
+        "inferred z-free reference scale",
+        None,
+        "reconstruction_loss / base_relative_reconstruction = S_ref",
+    ),
+    Metric(
+        "posterior_router_probe_gap",
+        "posterior-router probe gap",
+        None,
+        "mean over the tasks both probes cover of posterior_probe - within_task_router_probe",
+    ),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
 # the order of the original study's "Metric Distributions" table
@@ -59,9 +108,13 @@ DISTRIBUTION_METRICS = list(METRICS)
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
 ENTANGLE_HISTORY_COLUMNS = HISTORY_COLUMNS[1:]
 # objective.forward_losses key -> the metric (history, record and metrics-row column) it is
-LOSS_METRIC_OF = {"raw": "reconstruction_loss", "dist_norm": "base_relative_reconstruction",
-                  "tokcc": "tokcc_reconstruction_loss", "kl": "kl_prior_loss",
-                  "active": "active_reconstruction_objective"}
+LOSS_METRIC_OF = {
+    "raw": "reconstruction_loss",
+    "dist_norm": "base_relative_reconstruction",
+    "tokcc": "tokcc_reconstruction_loss",
+    "kl": "kl_prior_loss",
+    "active": "active_reconstruction_objective",
+}
 LOSS_METRICS = list(LOSS_METRIC_OF.values())
 PROBE_METRICS = ["within_task_router_probe", "global_router_probe", "posterior_probe"]
 # what stands next to every probe number: chance (majority-class rate), shuffled-label control,
@@ -140,17 +193,22 @@ def derive(row: dict) -> dict:
     The identities the tests check on every row live here and nowhere else.
     """
     out = dict(row)
-    out["matched_router_score"] = (_nan_if_missing(row.get("within_task_router_probe"))
-                                   * _nan_if_missing(row.get("strategy_match_rate")))
-    out["chance_corrected_matched_router_score"] = (_nan_if_missing(row.get("within_task_router_probe_corrected"))
-                                                    * _nan_if_missing(row.get("strategy_match_rate")))
+    out["matched_router_score"] = _nan_if_missing(row.get("within_task_router_probe")) * _nan_if_missing(
+        row.get("strategy_match_rate")
+    )
+    out["chance_corrected_matched_router_score"] = _nan_if_missing(
+        row.get("within_task_router_probe_corrected")
+    ) * _nan_if_missing(row.get("strategy_match_rate"))
     if math.isnan(_nan_if_missing(row.get("posterior_router_probe_gap"))):  # else: computed over shared tasks
-        out["posterior_router_probe_gap"] = (_nan_if_missing(row.get("posterior_probe"))
-                                             - _nan_if_missing(row.get("within_task_router_probe")))
-    out["kl_over_active_reconstruction"] = safe_ratio(row.get("kl_prior_loss"),
-                                                      row.get("active_reconstruction_objective"))
-    out["inferred_zfree_reference_scale"] = safe_ratio(row.get("reconstruction_loss"),
-                                                       row.get("base_relative_reconstruction"))
+        out["posterior_router_probe_gap"] = _nan_if_missing(row.get("posterior_probe")) - _nan_if_missing(
+            row.get("within_task_router_probe")
+        )
+    out["kl_over_active_reconstruction"] = safe_ratio(
+        row.get("kl_prior_loss"), row.get("active_reconstruction_objective")
+    )
+    out["inferred_zfree_reference_scale"] = safe_ratio(
+        row.get("reconstruction_loss"), row.get("base_relative_reconstruction")
+    )
     return out
 
 
@@ -160,10 +218,18 @@ BOOTSTRAP_FILE = "bootstrap.parquet"  # beside a cell's metrics.parquet
 N_BOOT = 1000  # bootstrap replicates per cell
 BOOT_SEED = 20261201
 # per-cell test metrics that get a 95% bootstrap interval (<metric>_ci_low / _ci_high)
-BOOTSTRAP_METRICS = ["final_answer_accuracy", "strategy_match_rate", *LOSS_METRICS,
-                     "within_task_router_probe", "within_task_router_probe_corrected", "posterior_probe",
-                     "posterior_probe_corrected", "matched_router_score", "chance_corrected_matched_router_score",
-                     "posterior_router_probe_gap"]
+BOOTSTRAP_METRICS = [
+    "final_answer_accuracy",
+    "strategy_match_rate",
+    *LOSS_METRICS,
+    "within_task_router_probe",
+    "within_task_router_probe_corrected",
+    "posterior_probe",
+    "posterior_probe_corrected",
+    "matched_router_score",
+    "chance_corrected_matched_router_score",
+    "posterior_router_probe_gap",
+]
 
 
 def resample_counts(task_sizes: dict, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict:

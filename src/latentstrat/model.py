@@ -19,6 +19,7 @@ and one of three adaptations:
   vice versa); memory is 2x the backbone.
 - `frozen`: one frozen backbone, heads only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from latentstrat.backbone import load_entangled, packable, packed_hidden, build_backbone
+from latentstrat.backbone import build_backbone, load_entangled, packable, packed_hidden
 
 ADAPTERS = ("generator", "posterior")
 # the cells' CPU passes run packed (`packed_hidden`) where the backbone allows it; False: always
@@ -68,9 +69,15 @@ def lora_config(lora_cfg: dict | None, base_model_name_or_path: str | None = Non
 
     c = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear", **(lora_cfg or {})}
     targets = c["target_modules"] if c["target_modules"] == "all-linear" else list(c["target_modules"])
-    return LoraConfig(r=int(c["r"]), lora_alpha=float(c["alpha"]), lora_dropout=float(c["dropout"]),
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM",
-                      base_model_name_or_path=base_model_name_or_path)
+    return LoraConfig(
+        r=int(c["r"]),
+        lora_alpha=float(c["alpha"]),
+        lora_dropout=float(c["dropout"]),
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model_name_or_path,
+    )
 
 
 def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
@@ -84,7 +91,9 @@ def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0])
     except ValueError as e:
-        raise ValueError(f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}") from None
+        raise ValueError(
+            f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}"
+        ) from None
     for name in adapters[1:]:
         peft_model.add_adapter(name, lora_config(lora_cfg, cfg.base_model_name_or_path))
     return peft_model
@@ -97,8 +106,9 @@ def merged_copy(peft_model, name: str):
 
 
 class LatentStrategyModel(nn.Module):
-    def __init__(self, backbone, latent_dim: int, z_slots: int = 1, adaptation: str = "lora",
-                 lora_cfg: dict | None = None):
+    def __init__(
+        self, backbone, latent_dim: int, z_slots: int = 1, adaptation: str = "lora", lora_cfg: dict | None = None
+    ):
         super().__init__()
         if adaptation not in ("lora", "full", "frozen"):
             raise ValueError(f"cell setting adaptation: unknown adaptation {adaptation!r} (lora, full, frozen)")
@@ -202,8 +212,9 @@ class LatentStrategyModel(nn.Module):
         padded pass otherwise."""
         if PACKED and packable(lm, mask):
             return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask)
-        return lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask,
-                        use_cache=False).last_hidden_state
+        return lm.model(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False
+        ).last_hidden_state
 
     def posterior(self, post_ids, post_mask):
         """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q)."""
@@ -270,7 +281,10 @@ class LatentStrategyModel(nn.Module):
         missing = sorted(set(self._trainable) - set(state))
         extra = sorted(set(state) - set(self._trainable))
         if missing or extra:
-            raise ValueError(f"state dict does not match this model ({self.adaptation}): missing {missing[:5]}, unexpected {extra[:5]}")
+            raise ValueError(
+                f"state dict does not match this model ({self.adaptation}): missing {missing[:5]}, unexpected "
+                f"{extra[:5]}"
+            )
         params = dict(self.named_parameters())
         with torch.no_grad():
             for n, t in state.items():
@@ -279,7 +293,11 @@ class LatentStrategyModel(nn.Module):
                 params[n].copy_(t.to(params[n].dtype))
 
     def heads_state_dict(self) -> dict[str, torch.Tensor]:
-        return {n: t for n, t in self.trainable_state_dict().items() if n.startswith(("router_head.", "posterior_head.", "z_proj."))}
+        return {
+            n: t
+            for n, t in self.trainable_state_dict().items()
+            if n.startswith(("router_head.", "posterior_head.", "z_proj."))
+        }
 
     def save_trained(self, out_dir: str | Path) -> None:
         """A trained cell in the formats of its tools: with lora, peft's own adapter folders
@@ -298,11 +316,17 @@ class LatentStrategyModel(nn.Module):
             for name, lm in (("generator", self.lm), ("posterior", self.lm_post)):
                 lm.save_pretrained(str(out / BACKBONES_DIR / name))
         heads = {n: t.cpu().clone() for n, t in self.heads_state_dict().items()}
-        cfg = {"adaptation": self.adaptation, "latent_dim": self.latent_dim, "z_slots": self.z_slots,
-               "hidden_size": self.hidden, "tensors": {n: list(t.shape) for n, t in heads.items()},
-               "router_head": "Linear(hidden_size, 2 latent_dim) on the hidden state at <z> -> (mu_r, logvar_r)",
-               "posterior_head": "Linear(hidden_size, 2 latent_dim) on the posterior pass's last token -> (mu_q, logvar_q)",
-               "z_proj": "Linear(latent_dim, z_slots hidden_size): z -> slot embeddings added at the [Z] positions"}
+        cfg = {
+            "adaptation": self.adaptation,
+            "latent_dim": self.latent_dim,
+            "z_slots": self.z_slots,
+            "hidden_size": self.hidden,
+            "tensors": {n: list(t.shape) for n, t in heads.items()},
+            "router_head": "Linear(hidden_size, 2 latent_dim) on the hidden state at <z> -> (mu_r, logvar_r)",
+            "posterior_head": "Linear(hidden_size, 2 latent_dim) on the posterior pass's last token -> (mu_q, "
+            "logvar_q)",
+            "z_proj": "Linear(latent_dim, z_slots hidden_size): z -> slot embeddings added at the [Z] positions",
+        }
         write_text(json.dumps(cfg, indent=2) + "\n", out / HEADS_DIR / HEADS_CONFIG)
         with atomic_path(out / HEADS_DIR / HEADS_WEIGHTS, suffix=".safetensors") as tmp:
             save_file(heads, str(tmp), metadata={"adaptation": self.adaptation})
@@ -312,7 +336,12 @@ class LatentStrategyModel(nn.Module):
         error naming it."""
         d = Path(train_dir)
         cfg = _read_json(d / HEADS_DIR / HEADS_CONFIG, "trained heads config")
-        want = {"adaptation": self.adaptation, "latent_dim": self.latent_dim, "z_slots": self.z_slots, "hidden_size": self.hidden}
+        want = {
+            "adaptation": self.adaptation,
+            "latent_dim": self.latent_dim,
+            "z_slots": self.z_slots,
+            "hidden_size": self.hidden,
+        }
         diff = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
         if diff:
             raise ValueError(f"{d / HEADS_DIR / HEADS_CONFIG} does not fit this cell: (saved, expected) {diff}")
@@ -326,15 +355,19 @@ class LatentStrategyModel(nn.Module):
                 state = _read_safetensors(folder / "model.safetensors", f"trained {name} backbone")
                 missing, unexpected = lm.load_state_dict(state, strict=False)
                 if unexpected or [k for k in missing if k != "lm_head.weight"]:
-                    raise ValueError(f"{folder} does not fit this backbone: missing {missing[:5]}, unexpected {unexpected[:5]}")
+                    raise ValueError(
+                        f"{folder} does not fit this backbone: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                    )
         self._load_heads(heads, d / HEADS_DIR / HEADS_WEIGHTS)
 
     def _load_heads(self, heads: dict, where) -> None:
         params = dict(self.named_parameters())
         want = set(self.heads_state_dict())
         if set(heads) != want:
-            raise ValueError(f"{where} does not match this model: missing {sorted(want - set(heads))[:5]}, "
-                             f"unexpected {sorted(set(heads) - want)[:5]}")
+            raise ValueError(
+                f"{where} does not match this model: missing {sorted(want - set(heads))[:5]}, "
+                f"unexpected {sorted(set(heads) - want)[:5]}"
+            )
         with torch.no_grad():
             for n, t in heads.items():
                 if params[n].shape != t.shape:
@@ -350,16 +383,23 @@ class LatentStrategyModel(nn.Module):
         if not (folder / "adapter_config.json").exists():
             raise FileNotFoundError(f"trained {name} adapter {folder} has no adapter_config.json (run the train stage)")
         saved, ours = LoraConfig.from_pretrained(str(folder)), self.peft.peft_config[name]
-        diff = {k: (getattr(saved, k), getattr(ours, k)) for k in ("r", "lora_alpha", "target_modules")
-                if _norm(getattr(saved, k)) != _norm(getattr(ours, k))}
+        diff = {
+            k: (getattr(saved, k), getattr(ours, k))
+            for k in ("r", "lora_alpha", "target_modules")
+            if _norm(getattr(saved, k)) != _norm(getattr(ours, k))
+        }
         if diff:
-            raise ValueError(f"trained {name} adapter {folder} was saved with other LoRA settings: (saved, config) {diff}")
+            raise ValueError(
+                f"trained {name} adapter {folder} was saved with other LoRA settings: (saved, config) {diff}"
+            )
         state = _read_safetensors(folder / "adapter_model.safetensors", f"trained {name} adapter")
         result = set_peft_model_state_dict(self.peft, state, adapter_name=name)
         missing = [k for k in result.missing_keys if f".lora_A.{name}." in k or f".lora_B.{name}." in k]
         if missing or result.unexpected_keys:
-            raise ValueError(f"trained {name} adapter {folder} does not fit this backbone: missing {missing[:5]}, "
-                             f"unexpected {list(result.unexpected_keys)[:5]}")
+            raise ValueError(
+                f"trained {name} adapter {folder} does not fit this backbone: missing {missing[:5]}, "
+                f"unexpected {list(result.unexpected_keys)[:5]}"
+            )
 
 
 def _norm(v):
@@ -399,10 +439,9 @@ def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()
     with the cell's latent settings. Seeded: the same cell builds the same model."""
     torch.manual_seed(int(cell["seed"]))
     if cell["init"] == "entangled":
-        backbone = load_entangled(entangle_dir, dtype=cfg["backbone"]["dtype"],
-                                  attn_implementation=cfg["backbone"]["attn_implementation"])
+        backbone = load_entangled(
+            entangle_dir, dtype=cfg["backbone"]["dtype"], attn_implementation=cfg["backbone"]["attn_implementation"]
+        )
     else:
         backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
     return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
-
-

@@ -5,6 +5,7 @@ from the reference stage). Token aggregation A_i (the ablated axis), reconstruct
 analytic Gaussian KL, beta schedules and diagnostics. Every family is computed and logged
 always; the cell's active family is the one optimized.
 """
+
 from __future__ import annotations
 
 import math
@@ -101,9 +102,9 @@ def posterior_variance(logvar_q) -> torch.Tensor:
 def router_marginal_kl_to_prior(mu_r, logvar_r) -> torch.Tensor:
     """The batch's router Gaussians moment-matched to one diagonal Gaussian; KL to N(0, I)."""
     m = mu_r.mean(0)
-    v = (logvar_r.exp() + mu_r ** 2).mean(0) - m ** 2
+    v = (logvar_r.exp() + mu_r**2).mean(0) - m**2
     v = v.clamp_min(1e-12)
-    return 0.5 * (v + m ** 2 - 1 - v.log()).sum()
+    return 0.5 * (v + m**2 - 1 - v.log()).sum()
 
 
 def token_nll(logits, targets) -> torch.Tensor:
@@ -121,8 +122,8 @@ def reference_scales(b_lists, aggregation: str, alpha: float = 0.25, n_bar: floa
     b = torch.zeros(len(b_lists), L, dtype=torch.float64)
     mask = torch.zeros_like(b)
     for i, x in enumerate(b_lists):
-        b[i, :len(x)] = torch.tensor(x, dtype=torch.float64)
-        mask[i, :len(x)] = 1
+        b[i, : len(x)] = torch.tensor(x, dtype=torch.float64)
+        mask[i, : len(x)] = 1
     s = aggregate_tokens(b, mask, aggregation, n_bar).mean().item()
     t = aggregate_tokens(tokcc_weights(b, alpha) * b, mask, aggregation, n_bar).mean().item()
     if not (math.isfinite(s) and math.isfinite(t)) or s <= 0 or t <= 0:
@@ -136,25 +137,41 @@ def forward_passes(model, batch, eps: torch.Tensor) -> dict:
     read at `batch.sup_mask`) and the posterior's and router's Gaussians [B, D]."""
     mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
-    logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos,
-                                             batch.z_slot_pos, sup_pos=batch.gen_sup_pos)
-    return {"l": token_nll(logits, batch.sup_ids), "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r}
+    logits, mu_r, logvar_r = model.generator(
+        batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos, sup_pos=batch.gen_sup_pos
+    )
+    return {
+        "l": token_nll(logits, batch.sup_ids),
+        "mu_q": mu_q,
+        "logvar_q": logvar_q,
+        "mu_r": mu_r,
+        "logvar_r": logvar_r,
+    }
 
 
 def losses(passes: dict, b, sup_mask, cell: dict, scales: dict, step: int) -> dict:
     """J from the passes (`forward_passes`, a batch's or a whole split's) and the reference NLL
     b at the same tokens: per-example [B] tensors for every family and the KL, scalars for the
     diagnostics, beta_t and J (`total`)."""
-    rec = reconstruction_per_example(passes["l"], b, sup_mask, cell["reconstruction_family"],
-                                     cell["token_aggregation"], scales)
+    rec = reconstruction_per_example(
+        passes["l"], b, sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales
+    )
     mu_q, logvar_q, mu_r, logvar_r = (passes[k] for k in ("mu_q", "logvar_q", "mu_r", "logvar_r"))
     kl = gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
-    out = {**rec, "kl": kl, "mu_q": mu_q, "logvar_q": logvar_q, "mu_r": mu_r, "logvar_r": logvar_r,
-           "posterior_variance": posterior_variance(logvar_q),
-           "router_marginal_kl_to_prior": router_marginal_kl_to_prior(mu_r, logvar_r)}
+    out = {
+        **rec,
+        "kl": kl,
+        "mu_q": mu_q,
+        "logvar_q": logvar_q,
+        "mu_r": mu_r,
+        "logvar_r": logvar_r,
+        "posterior_variance": posterior_variance(logvar_q),
+        "router_marginal_kl_to_prior": router_marginal_kl_to_prior(mu_r, logvar_r),
+    }
     out["beta_t"] = beta_at(step, float(cell["beta"]), cell["beta_schedule"])
-    out["total"] = objective_j(rec["active"].mean(), kl.mean(), out["posterior_variance"],
-                               out["router_marginal_kl_to_prior"], cell, step)
+    out["total"] = objective_j(
+        rec["active"].mean(), kl.mean(), out["posterior_variance"], out["router_marginal_kl_to_prior"], cell, step
+    )
     return out
 
 
@@ -168,9 +185,12 @@ def objective_j(active, kl, post_var, router_marginal_kl, cell: dict, step: int)
     """J = mean active reconstruction + beta_t * mean KL + the posterior-variance and
     router-marginal penalties (their weights: the cell's). Over a batch (forward_losses) or a
     whole split (the trainer's validation), from the means over it."""
-    return (active + beta_at(step, float(cell["beta"]), cell["beta_schedule"]) * kl
-            + float(cell["posterior_variance_weight"]) * post_var
-            + float(cell["router_marginal_kl_weight"]) * router_marginal_kl)
+    return (
+        active
+        + beta_at(step, float(cell["beta"]), cell["beta_schedule"]) * kl
+        + float(cell["posterior_variance_weight"]) * post_var
+        + float(cell["router_marginal_kl_weight"]) * router_marginal_kl
+    )
 
 
 def supervised_logits(model, ids, mask, sup_pos) -> torch.Tensor:

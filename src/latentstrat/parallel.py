@@ -15,6 +15,7 @@ spawn, which would re-import the caller's main module (a Snakemake rule script r
 body at import). The job file (the pickled function and arguments) and the process group's
 file store live in a temporary folder that is removed on exit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,14 @@ def workers(world: int, fn, args: tuple = (), kwargs: dict | None = None, thread
             for rank in range(1, world):
                 log = closing.enter_context(open(tmp / f"rank{rank}.log", "w+"))
                 logs.append(log)
-                procs.append(subprocess.Popen([sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             try:
                 _wait_ready(procs, logs, tmp)
                 _init(store, 0, world)
@@ -123,8 +130,11 @@ def _wait_ready(procs, logs, tmp: Path) -> None:
 
 def _failures(procs, logs) -> str:
     """The workers that have exited with a nonzero code, each with the tail of its output."""
-    return "; ".join(f"rank {rank} exit code {p.returncode}: {_tail(log)}"
-                     for rank, (p, log) in enumerate(zip(procs, logs), start=1) if p.poll() not in (0, None))
+    return "; ".join(
+        f"rank {rank} exit code {p.returncode}: {_tail(log)}"
+        for rank, (p, log) in enumerate(zip(procs, logs), start=1)
+        if p.poll() not in (0, None)
+    )
 
 
 def _tail(log, n: int = 1500) -> str:
@@ -140,7 +150,7 @@ def all_reduce_sum(tensors: list[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
+        t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
 
 
@@ -156,7 +166,7 @@ def check_identical(params: list[torch.Tensor], what: str) -> None:
 
 
 def main(argv=None) -> None:
-    job_path, rank = (sys.argv[1:] if argv is None else argv)
+    job_path, rank = sys.argv[1:] if argv is None else argv
     with open(job_path, "rb") as f:
         job = pickle.load(f)
     torch.set_num_threads(job["threads"])

@@ -1,12 +1,12 @@
 """Where every stage reads and writes: the results layout, the file names inside each stage's
 folder, and the work key that lets collections share a cell's work."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
 
 # Config sections that, with a cell's own settings and the base, decide what its train,
 # evaluate and probe jobs compute. Collections on one base whose sections agree share those
@@ -16,7 +16,6 @@ WORK_KEY_SECTIONS = ("lora", "train", "evaluate", "probes")
 
 # how a cell's training is run, not what it computes: left out of the work key
 RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
-
 
 
 def work_key(cfg: dict) -> str:
@@ -44,9 +43,12 @@ STEP0_FILES = {"passes": "passes.parquet", "measured": "measured.json"}
 
 # a trained cell (model.LatentStrategyModel.save_trained): the heads, written last, mark it
 # complete; beside them its peft adapters (adapters/<name>/) or full copies (backbones/<name>/)
-TRAIN_FILES = {"heads": "heads/heads.safetensors", "heads_config": "heads/config.json", "history": "history.parquet",
-               "summary": "summary.json"}
-
+TRAIN_FILES = {
+    "heads": "heads/heads.safetensors",
+    "heads_config": "heads/config.json",
+    "history": "history.parquet",
+    "summary": "summary.json",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Paths:
     """Where every stage reads and writes: the one place for the layout and the file names.
     The workflow's rules take their inputs and outputs from here, the status command its
     outputs to look for."""
+
     results: Path
     collection: str
     base: str
@@ -65,25 +68,42 @@ class Paths:
 
     # base-level (shared by collections with the same `base`)
     @property
-    def base_dir(self) -> Path: return self.results / "base" / self.base
+    def base_dir(self) -> Path:
+        return self.results / "base" / self.base
+
     @property
-    def data_dir(self) -> Path: return self.base_dir / "data"
+    def data_dir(self) -> Path:
+        return self.base_dir / "data"
+
     @property
-    def base_config(self) -> Path: return self.data_dir / "base_config.json"
+    def base_config(self) -> Path:
+        return self.data_dir / "base_config.json"
+
     @property
-    def entangle_dir(self) -> Path: return self.base_dir / "entangle"
+    def entangle_dir(self) -> Path:
+        return self.base_dir / "entangle"
+
     @property
-    def reference_dir(self) -> Path: return self.base_dir / "reference"
+    def reference_dir(self) -> Path:
+        return self.base_dir / "reference"
+
     @property
-    def base_logs_dir(self) -> Path: return self.base_dir / "logs"
+    def base_logs_dir(self) -> Path:
+        return self.base_dir / "logs"
+
     @property
-    def base_bench_dir(self) -> Path: return self.base_dir / "benchmarks"
+    def base_bench_dir(self) -> Path:
+        return self.base_dir / "benchmarks"
 
     def data_files(self) -> dict[str, str]:
         d = self.data_dir
-        return {"train": str(d / "train.parquet"), "validation": str(d / "validation.parquet"),
-                "test": str(d / "test.parquet"), "tokenizer": str(d / "tokenizer.json"),
-                "tokenizer_info": str(d / "tokenizer_info.json")}
+        return {
+            "train": str(d / "train.parquet"),
+            "validation": str(d / "validation.parquet"),
+            "test": str(d / "test.parquet"),
+            "tokenizer": str(d / "tokenizer.json"),
+            "tokenizer_info": str(d / "tokenizer_info.json"),
+        }
 
     def entangle_files(self, mode: str = "train") -> dict[str, str]:
         """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
@@ -91,8 +111,10 @@ class Paths:
         d = self.entangle_dir
         files = {k: str(d / name) for k, name in ENTANGLE_FILES.items()}
         if mode != "skip":
-            files.update(entangle_config=str(d / "model" / "config.json"),
-                         entangle_weights=str(d / "model" / "model.safetensors"))
+            files.update(
+                entangle_config=str(d / "model" / "config.json"),
+                entangle_weights=str(d / "model" / "model.safetensors"),
+            )
         if mode == "shipped":
             files["shipped_reference"] = str(d / SHIPPED_REFERENCE_FILE)
         return files
@@ -112,10 +134,15 @@ class Paths:
 
     # a cell's work (train, evaluate, probes): shared by collections with the same base and
     # WORK_KEY_SECTIONS, keyed by the cell id (its settings)
-    def cell_dir(self, cid: str) -> Path: return self.base_dir / "cells" / self.work_key / cid
-    def train_dir(self, cid: str) -> Path: return self.cell_dir(cid) / "train"
+    def cell_dir(self, cid: str) -> Path:
+        return self.base_dir / "cells" / self.work_key / cid
+
+    def train_dir(self, cid: str) -> Path:
+        return self.cell_dir(cid) / "train"
+
     # the step-0 validation shared by the cells that start from one model (config.init_id)
-    def step0_dir(self, iid: str) -> Path: return self.base_dir / "step0" / self.work_key / iid
+    def step0_dir(self, iid: str) -> Path:
+        return self.base_dir / "step0" / self.work_key / iid
 
     def step0_files(self, iid: str) -> dict[str, str]:
         return {k: str(self.step0_dir(iid) / name) for k, name in STEP0_FILES.items()}
@@ -128,8 +155,11 @@ class Paths:
         d = self.train_dir(cid)
         return sorted([*d.glob("adapters/*/adapter_model.safetensors"), *d.glob("backbones/*/model.safetensors")])
 
-    def records_path(self, cid: str) -> Path: return self.cell_dir(cid) / "evaluate" / "records.parquet"
-    def probe_path(self, cid: str, task: str) -> Path: return self.cell_dir(cid) / "probes" / f"{task}.parquet"
+    def records_path(self, cid: str) -> Path:
+        return self.cell_dir(cid) / "evaluate" / "records.parquet"
+
+    def probe_path(self, cid: str, task: str) -> Path:
+        return self.cell_dir(cid) / "probes" / f"{task}.parquet"
 
     def probe_files(self, cid: str, tasks) -> list[str]:
         """Per-task probes, then the global one."""
@@ -137,28 +167,49 @@ class Paths:
 
     # collection-level: the cell's row in this collection (its arm and role), tables, report
     @property
-    def collection_dir(self) -> Path: return self.results / self.collection
-    def metrics_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "metrics.parquet"
-    def bootstrap_path(self, cid: str) -> Path: return self.collection_dir / "cells" / cid / "bootstrap.parquet"
+    def collection_dir(self) -> Path:
+        return self.results / self.collection
+
+    def metrics_path(self, cid: str) -> Path:
+        return self.collection_dir / "cells" / cid / "metrics.parquet"
+
+    def bootstrap_path(self, cid: str) -> Path:
+        return self.collection_dir / "cells" / cid / "bootstrap.parquet"
+
     @property
-    def logs_dir(self) -> Path: return self.collection_dir / "logs"
+    def logs_dir(self) -> Path:
+        return self.collection_dir / "logs"
+
     @property
-    def bench_dir(self) -> Path: return self.collection_dir / "benchmarks"
+    def bench_dir(self) -> Path:
+        return self.collection_dir / "benchmarks"
 
     def log_path(self, stage: str, cid: str) -> Path:
         """A cell stage's job log (probes: the global probe's)."""
-        return {"train": self.logs_dir / "train" / f"{cid}.log", "evaluate": self.logs_dir / "evaluate" / f"{cid}.log",
-                "probes": self.logs_dir / "probe" / cid / "global.log",
-                "metrics": self.logs_dir / "metrics" / f"{cid}.log"}[stage]
+        return {
+            "train": self.logs_dir / "train" / f"{cid}.log",
+            "evaluate": self.logs_dir / "evaluate" / f"{cid}.log",
+            "probes": self.logs_dir / "probe" / cid / "global.log",
+            "metrics": self.logs_dir / "metrics" / f"{cid}.log",
+        }[stage]
 
     @property
-    def aggregate_dir(self) -> Path: return self.collection_dir / "aggregate"
+    def aggregate_dir(self) -> Path:
+        return self.collection_dir / "aggregate"
+
     @property
-    def aggregate_marker(self) -> Path: return self.aggregate_dir / "collection_state.parquet"
+    def aggregate_marker(self) -> Path:
+        return self.aggregate_dir / "collection_state.parquet"
+
     @property
-    def report_dir(self) -> Path: return self.collection_dir / "report"
+    def report_dir(self) -> Path:
+        return self.collection_dir / "report"
 
     def report_files(self) -> dict[str, str]:
         d = self.report_dir
-        return {"results": str(d / "results.md"), "analysis": str(d / "analysis.md"),
-                "brief": str(d / "brief.yaml"), "findings": str(d / "findings.json")}
+        return {
+            "results": str(d / "results.md"),
+            "analysis": str(d / "analysis.md"),
+            "brief": str(d / "brief.yaml"),
+            "findings": str(d / "findings.json"),
+        }

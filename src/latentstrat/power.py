@@ -13,6 +13,7 @@ configured) until the detectable difference reaches the effect to settle: the ob
 delta, or `report.near_zero_delta` when the observed delta is smaller than that (then the
 follow-up tells "no difference larger than near_zero_delta" from "a small one").
 """
+
 from __future__ import annotations
 
 import math
@@ -56,11 +57,19 @@ def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int
     seeds = min(need, max_seeds)
     if seeds <= n_seeds:
         return None
-    return {"comparison_arm": contrast["comparison_arm"], "metric": contrast["metric"],
-            "mean_delta": float(contrast["mean_delta"]), "ci_low": float(contrast["ci_low"]),
-            "ci_high": float(contrast["ci_high"]), "detectable_now": DETECT * se, "effect": effect,
-            "seeds_needed": need, "seeds": seeds, "capped": need > max_seeds,
-            "detectable_then": DETECT * se * math.sqrt(n_seeds / seeds)}
+    return {
+        "comparison_arm": contrast["comparison_arm"],
+        "metric": contrast["metric"],
+        "mean_delta": float(contrast["mean_delta"]),
+        "ci_low": float(contrast["ci_low"]),
+        "ci_high": float(contrast["ci_high"]),
+        "detectable_now": DETECT * se,
+        "effect": effect,
+        "seeds_needed": need,
+        "seeds": seeds,
+        "capped": need > max_seeds,
+        "detectable_then": DETECT * se * math.sqrt(n_seeds / seeds),
+    }
 
 
 def next_seeds(seeds: list[int], n: int) -> list[int]:
@@ -78,20 +87,32 @@ def followup_text(plan: dict) -> str:
     """The follow-up config's YAML (with its reasons as comments) from `plan`:
     collection, extends (path relative to where the file is written), seeds, needs (followup_need
     rows), cells_now, cells_added, seconds_per_cell, parallel_cells."""
-    lines = [f"# Follow-up of collection {plan['collection']}: more seeds to settle what it could not tell.",
-             "# Written by its report from the bootstrap variance (latentstrat.power); run it with",
-             f"#   snakemake --configfile {plan['path']} --cores 2",
-             "# Cells of the collection are reused (same base and cell work); only the new seeds train."]
+    lines = [
+        f"# Follow-up of collection {plan['collection']}: more seeds to settle what it could not tell.",
+        "# Written by its report from the bootstrap variance (latentstrat.power); run it with",
+        f"#   snakemake --configfile {plan['path']} --cores 2",
+        "# Cells of the collection are reused (same base and cell work); only the new seeds train.",
+    ]
     for n in plan["needs"]:
-        lines.append(f"# - {n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, 95% interval "
-                     f"{n['ci_low']:+.3f} to {n['ci_high']:+.3f} (detectable now: {n['detectable_now']:.3f}); "
-                     f"{n['seeds']} seeds bring the detectable difference to {n['detectable_then']:.3f} "
-                     f"(target {n['effect']:.3f}" + (f"; {n['seeds_needed']} seeds would reach it, capped at "
-                                                     f"report.followup_max_seeds" if n["capped"] else "") + ")")
-    lines += [f"# Adds {plan['cells_added']} cells to the {plan['cells_now']} there are: {cost_text(plan)}.",
-              f"extends: {plan['extends']}",
-              f"collection: {plan['collection']}-followup",
-              "seeds: [" + ", ".join(str(s) for s in plan["seeds"]) + "]", ""]
+        lines.append(
+            f"# - {n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, 95% interval "
+            f"{n['ci_low']:+.3f} to {n['ci_high']:+.3f} (detectable now: {n['detectable_now']:.3f}); "
+            f"{n['seeds']} seeds bring the detectable difference to {n['detectable_then']:.3f} "
+            f"(target {n['effect']:.3f}"
+            + (
+                f"; {n['seeds_needed']} seeds would reach it, capped at report.followup_max_seeds"
+                if n["capped"]
+                else ""
+            )
+            + ")"
+        )
+    lines += [
+        f"# Adds {plan['cells_added']} cells to the {plan['cells_now']} there are: {cost_text(plan)}.",
+        f"extends: {plan['extends']}",
+        f"collection: {plan['collection']}-followup",
+        "seeds: [" + ", ".join(str(s) for s in plan["seeds"]) + "]",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -101,5 +122,7 @@ def cost_text(plan: dict) -> str:
     if not math.isfinite(sec):
         return "time unknown (no benchmark files of the collection's cell jobs)"
     mins = plan["cells_added"] * sec / max(1, plan["parallel_cells"]) / 60
-    return (f"about {mins:.0f} min on a machine like the one that ran them ({sec:.0f} s of one job slot per cell "
-            f"measured there, {plan['parallel_cells']} cells at a time)")
+    return (
+        f"about {mins:.0f} min on a machine like the one that ran them ({sec:.0f} s of one job slot per cell "
+        f"measured there, {plan['parallel_cells']} cells at a time)"
+    )

@@ -24,6 +24,7 @@ Probes on the evaluate records of a cell:
   true trace is unambiguous);
 - global_router: over all tasks, router-sampled z -> "task:followed_strategy".
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -35,11 +36,36 @@ import pandas as pd
 from latentstrat.io import read_parquet, write_parquet
 
 PROBE_NAMES = ("within_task_router", "posterior", "global_router")
-PROBE_COLUMNS = ["cell_id", "task", "probe", "accuracy", "chance", "shuffled_accuracy", "corrected", "n",
-                 "n_classes", "folds", "n_dropped", "dropped", "status", "reason", "example_ids", "labels", "oof_correct"]
+PROBE_COLUMNS = [
+    "cell_id",
+    "task",
+    "probe",
+    "accuracy",
+    "chance",
+    "shuffled_accuracy",
+    "corrected",
+    "n",
+    "n_classes",
+    "folds",
+    "n_dropped",
+    "dropped",
+    "status",
+    "reason",
+    "example_ids",
+    "labels",
+    "oof_correct",
+]
 # the record columns the probes read
-PROBE_RECORD_COLUMNS = ["cell_id", "task", "example_id", "strategy", "followed_strategy", "ambiguous",
-                        "router_z", "posterior_mu"]
+PROBE_RECORD_COLUMNS = [
+    "cell_id",
+    "task",
+    "example_id",
+    "strategy",
+    "followed_strategy",
+    "ambiguous",
+    "router_z",
+    "posterior_mu",
+]
 
 
 @dataclass(frozen=True)
@@ -179,8 +205,14 @@ def _fit_logistic(X: np.ndarray, y: np.ndarray, max_iter: int) -> _LogisticModel
         fun, target, theta0 = _binary_objective, (codes == 1).astype(np.float64), np.zeros(d + 1)
     else:
         fun, target, theta0 = _multinomial_objective, np.eye(k)[codes], np.zeros(k * (d + 1))
-    res = minimize(fun, theta0, args=(X, target, l2), method="L-BFGS-B", jac=True,
-                   options={"maxiter": max_iter, "maxls": _MAXLS, "gtol": _TOL, "ftol": _FTOL})
+    res = minimize(
+        fun,
+        theta0,
+        args=(X, target, l2),
+        method="L-BFGS-B",
+        jac=True,
+        options={"maxiter": max_iter, "maxls": _MAXLS, "gtol": _TOL, "ftol": _FTOL},
+    )
     # not converged within max_iter: keep the last iterate, as scikit-learn does (with a warning)
     if k == 2:
         return _LogisticModel(classes, res.x[None, :-1], res.x[-1:])
@@ -202,7 +234,9 @@ def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: 
     return float(np.mean(accs)), correct
 
 
-def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True) -> ProbeResult:
+def linear_probe(
+    X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True
+) -> ProbeResult:
     """CV accuracy of the logistic-regression probe (module docstring) from features X [n, d] to
     labels y [n], over `stratified_folds(labels, folds, seed)`.
 
@@ -212,7 +246,9 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y).astype(str)
     if X.ndim != 2 or len(X) != len(y):
-        raise ValueError(f"linear_probe: features must be [n, d] with n = len(labels); got {X.shape} and {len(y)} labels")
+        raise ValueError(
+            f"linear_probe: features must be [n, d] with n = len(labels); got {X.shape} and {len(y)} labels"
+        )
     if not np.isfinite(X).all():
         raise ValueError("linear_probe: features contain NaN or inf")
     counts = Counter(y.tolist())
@@ -227,7 +263,9 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     chance = max(counts.values()) / n if n else float("nan")
 
     def na(reason: str) -> ProbeResult:
-        return ProbeResult(float("nan"), chance, float("nan"), float("nan"), n, k, folds, n_dropped, dropped, "na", reason)
+        return ProbeResult(
+            float("nan"), chance, float("nan"), float("nan"), n, k, folds, n_dropped, dropped, "na", reason
+        )
 
     if k < 2:
         why = f" after dropping classes with fewer than folds={folds} examples ({dropped})" if small else ""
@@ -237,8 +275,22 @@ def linear_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuf
     if shuffled_control:
         y_shuffled = np.random.default_rng(seed).permutation(y)
         shuffled = _cv_accuracy(X, y_shuffled, folds, seed, max_iter)[0]
-    return ProbeResult(acc, chance, shuffled, chance_corrected(acc, chance), n, k, folds, n_dropped, dropped, "ok", "",
-                       tuple(int(i) for i in kept), tuple(y.tolist()), tuple(bool(c) for c in correct))
+    return ProbeResult(
+        acc,
+        chance,
+        shuffled,
+        chance_corrected(acc, chance),
+        n,
+        k,
+        folds,
+        n_dropped,
+        dropped,
+        "ok",
+        "",
+        tuple(int(i) for i in kept),
+        tuple(y.tolist()),
+        tuple(bool(c) for c in correct),
+    )
 
 
 def chance_corrected(accuracy: float, chance: float) -> float:
@@ -255,15 +307,28 @@ def _features(rows: pd.DataFrame, column: str, records_path) -> np.ndarray:
         return np.zeros((0, 0))
     lengths = rows[column].map(len)
     if lengths.nunique() != 1:
-        raise ValueError(f"records {records_path}: column {column!r} has vectors of different lengths {sorted(lengths.unique())}")
+        raise ValueError(
+            f"records {records_path}: column {column!r} has vectors of different lengths {sorted(lengths.unique())}"
+        )
     return np.stack([np.asarray(v, dtype=np.float64) for v in rows[column]])
 
 
 def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
     p = cfg["probes"]
     if len(y) == 0:
-        res = ProbeResult(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0, p["folds"], 0, "", "na",
-                          "no eligible examples")
+        res = ProbeResult(
+            float("nan"),
+            float("nan"),
+            float("nan"),
+            float("nan"),
+            0,
+            0,
+            p["folds"],
+            0,
+            "",
+            "na",
+            "no eligible examples",
+        )
     else:
         res = linear_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
     ids = [str(example_ids[i]) for i in res.kept]
@@ -295,16 +360,35 @@ def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
     df = _read_records(records_path)
     rows = df[df["task"] == task]
     if rows.empty:
-        raise ValueError(f"evaluate records {records_path} have no rows for task {task!r} (tasks: {sorted(df['task'].unique())})")
+        raise ValueError(
+            f"evaluate records {records_path} have no rows for task {task!r} (tasks: {sorted(df['task'].unique())})"
+        )
     cid = df["cell_id"].iloc[0]
     r = router_probe_rows(rows)
     q = posterior_probe_rows(rows)
-    out = pd.DataFrame([
-        _probe_row(cfg, cid, task, "within_task_router", _features(r, "router_z", records_path), r["followed_strategy"].to_numpy(),
-                   r["example_id"].to_numpy()),
-        _probe_row(cfg, cid, task, "posterior", _features(q, "posterior_mu", records_path), q["strategy"].to_numpy(),
-                   q["example_id"].to_numpy()),
-    ], columns=PROBE_COLUMNS)
+    out = pd.DataFrame(
+        [
+            _probe_row(
+                cfg,
+                cid,
+                task,
+                "within_task_router",
+                _features(r, "router_z", records_path),
+                r["followed_strategy"].to_numpy(),
+                r["example_id"].to_numpy(),
+            ),
+            _probe_row(
+                cfg,
+                cid,
+                task,
+                "posterior",
+                _features(q, "posterior_mu", records_path),
+                q["strategy"].to_numpy(),
+                q["example_id"].to_numpy(),
+            ),
+        ],
+        columns=PROBE_COLUMNS,
+    )
     write_parquet(out, out_path)
     return out
 
@@ -314,9 +398,20 @@ def probe_global(cfg: dict, records_path, out_path) -> pd.DataFrame:
     df = _read_records(records_path)
     r = router_probe_rows(df)
     labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
-    out = pd.DataFrame([_probe_row(cfg, df["cell_id"].iloc[0], "global", "global_router",
-                                   _features(r, "router_z", records_path), labels, r["example_id"].to_numpy())],
-                       columns=PROBE_COLUMNS)
+    out = pd.DataFrame(
+        [
+            _probe_row(
+                cfg,
+                df["cell_id"].iloc[0],
+                "global",
+                "global_router",
+                _features(r, "router_z", records_path),
+                labels,
+                r["example_id"].to_numpy(),
+            )
+        ],
+        columns=PROBE_COLUMNS,
+    )
     write_parquet(out, out_path)
     return out
 

@@ -1,6 +1,7 @@
 """Progress lines a log can be followed by (a Slurm job's log, a local job's log file): one
 flushed line at least every `every` seconds with done / total, the mean loss since the last
 line (when there is one), the rate, elapsed time and an ETA."""
+
 from __future__ import annotations
 
 import time
@@ -25,7 +26,9 @@ class Progress:
         elapsed = now - self.t0
         eta = elapsed / max(done - self.start, 1) * (self.total - done)
         loss_part = f" loss {self.loss / self.n:.4f}" if self.n else ""
-        self.log(f"[{self.name}] {self.unit} {done}/{self.total}{loss_part} "
-                 f"{self.tokens / max(now - self.t_last, 1e-9):,.0f} tokens/s elapsed {elapsed:.0f}s ETA {eta:.0f}s",
-                 flush=True)
+        self.log(
+            f"[{self.name}] {self.unit} {done}/{self.total}{loss_part} "
+            f"{self.tokens / max(now - self.t_last, 1e-9):,.0f} tokens/s elapsed {elapsed:.0f}s ETA {eta:.0f}s",
+            flush=True,
+        )
         self.t_last, self.loss, self.n, self.tokens = now, 0.0, 0, 0

@@ -8,6 +8,7 @@ quality.parquet table (`quality_table`) and the samples; the report reads the ta
 Torch is imported only where the model samples (`check_quality`): the report imports this
 module and needs no torch.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,9 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.io import dump_json
+from latentstrat.io import dump_json, write_parquet
 from latentstrat.paths import ENTANGLE_FILES
-from latentstrat.io import write_parquet
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
@@ -59,8 +59,10 @@ def total_variation(p: dict[str, float], q: dict[str, float]) -> float:
 
 def data_strategy_distributions(train_df: pd.DataFrame) -> dict[str, dict[str, float]]:
     """The data's strategy distribution per task (train split, true traces' matching sets)."""
-    return {task: strategy_distribution(g.matching_strategies, TASKS[task].strategies)
-            for task, g in train_df.groupby("task", sort=True)}
+    return {
+        task: strategy_distribution(g.matching_strategies, TASKS[task].strategies)
+        for task, g in train_df.groupby("task", sort=True)
+    }
 
 
 def quality_report(samples: pd.DataFrame, data_dist: dict[str, dict[str, float]], thresholds: dict) -> dict:
@@ -81,32 +83,54 @@ def quality_report(samples: pd.DataFrame, data_dist: dict[str, dict[str, float]]
         scored = score_generations(g, g.y_generated.tolist())
         matched = [m for m in scored.matched_strategies if m]
         followed = strategy_distribution(matched, TASKS[name].strategies)
-        values = {"answer_accuracy": float(np.mean(scored.correct.to_numpy())),
-                  "strategy_match_rate": len(matched) / len(g),
-                  # no matched sample: nothing follows the data's strategies -> maximal distance
-                  "strategy_tv": total_variation(followed, data_dist[name]) if matched else 1.0}
+        values = {
+            "answer_accuracy": float(np.mean(scored.correct.to_numpy())),
+            "strategy_match_rate": len(matched) / len(g),
+            # no matched sample: nothing follows the data's strategies -> maximal distance
+            "strategy_tv": total_variation(followed, data_dist[name]) if matched else 1.0,
+        }
         checks = {}
         for check, (key, direction) in CHECKS.items():
             v, thr = values[check], float(thresholds[key])
-            checks[check] = dict(value=v, threshold=thr, direction=direction,
-                                 passed=bool(v >= thr if direction == "min" else v <= thr))
-        tasks[name] = dict(n=int(len(g)), n_matched=len(matched), checks=checks,
-                           passed=all(c["passed"] for c in checks.values()),
-                           followed_distribution=followed, data_distribution=data_dist[name])
-    return dict(passed=bool(tasks) and all(t["passed"] for t in tasks.values()),
-                thresholds={k: float(thresholds[k]) for k, _ in CHECKS.values()}, tasks=tasks)
+            checks[check] = dict(
+                value=v, threshold=thr, direction=direction, passed=bool(v >= thr if direction == "min" else v <= thr)
+            )
+        tasks[name] = dict(
+            n=int(len(g)),
+            n_matched=len(matched),
+            checks=checks,
+            passed=all(c["passed"] for c in checks.values()),
+            followed_distribution=followed,
+            data_distribution=data_dist[name],
+        )
+    return dict(
+        passed=bool(tasks) and all(t["passed"] for t in tasks.values()),
+        thresholds={k: float(thresholds[k]) for k, _ in CHECKS.values()},
+        tasks=tasks,
+    )
 
 
 def quality_table(report: dict) -> pd.DataFrame:
     """One row per task x check: value, threshold, direction (min / max), passed, samples."""
-    rows = [dict(task=t, check=c, value=v["value"], threshold=v["threshold"], direction=v["direction"],
-                 passed=v["passed"], n=r["n"])
-            for t, r in report["tasks"].items() for c, v in r["checks"].items()]
+    rows = [
+        dict(
+            task=t,
+            check=c,
+            value=v["value"],
+            threshold=v["threshold"],
+            direction=v["direction"],
+            passed=v["passed"],
+            n=r["n"],
+        )
+        for t, r in report["tasks"].items()
+        for c, v in r["checks"].items()
+    ]
     return pd.DataFrame(rows, columns=QUALITY_COLUMNS)
 
 
-def check_quality(model, tokenizer, val_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict,
-                  batch_size: int) -> tuple[dict, pd.DataFrame]:
+def check_quality(
+    model, tokenizer, val_df: pd.DataFrame, train_df: pd.DataFrame, ecfg: dict, batch_size: int
+) -> tuple[dict, pd.DataFrame]:
     """Sample at temperature 1 on up to `quality_samples_per_task` validation inputs per task
     and run the checks (the test split is read by the evaluate stage only). Returns (report,
     samples)."""
@@ -115,8 +139,9 @@ def check_quality(model, tokenizer, val_df: pd.DataFrame, train_df: pd.DataFrame
     n = ecfg["quality_samples_per_task"]
     inputs = val_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)
     max_new = int(max(train_df.n_supervised.max(), val_df.n_supervised.max())) + 8
-    texts = generate_zfree(model, tokenizer, inputs.x.tolist(), ecfg["z_slots"], max_new, batch_size,
-                           TEMPERATURE, seed=ecfg["seed"])
+    texts = generate_zfree(
+        model, tokenizer, inputs.x.tolist(), ecfg["z_slots"], max_new, batch_size, TEMPERATURE, seed=ecfg["seed"]
+    )
     samples = inputs[["task", "example_id", "strategy", "x", "y"]].assign(y_generated=texts)
     report = quality_report(samples, data_strategy_distributions(train_df), ecfg)
     report.update(temperature=TEMPERATURE, samples_per_task=n, max_new_tokens=max_new)
@@ -133,11 +158,18 @@ def write_quality(model, tokenizer, val_df, train_df, ecfg: dict, out_dir: Path,
     write_parquet(quality_table(report), out_dir / "quality.parquet")
     write_parquet(samples, out_dir / "quality_samples.parquet")
     for task, r in report["tasks"].items():
-        log(f"quality {task}: " + ", ".join(f"{c} {v['value']:.3f} ({'ok' if v['passed'] else 'FAIL'})"
-                                            for c, v in r["checks"].items()))
+        log(
+            f"quality {task}: "
+            + ", ".join(f"{c} {v['value']:.3f} ({'ok' if v['passed'] else 'FAIL'})" for c, v in r["checks"].items())
+        )
     if not report["passed"] and ecfg["quality_enforce"]:
-        failed = [f"{t}.{c}={v['value']:.3f}" for t, r in report["tasks"].items()
-                  for c, v in r["checks"].items() if not v["passed"]]
-        raise QualityError(f"entangle: quality checks failed ({', '.join(failed)}); "
-                           f"report in {out_dir / ENTANGLE_FILES['quality']}")
+        failed = [
+            f"{t}.{c}={v['value']:.3f}"
+            for t, r in report["tasks"].items()
+            for c, v in r["checks"].items()
+            if not v["passed"]
+        ]
+        raise QualityError(
+            f"entangle: quality checks failed ({', '.join(failed)}); report in {out_dir / ENTANGLE_FILES['quality']}"
+        )
     return report

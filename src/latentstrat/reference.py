@@ -18,6 +18,7 @@ base is used, after its rows are matched to the data and its validation split is
 here within SHIPPED_TOLERANCE (`shipped_tokens`): the train split's ~20 k forward passes are
 not repeated on every host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,11 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.cells import format_value, parse_family
-from latentstrat.io import dump_json
-from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
-from latentstrat.io import read_parquet, write_parquet
 from latentstrat.backbone import device_for, device_of
+from latentstrat.cells import format_value, parse_family
+from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
+from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 # b of a shipped table against b recomputed on this host (nats per token): float rounding of
@@ -68,7 +68,7 @@ def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndar
         b = zfree_token_nll(model, batch).float().cpu().numpy()
         n = batch.sup_mask.sum(1).cpu().numpy()
         for r, i in enumerate(batch.row_idx.tolist()):
-            out[i] = b[r, :n[r]].astype(np.float32)
+            out[i] = b[r, : n[r]].astype(np.float32)
     return out
 
 
@@ -85,8 +85,14 @@ def compute_scales(tokens: pd.DataFrame, alphas) -> dict:
             s, t = reference_scales(b_val, agg, alpha=a, n_bar=n_bar)
             S[agg] = s  # S_ref does not depend on alpha
             T[alpha_key(a)][agg] = t
-    return dict(n_bar=n_bar, S_ref=S, T_ref=T, alphas=[float(a) for a in alphas],
-                n_validation=int(len(val)), n_train=int(len(train)))
+    return dict(
+        n_bar=n_bar,
+        S_ref=S,
+        T_ref=T,
+        alphas=[float(a) for a in alphas],
+        n_validation=int(len(val)),
+        n_train=int(len(train)),
+    )
 
 
 def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAULT_ALPHA) -> dict:
@@ -104,8 +110,10 @@ def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAU
         raise ValueError(f"reference scales have no aggregation {aggregation!r} (have {sorted(scales['S_ref'])})")
     key = alpha_key(alpha)
     if key not in scales["T_ref"]:
-        raise ValueError(f"reference scales have no T_ref for tokcc a={key} (have a={sorted(scales['T_ref'])}); "
-                         "rerun the reference stage with this family in the config")
+        raise ValueError(
+            f"reference scales have no T_ref for tokcc a={key} (have a={sorted(scales['T_ref'])}); "
+            "rerun the reference stage with this family in the config"
+        )
     return {"S_ref": scales["S_ref"][aggregation], "T_ref": scales["T_ref"][key][aggregation], "n_bar": scales["n_bar"]}
 
 
@@ -114,9 +122,17 @@ def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:
     for (task, split), g in tokens.groupby(["task", "split"], sort=True):
         n = g.n_supervised
         b_sum = g.b.map(lambda v: float(np.sum(v)))
-        rows.append(dict(task=task, split=split, examples=int(len(g)), supervised_tokens_mean=float(n.mean()),
-                         supervised_tokens_sum=int(n.sum()), b_mean=float(b_sum.sum() / n.sum()),
-                         b_per_example_mean=float(b_sum.mean())))
+        rows.append(
+            dict(
+                task=task,
+                split=split,
+                examples=int(len(g)),
+                supervised_tokens_mean=float(n.mean()),
+                supervised_tokens_sum=int(n.sum()),
+                b_mean=float(b_sum.sum() / n.sum()),
+                b_per_example_mean=float(b_sum.mean()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -129,10 +145,14 @@ def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
     out = []
     for t, e, n in zip(df.task, df.example_id, df.n_supervised):
         if (t, e) not in lookup:
-            raise ValueError(f"reference tokens {path} have no row for example {e!r} (task {t}): stale reference stage?")
+            raise ValueError(
+                f"reference tokens {path} have no row for example {e!r} (task {t}): stale reference stage?"
+            )
         n_ref, b = lookup[(t, e)]
         if n_ref != n or len(b) != n:
-            raise ValueError(f"reference tokens {path}: example {e!r} has {len(b)} b values, the data says n_supervised={n}")
+            raise ValueError(
+                f"reference tokens {path}: example {e!r} has {len(b)} b values, the data says n_supervised={n}"
+            )
         out.append(np.asarray(b, dtype=np.float32))
     return out
 
@@ -145,7 +165,9 @@ def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokeniz
         return build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
     model_dir = entangle_dir / "model"
     if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"reference: entangled model {model_dir} (config.json) does not exist (run the entangle stage)")
+        raise FileNotFoundError(
+            f"reference: entangled model {model_dir} (config.json) does not exist (run the entangle stage)"
+        )
     return load_entangled(entangle_dir)
 
 
@@ -159,13 +181,24 @@ def reference_tokens(model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame
         bad = [e for e, v in zip(df.example_id, b) if not np.isfinite(v).all()]
         if bad:
             raise FloatingPointError(f"reference: non-finite b for {len(bad)} {split} examples (first {bad[0]!r})")
-        parts.append(pd.DataFrame(dict(task=df.task, example_id=df.example_id, split=split,
-                                       n_supervised=df.n_supervised.astype("int64"), b=b)))
+        parts.append(
+            pd.DataFrame(
+                dict(
+                    task=df.task,
+                    example_id=df.example_id,
+                    split=split,
+                    n_supervised=df.n_supervised.astype("int64"),
+                    b=b,
+                )
+            )
+        )
         log(f"reference {split}: {len(df)} examples, mean b {np.concatenate(b).mean():.4f}")
     return pd.concat(parts, ignore_index=True)
 
 
-def shipped_tokens(path: Path, model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print) -> tuple[pd.DataFrame, float]:
+def shipped_tokens(
+    path: Path, model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print
+) -> tuple[pd.DataFrame, float]:
     """The reference table shipped with the base (`path`, installed by the entangle stage), after
     two checks: its rows are exactly the data's examples, and b recomputed here on the whole
     validation split (the split S_ref and T_ref come from) agrees within SHIPPED_TOLERANCE.
@@ -173,20 +206,30 @@ def shipped_tokens(path: Path, model, cfg: dict, tokenizer, splits: dict[str, pd
     tokens = read_parquet(path, what="shipped reference table", columns=TOKENS_COLUMNS)
     for split, df in splits.items():
         got = tokens[tokens.split == split]
-        if (got.task.tolist(), got.example_id.tolist(), got.n_supervised.tolist()) != \
-                (df.task.tolist(), df.example_id.tolist(), df.n_supervised.astype("int64").tolist()):
-            raise ValueError(f"shipped reference table {path}: its {split} rows are not the data stage's examples "
-                             f"(task, example_id, n_supervised); the shipped base and the data disagree")
+        if (got.task.tolist(), got.example_id.tolist(), got.n_supervised.tolist()) != (
+            df.task.tolist(),
+            df.example_id.tolist(),
+            df.n_supervised.astype("int64").tolist(),
+        ):
+            raise ValueError(
+                f"shipped reference table {path}: its {split} rows are not the data stage's examples "
+                f"(task, example_id, n_supervised); the shipped base and the data disagree"
+            )
     val = splits["validation"]
     here = reference_tokens(model, cfg, tokenizer, {"validation": val}, log=lambda m: None).b
     shipped = tokens[tokens.split == "validation"].b
-    diffs = [float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max()) for a, b in zip(here, shipped)]
+    diffs = [
+        float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
+        for a, b in zip(here, shipped)
+    ]
     worst = int(np.argmax(diffs))
     if diffs[worst] > SHIPPED_TOLERANCE:
-        raise ValueError(f"shipped reference table {path}: b recomputed here differs by {diffs[worst]:.3g} nats "
-                         f"(> {SHIPPED_TOLERANCE}) on validation example {val.example_id.iloc[worst]!r}: the table is "
-                         f"not this model's under this code; ship it again (python -m latentstrat.shipped --config ... "
-                         f"--reference) or compute it here with --config entangle='{{mode: train}}'")
+        raise ValueError(
+            f"shipped reference table {path}: b recomputed here differs by {diffs[worst]:.3g} nats "
+            f"(> {SHIPPED_TOLERANCE}) on validation example {val.example_id.iloc[worst]!r}: the table is "
+            f"not this model's under this code; ship it again (python -m latentstrat.shipped --config ... "
+            f"--reference) or compute it here with --config entangle='{{mode: train}}'"
+        )
     log(f"reference: the shipped table, validation split recomputed here: max |b difference| {diffs[worst]:.2g} nats")
     return tokens, diffs[worst]
 
@@ -229,7 +272,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     p = Paths.from_config(cfg)
-    scales = run_reference(cfg, p.data_dir, p.entangle_dir, p.reference_dir, args.threads or cfg["resources"]["threads"])
+    scales = run_reference(
+        cfg, p.data_dir, p.entangle_dir, p.reference_dir, args.threads or cfg["resources"]["threads"]
+    )
     print(json.dumps({k: scales[k] for k in ("n_bar", "S_ref", "T_ref")}, indent=2))
 
 

@@ -1,5 +1,6 @@
 """The collection config's schema (schemas/config.schema.yaml): read once per process, with its
 defaults filled into a config (`fill_defaults`)."""
+
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,7 @@ from typing import Any
 
 import yaml
 
-
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "config.schema.yaml"
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -19,17 +18,14 @@ def _schema_text() -> str:
     return SCHEMA_PATH.read_text()
 
 
-
 def load_schema() -> dict:
     """The config schema (a fresh copy; the file is read once per process)."""
     return copy.deepcopy(parsed_schema())
 
 
-
 @functools.lru_cache(maxsize=1)
 def parsed_schema() -> dict:
     return yaml.safe_load(_schema_text())
-
 
 
 def fill_defaults(instance: Any, schema: dict, root: dict) -> None:

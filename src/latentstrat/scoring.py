@@ -4,6 +4,7 @@ stage's records, the trainer's decoded validation subset and the entangled model
 check all score through `score_generations`. Pandas and the tasks only (no torch): the quality
 check's report side reads it too.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -22,7 +23,11 @@ def score_generations(df: pd.DataFrame, texts: list[str]) -> pd.DataFrame:
         t = TASKS[task]
         correct.append(bool(t.final_answer_correct(x, y)))
         matched.append(sorted(t.matching_strategies(x, y)))
-    return pd.DataFrame({"matched_strategies": matched,
-                         "followed_strategy": [m[0] if len(m) == 1 else None for m in matched],
-                         "generation_ambiguous": [len(m) > 1 for m in matched],
-                         "correct": correct})
+    return pd.DataFrame(
+        {
+            "matched_strategies": matched,
+            "followed_strategy": [m[0] if len(m) == 1 else None for m in matched],
+            "generation_ambiguous": [len(m) > 1 for m in matched],
+            "correct": correct,
+        }
+    )

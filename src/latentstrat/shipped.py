@@ -7,10 +7,10 @@ A shipped base is a folder `resources/bases/<base>/`:
 
 | file | what |
 |---|---|
-| model/ | the entangled model (save_pretrained: config.json, model.safetensors, ...), its tokenizer and a model card: opens with AutoTokenizer / AutoModelForCausalLM |
+| model/ | the entangled model (save_pretrained), its tokenizer and a model card (transformers' Auto classes) |
 | history.parquet, quality.json | the entangle stage's training history and quality report |
-| reference/tokens.parquet | the reference table: b of every example of every split under this model (latentstrat.reference) |
-| provenance.json | the recipe (config.base_settings), the data fingerprint, the code version, host and step settings it was trained with, when; the code and host the reference table was computed with |
+| reference/tokens.parquet | the reference table: b of every example of every split under this model |
+| provenance.json | the recipe (config.base_settings), data fingerprint, code, host and step settings of its training |
 | SHA256SUMS | sha256 of every other file (`sha256sum -c` format) |
 
 With `entangle.mode: shipped` the entangle stage installs it (`install`): every checksum is
@@ -19,6 +19,7 @@ mismatch an error naming the file or the keys; then the model (and the reference
 stage checks against this host) is copied into the base and the quality checks run again on
 this host. `entangle.mode: train` retrains it from the same recipe.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ from pathlib import Path
 from latentstrat import data, host
 from latentstrat.config import base_settings, load_config, settings_diff
 from latentstrat.io import dump_json
-from latentstrat.paths import ENTANGLE_FILES, Paths, SHIPPED_REFERENCE_FILE
+from latentstrat.paths import ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths
 
 MANIFEST = "SHA256SUMS"
 REFERENCE = "reference/tokens.parquet"
@@ -84,8 +85,10 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
     quality = json.loads((entangle_dir / ENTANGLE_FILES["quality"]).read_text())
     if quality.get("mode") != "train" or not quality.get("passed"):
-        raise ShippedBaseError(f"ship: the entangled model in {entangle_dir} was not trained here with passing quality checks "
-                               f"(mode {quality.get('mode')!r}, passed {quality.get('passed')!r}); only a checked model is shipped")
+        raise ShippedBaseError(
+            f"ship: the entangled model in {entangle_dir} was not trained here with passing quality checks "
+            f"(mode {quality.get('mode')!r}, passed {quality.get('passed')!r}); only a checked model is shipped"
+        )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(entangle_dir / "model", tmp / "model")
@@ -93,12 +96,18 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
         shutil.copy2(entangle_dir / name, tmp / name)
     training = quality.get("training", {})
     provenance = {
-        "base": cfg["base"], "recipe": recipe(cfg), "data_fingerprint": data_fingerprint(data_dir),
-        "trained": {**training.get("code", {"code_version": "unknown"}),
-                    "cpu": training.get("step_choice", {}).get("host", {}).get("cpu", host.cpu_model()),
-                    "step_settings": training.get("step_choice", {}).get("chosen"),
-                    "wall_s": training.get("wall_s"), "train_tokens": training.get("train_tokens")},
-        "quality_passed": True, "shipped_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "base": cfg["base"],
+        "recipe": recipe(cfg),
+        "data_fingerprint": data_fingerprint(data_dir),
+        "trained": {
+            **training.get("code", {"code_version": "unknown"}),
+            "cpu": training.get("step_choice", {}).get("host", {}).get("cpu", host.cpu_model()),
+            "step_settings": training.get("step_choice", {}).get("chosen"),
+            "wall_s": training.get("wall_s"),
+            "train_tokens": training.get("train_tokens"),
+        },
+        "quality_passed": True,
+        "shipped_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     provenance["reference"] = write_reference(cfg, data_dir, tmp)
     dump_json(provenance, tmp / PROVENANCE)
@@ -118,8 +127,8 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     output, latentstrat.reference) as REFERENCE; returns its provenance (code, host, when)."""
     import torch
 
-    from latentstrat.io import write_parquet
     from latentstrat.backbone import load_entangled
+    from latentstrat.io import write_parquet
     from latentstrat.reference import reference_tokens
 
     torch.set_num_threads(threads)
@@ -127,8 +136,11 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
     tokens = reference_tokens(load_entangled(shipped_dir), cfg, tokenizer, splits, log=lambda m: None)
     write_parquet(tokens, Path(shipped_dir) / REFERENCE)
-    return {**host.code_version(), "cpu": host.cpu_model(),
-            "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        **host.code_version(),
+        "cpu": host.cpu_model(),
+        "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def add_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
@@ -170,10 +182,18 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     old = json.loads((d / ENTANGLE_FILES["quality"]).read_text())
     splits = {s: data.load_split(data_dir, s) for s in ("train", "validation")}
     ecfg = cfg["entangle"]
-    report, _ = check_quality(load_entangled(d), data.load_tokenizer(data_dir), splits["validation"], splits["train"],
-                              ecfg, batch_size=2 * ecfg["batch_size"])
+    report, _ = check_quality(
+        load_entangled(d),
+        data.load_tokenizer(data_dir),
+        splits["validation"],
+        splits["train"],
+        ecfg,
+        batch_size=2 * ecfg["batch_size"],
+    )
     if not report["passed"]:
-        raise ShippedBaseError(f"shipped base {d}: its model fails the quality checks with this code: {report['tasks']}")
+        raise ShippedBaseError(
+            f"shipped base {d}: its model fails the quality checks with this code: {report['tasks']}"
+        )
     report.update({k: v for k, v in old.items() if k not in report}, requalified=host.code_version()["code_version"])
     dump_json(report, d / ENTANGLE_FILES["quality"])
     _write_manifest(d)
@@ -186,8 +206,10 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
     d = Path(shipped_dir)
     retrain = "or retrain the base with `--config entangle='{mode: train}'`"
     if not (d / MANIFEST).is_file():
-        raise ShippedBaseError(f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
-                               f"ship one with `python -m latentstrat.shipped --config ...` {retrain}")
+        raise ShippedBaseError(
+            f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
+            f"ship one with `python -m latentstrat.shipped --config ...` {retrain}"
+        )
     listed = {}
     for n, line in enumerate((d / MANIFEST).read_text().splitlines(), 1):
         digest, _, name = line.partition("  ")
@@ -198,26 +220,34 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
         if name not in listed:
             raise ShippedBaseError(f"shipped base {d}: {name} is not in {MANIFEST} (an unchecked file)")
         if not (d / name).is_file():
-            raise ShippedBaseError(f"shipped base {d}: {name} is listed in {MANIFEST} but missing; "
-                                   f"restore it (git checkout -- {d}) {retrain}")
+            raise ShippedBaseError(
+                f"shipped base {d}: {name} is listed in {MANIFEST} but missing; "
+                f"restore it (git checkout -- {d}) {retrain}"
+            )
         got = _sha256(d / name)
         if got != listed[name]:
-            raise ShippedBaseError(f"shipped base {d}: {name} fails its checksum (sha256 {got[:12]}..., "
-                                   f"{MANIFEST} says {listed[name][:12]}...): the file is corrupt or was edited; "
-                                   f"restore it (git checkout -- {d}) {retrain}")
+            raise ShippedBaseError(
+                f"shipped base {d}: {name} fails its checksum (sha256 {got[:12]}..., "
+                f"{MANIFEST} says {listed[name][:12]}...): the file is corrupt or was edited; "
+                f"restore it (git checkout -- {d}) {retrain}"
+            )
     for name in ("model/config.json", PROVENANCE, *COPIED, *[REFERENCE] * need_reference):
         if name not in listed:
             raise ShippedBaseError(f"shipped base {d}: {name} is missing")
     prov = json.loads((d / PROVENANCE).read_text())
     diff = settings_diff(prov["recipe"], recipe(cfg))
     if diff:
-        raise ShippedBaseError(f"shipped base {d} was trained from another recipe than this config's base "
-                               f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
-                               f"entangle.mode train for the new settings, {retrain}")
+        raise ShippedBaseError(
+            f"shipped base {d} was trained from another recipe than this config's base "
+            f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
+            f"entangle.mode train for the new settings, {retrain}"
+        )
     fp = data_fingerprint(data_dir)
     if fp != prov["data_fingerprint"]:
-        raise ShippedBaseError(f"shipped base {d} was trained on other data than the data stage wrote to {data_dir} "
-                               f"(data fingerprint {fp[:12]}... != {prov['data_fingerprint'][:12]}...); {retrain}")
+        raise ShippedBaseError(
+            f"shipped base {d} was trained on other data than the data stage wrote to {data_dir} "
+            f"(data fingerprint {fp[:12]}... != {prov['data_fingerprint'][:12]}...); {retrain}"
+        )
     return prov
 
 
@@ -243,12 +273,19 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.shipped", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
-    ap.add_argument("--reference", action="store_true",
-                    help="only (re)compute the reference table of the already shipped base")
-    ap.add_argument("--quality", action="store_true",
-                    help="only rerun the quality checks of the already shipped base's model and rewrite its quality.json")
-    ap.add_argument("--model-extras", action="store_true",
-                    help="only add the tokenizer files and model card to the already shipped base's model/")
+    ap.add_argument(
+        "--reference", action="store_true", help="only (re)compute the reference table of the already shipped base"
+    )
+    ap.add_argument(
+        "--quality",
+        action="store_true",
+        help="only rerun the quality checks of the already shipped base's model and rewrite its quality.json",
+    )
+    ap.add_argument(
+        "--model-extras",
+        action="store_true",
+        help="only add the tokenizer files and model card to the already shipped base's model/",
+    )
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
@@ -266,7 +303,10 @@ def main(argv=None) -> None:
         print(f"reference table of {cfg['base']} -> {out / REFERENCE} (code {prov['reference']['code_version']})")
         return
     prov = ship(cfg, paths.data_dir, paths.entangle_dir, out)
-    print(f"shipped base {cfg['base']} -> {out} (code {prov['trained']['code_version']}, data {prov['data_fingerprint'][:12]})")
+    print(
+        f"shipped base {cfg['base']} -> {out} (code {prov['trained']['code_version']}, data "
+        f"{prov['data_fingerprint'][:12]})"
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ the Slurm queue (no workflow graph is built).
   shown);
 - missing: none of these.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,21 @@ from pathlib import Path
 from latentstrat import host
 from latentstrat.cells import expand_cells, init_id
 from latentstrat.config import ConfigError, load_config
-from latentstrat.paths import Paths
 from latentstrat.io import unreadable
+from latentstrat.paths import Paths
 
 STAGES = ("train", "evaluate", "probes", "metrics")
 BASE_STAGES = ("data", "entangle", "reference", "step0")
-SLURM_RULES = {"train": ("train",), "evaluate": ("evaluate",), "probes": ("probe_task", "probe_global"),
-               "metrics": ("metrics",), "data": ("data",), "entangle": ("entangle",), "reference": ("reference",),
-               "step0": ("step0",)}
+SLURM_RULES = {
+    "train": ("train",),
+    "evaluate": ("evaluate",),
+    "probes": ("probe_task", "probe_global"),
+    "metrics": ("metrics",),
+    "data": ("data",),
+    "entangle": ("entangle",),
+    "reference": ("reference",),
+    "step0": ("step0",),
+}
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 RECENT_S = 120
 
@@ -48,8 +56,9 @@ def slurm_jobs() -> list[dict]:
     if shutil.which("squeue") is None:
         return []
     try:
-        out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     jobs = []
@@ -92,25 +101,30 @@ def _recently_written(paths) -> bool:
 
 def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]:
     train = p.train_files(cid)
-    return {"train": [Path(train["heads"]), Path(train["summary"])],
-            "evaluate": [p.records_path(cid)],
-            "probes": [Path(f) for f in p.probe_files(cid, tasks)],
-            "metrics": [p.metrics_path(cid)]}
+    return {
+        "train": [Path(train["heads"]), Path(train["summary"])],
+        "evaluate": [p.records_path(cid)],
+        "probes": [Path(f) for f in p.probe_files(cid, tasks)],
+        "metrics": [p.metrics_path(cid)],
+    }
 
 
 def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
     """The base stages' outputs: data, entangle, reference, and each step-0 validation the
     collection's cells start from (`step0:<init>`)."""
-    out = {"data": [Path(f) for f in p.data_files().values()],
-           "entangle": [Path(f) for f in p.entangle_files(cfg["entangle"]["mode"]).values()],
-           "reference": [Path(f) for f in p.reference_files().values()]}
+    out = {
+        "data": [Path(f) for f in p.data_files().values()],
+        "entangle": [Path(f) for f in p.entangle_files(cfg["entangle"]["mode"]).values()],
+        "reference": [Path(f) for f in p.reference_files().values()],
+    }
     for iid in sorted({init_id(c.settings) for c in expand_cells(cfg)}):
         out[f"step0:{iid}"] = [Path(f) for f in p.step0_files(iid).values()]
     return out
 
 
-def stage_state(files: list[Path], log: Path, slurm: tuple, checkpoint: Path | None = None,
-                also: list[Path] = ()) -> dict:
+def stage_state(
+    files: list[Path], log: Path, slurm: tuple, checkpoint: Path | None = None, also: list[Path] = ()
+) -> dict:
     """{state, job, detail} of one job from its outputs, its log and its Slurm job. `also`: files
     the job writes beside its declared outputs (a trained cell's adapters), read as well; one
     that does not read marks the job corrupt through its first output."""
@@ -118,8 +132,12 @@ def stage_state(files: list[Path], log: Path, slurm: tuple, checkpoint: Path | N
     if all(f.exists() for f in files):
         bad = next(((f, why) for f in [*files, *also] if (why := unreadable(f))), None)
         if bad:
-            return {"state": "corrupt", "job": job, "detail": f"{bad[0]}: {bad[1]}",
-                    "file": str(bad[0] if bad[0] in files else files[0])}
+            return {
+                "state": "corrupt",
+                "job": job,
+                "detail": f"{bad[0]}: {bad[1]}",
+                "file": str(bad[0] if bad[0] in files else files[0]),
+            }
         return {"state": "done", "job": job, "detail": ""}
     if state in ("RUNNING", "COMPLETING", "CONFIGURING"):
         return {"state": "running", "job": job, "detail": ""}
@@ -150,9 +168,13 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
         cid, stages = c.cell_id, {}
         outputs = stage_outputs(p, cid, tasks)
         for stage in STAGES:
-            st = stage_state(outputs[stage], p.log_path(stage, cid), _slurm_state(jobs, stage, cid),
-                             p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None,
-                             p.trained_weight_files(cid) if stage == "train" else ())
+            st = stage_state(
+                outputs[stage],
+                p.log_path(stage, cid),
+                _slurm_state(jobs, stage, cid),
+                p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None,
+                p.trained_weight_files(cid) if stage == "train" else (),
+            )
             if stage == "train" and st["state"] == "done":
                 code = json.loads(outputs[stage][1].read_text()).get("code_version")
                 if code and code != now_code:
@@ -167,15 +189,23 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     corrupt = [s["file"] for s in base.values() if s["state"] == "corrupt"]
     corrupt += [s["file"] for c in cells for s in c["stages"].values() if s["state"] == "corrupt"]
     base_line = ", ".join(f"{k} {v['state']}" for k, v in base.items() if v["state"] != "done")
-    summary = (f"base: {base_line or 'done'}; {done}/{len(cells)} cells done, {running} running, {failed} failed"
-               + (f", {corrupt_cells} corrupt" if corrupt_cells else "") + (f", {stale} stale" if stale else ""))
+    summary = (
+        f"base: {base_line or 'done'}; {done}/{len(cells)} cells done, {running} running, {failed} failed"
+        + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
+        + (f", {stale} stale" if stale else "")
+    )
     return {"collection": cfg["collection"], "base": base, "cells": cells, "corrupt": corrupt, "summary": summary}
 
 
 def render(status: dict) -> str:
     lines = ["base: " + "  ".join(f"{k} {v['state']}" for k, v in status["base"].items())]
-    notes = [f"  {k}: {v['state']}" + (f" (Slurm job {v['job']})" if v["job"] else "") + (f": {v['detail']}" if v["detail"] else "")
-             for k, v in status["base"].items() if v["state"] not in ("done", "missing")]
+    notes = [
+        f"  {k}: {v['state']}"
+        + (f" (Slurm job {v['job']})" if v["job"] else "")
+        + (f": {v['detail']}" if v["detail"] else "")
+        for k, v in status["base"].items()
+        if v["state"] not in ("done", "missing")
+    ]
     width = max(len(c["cell_id"]) for c in status["cells"]) if status["cells"] else 10
     lines.append(f"{'cell':<{width}}  " + "  ".join(f"{s:<9}" for s in STAGES))
     for c in status["cells"]:
@@ -184,12 +214,17 @@ def render(status: dict) -> str:
             st = c["stages"][s]
             row.append(f"{st['state']:<9}")
             if st["state"] in ("failed", "stale", "corrupt") or (st["job"] and st["state"] != "done"):
-                notes.append(f"  {c['cell_id']} {s}: {st['state']}" + (f" (Slurm job {st['job']})" if st["job"] else "")
-                             + (f": {st['detail']}" if st["detail"] else ""))
+                notes.append(
+                    f"  {c['cell_id']} {s}: {st['state']}"
+                    + (f" (Slurm job {st['job']})" if st["job"] else "")
+                    + (f": {st['detail']}" if st["detail"] else "")
+                )
         lines.append(f"{c['cell_id']:<{width}}  " + "  ".join(row))
     if status["corrupt"]:
-        notes.append(f"  {len(status['corrupt'])} unreadable output(s): `python -m latentstrat.status --configfile "
-                     "<config> --rerun-corrupt` reruns the jobs that wrote them and what depends on them")
+        notes.append(
+            f"  {len(status['corrupt'])} unreadable output(s): `python -m latentstrat.status --configfile "
+            "<config> --rerun-corrupt` reruns the jobs that wrote them and what depends on them"
+        )
     return "\n".join(lines + notes + [status["summary"]])
 
 
@@ -202,9 +237,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.status", description=__doc__.splitlines()[0])
     ap.add_argument("--configfile", default="config/config.yaml", help="the collection config (as for snakemake)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--rerun-corrupt", action="store_true",
-                    help="rerun the jobs whose outputs do not read, and what depends on them (arguments after -- go "
-                         "to snakemake; default --cores 2)")
+    ap.add_argument(
+        "--rerun-corrupt",
+        action="store_true",
+        help="rerun the jobs whose outputs do not read, and what depends on them (arguments after -- go "
+        "to snakemake; default --cores 2)",
+    )
     ap.add_argument("snakemake_args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     try:

@@ -6,6 +6,7 @@ split and settings hash to the measurement's fingerprint (`load_step0`: an error
 adds its own objective's losses and gradient shares; its history is then the same as measuring
 in the cell, to the bit (tests/test_train.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,12 +18,11 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.cells import init_id
-from latentstrat.io import dump_json
-from latentstrat.paths import STEP0_FILES
-from latentstrat.io import read_parquet, write_parquet
 from latentstrat.backbone import device_for
+from latentstrat.cells import init_id
+from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.model import build_model
+from latentstrat.paths import STEP0_FILES
 from latentstrat.validation import GAUSSIANS, measure_model, prepare_validation
 
 
@@ -35,8 +35,11 @@ def step0_fingerprint(model, cfg, val) -> str:
         t = t.detach().cpu().contiguous().reshape(-1)
         h.update(f"{name}:{t.dtype}:{t.numel()}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes())
-    settings = {"train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
-                "probes": cfg["probes"], "max_new_tokens": cfg["evaluate"]["max_new_tokens"]}
+    settings = {
+        "train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
+        "probes": cfg["probes"],
+        "max_new_tokens": cfg["evaluate"]["max_new_tokens"],
+    }
     h.update(json.dumps(settings, sort_keys=True, default=str).encode())
     h.update(val["df"][["task", "example_id", "strategy", "x", "y"]].to_json(orient="values").encode())
     for k in ("eps", "router_eps"):
@@ -52,9 +55,15 @@ def save_step0(measured: dict, fingerprint: str, init: dict, val_df: pd.DataFram
     cols.update({k: list(p[k].numpy()) for k in GAUSSIANS})
     write_parquet(pd.DataFrame(cols), out_dir / STEP0_FILES["passes"])
     # [name, value] pairs: the history keeps the order the metrics were measured in
-    dump_json({"fingerprint": fingerprint, "init": init, "metrics": list(measured["metrics"].items()),
-               "per_task": {t: list(m.items()) for t, m in measured["per_task"].items()}},
-              out_dir / STEP0_FILES["measured"])
+    dump_json(
+        {
+            "fingerprint": fingerprint,
+            "init": init,
+            "metrics": list(measured["metrics"].items()),
+            "per_task": {t: list(m.items()) for t, m in measured["per_task"].items()},
+        },
+        out_dir / STEP0_FILES["measured"],
+    )
 
 
 def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
@@ -63,16 +72,21 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
     d = Path(step0_dir)
     meta = json.loads((d / STEP0_FILES["measured"]).read_text())
     if meta.get("fingerprint") != fingerprint:
-        raise ValueError(f"step-0 validation {d} was measured on another model, validation split or settings than "
-                         f"this cell starts from (fingerprint {str(meta.get('fingerprint'))[:12]} != "
-                         f"{fingerprint[:12]}); delete the folder to measure it again")
+        raise ValueError(
+            f"step-0 validation {d} was measured on another model, validation split or settings than "
+            f"this cell starts from (fingerprint {str(meta.get('fingerprint'))[:12]} != "
+            f"{fingerprint[:12]}); delete the folder to measure it again"
+        )
     df = read_parquet(d / STEP0_FILES["passes"], what="step-0 validation passes")
     if df.task.tolist() != val_df.task.tolist() or df.example_id.tolist() != val_df.example_id.tolist():
         raise ValueError(f"step-0 validation {d / STEP0_FILES['passes']}: its rows are not the validation split's")
     passes = {"l": [np.asarray(v, dtype=np.float32) for v in df.l]}
     passes.update({k: torch.from_numpy(np.stack(df[k].to_numpy()).astype(np.float32)) for k in GAUSSIANS})
-    return {"passes": passes, "metrics": dict(meta["metrics"]),
-            "per_task": {t: dict(m) for t, m in meta["per_task"].items()}}
+    return {
+        "passes": passes,
+        "metrics": dict(meta["metrics"]),
+        "per_task": {t: dict(m) for t, m in meta["per_task"].items()},
+    }
 
 
 def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, threads: int | None = None) -> str:
@@ -87,7 +101,9 @@ def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, thr
     fingerprint = step0_fingerprint(model, cfg, val)
     measured = measure_model(model, tokenizer, cfg, val, int(init["seed"]))
     save_step0(measured, fingerprint, init, val_df, out_dir)
-    print(f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "
-          f"posterior probe {measured['metrics']['posterior_probe']:.3f}, "
-          f"answer accuracy {measured['metrics']['final_answer_accuracy']:.3f}")
+    print(
+        f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "
+        f"posterior probe {measured['metrics']['posterior_probe']:.3f}, "
+        f"answer accuracy {measured['metrics']['final_answer_accuracy']:.3f}"
+    )
     return fingerprint

@@ -14,6 +14,7 @@ checkpoint (`checkpoints/last.pt`) is written every `train.checkpoint_every` ste
 (then the job exits non-zero so the scheduler reruns it) and at the end; a run resumes from it
 when it was written for the same cell, config, data and entangled model (`run_fingerprint`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,14 +30,13 @@ import torch
 
 from latentstrat import data, host
 from latentstrat import objective as obj
-from latentstrat.cells import parse_family
-from latentstrat.io import dump_json
-from latentstrat.paths import TRAIN_FILES
-from latentstrat.io import atomic_path, write_parquet
-from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.backbone import device_for
+from latentstrat.cells import parse_family
+from latentstrat.io import atomic_path, dump_json, write_parquet
+from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
+from latentstrat.paths import TRAIN_FILES
 from latentstrat.progress import Progress
 from latentstrat.reference import load_b, scales_for
 from latentstrat.step0 import load_step0, step0_fingerprint
@@ -44,8 +44,12 @@ from latentstrat.validation import prepare_validation, validate
 
 CHECKPOINT = "last.pt"
 # forward_losses key -> history metric name
-LOSS_NAMES = {**LOSS_METRIC_OF, "posterior_variance": "posterior_variance",
-              "router_marginal_kl_to_prior": "router_marginal_kl_to_prior", "total": "total_loss"}
+LOSS_NAMES = {
+    **LOSS_METRIC_OF,
+    "posterior_variance": "posterior_variance",
+    "router_marginal_kl_to_prior": "router_marginal_kl_to_prior",
+    "total": "total_loss",
+}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -60,13 +64,23 @@ class Preempted(SystemExit):
 
 
 def check_finite(losses: dict, cell_id: str, step: int) -> None:
-    for key in ("raw", "dist_norm", "tokcc", "active", "kl", "posterior_variance", "router_marginal_kl_to_prior",
-                "total"):
+    for key in (
+        "raw",
+        "dist_norm",
+        "tokcc",
+        "active",
+        "kl",
+        "posterior_variance",
+        "router_marginal_kl_to_prior",
+        "total",
+    ):
         v = losses[key]
         bad = ~torch.isfinite(v.detach()) if v.ndim else ~torch.isfinite(v.detach().reshape(1))
         if bool(bad.any()):
-            raise NonFiniteLoss(f"cell {cell_id}: step {step}: loss term {LOSS_NAMES[key]} is non-finite "
-                                f"({v.detach().float().mean().item()}); last good checkpoint kept")
+            raise NonFiniteLoss(
+                f"cell {cell_id}: step {step}: loss term {LOSS_NAMES[key]} is non-finite "
+                f"({v.detach().float().mean().item()}); last good checkpoint kept"
+            )
 
 
 def step_noise(seed: int, step: int, shape) -> torch.Tensor:
@@ -93,15 +107,17 @@ def grad_clip_for(tcfg: dict, aggregation: str, family: str, scales: dict) -> fl
     c = tcfg["grad_clip"]
     if isinstance(c, dict):
         if aggregation not in c:
-            raise ValueError(f"config key train.grad_clip: no threshold for token aggregation {aggregation!r} "
-                             f"(have {sorted(c)})")
+            raise ValueError(
+                f"config key train.grad_clip: no threshold for token aggregation {aggregation!r} (have {sorted(c)})"
+            )
         c = c[aggregation]
     unit = obj.zfree_objective(family, scales) if tcfg["grad_clip_unit"] == "zfree_objective" else 1.0
     return float(c) * unit
 
 
-def batch_stats(cell_id: str, tasks: list[str], steps: list[dict], clip: float, step: int,
-                history: list[dict]) -> list[dict]:
+def batch_stats(
+    cell_id: str, tasks: list[str], steps: list[dict], clip: float, step: int, history: list[dict]
+) -> list[dict]:
     """History rows for the training steps since the previous checkpoint row, from the per-step
     records the loop keeps (`steps`: the pre-clip gradient norm and the batch's rows per task):
     the batches' task mix, the mean pre-clip gradient norm, the fraction of steps whose norm was
@@ -109,12 +125,21 @@ def batch_stats(cell_id: str, tasks: list[str], steps: list[dict], clip: float, 
     prev = max([h["step"] for h in history if h["metric"] == "clipped_fraction"] + [0])
     counts = np.sum([s["task_rows"] for s in steps[prev:step]], axis=0)
     norms = np.asarray([s["grad_norm"] for s in steps[prev:step]])
-    rows = [dict(cell_id=cell_id, step=step, task="all", metric="grad_norm_preclip", value=float(norms.mean())),
-            dict(cell_id=cell_id, step=step, task="all", metric="clipped_fraction",
-                 value=float((norms > clip).mean()) if clip > 0 else 0.0),
-            dict(cell_id=cell_id, step=step, task="all", metric="grad_clip", value=clip)]
-    rows += [dict(cell_id=cell_id, step=step, task=t, metric="batch_task_share", value=float(counts[k] / counts.sum()))
-             for k, t in enumerate(tasks)]
+    rows = [
+        dict(cell_id=cell_id, step=step, task="all", metric="grad_norm_preclip", value=float(norms.mean())),
+        dict(
+            cell_id=cell_id,
+            step=step,
+            task="all",
+            metric="clipped_fraction",
+            value=float((norms > clip).mean()) if clip > 0 else 0.0,
+        ),
+        dict(cell_id=cell_id, step=step, task="all", metric="grad_clip", value=clip),
+    ]
+    rows += [
+        dict(cell_id=cell_id, step=step, task=t, metric="batch_task_share", value=float(counts[k] / counts.sum()))
+        for k, t in enumerate(tasks)
+    ]
     return rows
 
 
@@ -123,9 +148,14 @@ def batch_stats(cell_id: str, tasks: list[str], steps: list[dict], clip: float, 
 
 def save_checkpoint(path, model, opt, step: int, history: list[dict], extra: dict) -> None:
     """weights_only-loadable dict, written atomically (the previous one survives a crash)."""
-    state = {"trainable": {k: v.cpu().clone() for k, v in model.trainable_state_dict().items()},
-             "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(), "step": int(step),
-             "history": {c: [h[c] for h in history] for c in HISTORY_COLUMNS}, **extra}
+    state = {
+        "trainable": {k: v.cpu().clone() for k, v in model.trainable_state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "step": int(step),
+        "history": {c: [h[c] for h in history] for c in HISTORY_COLUMNS},
+        **extra,
+    }
     with atomic_path(path, suffix=".pt") as tmp:
         torch.save(state, tmp)
 
@@ -146,8 +176,10 @@ def read_checkpoint(path: Path, log=print) -> dict | None:
     except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is handled the same way
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
         path.rename(aside)
-        log(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-            f"moved aside to {aside.name}, starting from step 0")
+        log(
+            f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            f"moved aside to {aside.name}, starting from step 0"
+        )
         return None
 
 
@@ -172,8 +204,9 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 # ----------------------------------------------------------------------------- the stage
 
 
-def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None,
-               step0_dir=None) -> dict:
+def train_cell(
+    cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None, step0_dir=None
+) -> dict:
     """Train one cell; write its adapters and heads (model.LatentStrategyModel.save_trained),
     history.parquet, summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
     shared step-0 validation of the cell's init (step0.step0_validation), else the cell
@@ -205,9 +238,20 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 
     def checkpoint():
-        save_checkpoint(ckpt_path, model, opt, run["step"], run["history"],
-                        {"cell_id": cid, "fingerprint": fingerprint, "wall_time_s": run["wall"],
-                         "train_tokens": run["tokens"], "step_records": run["step_records"]})
+        save_checkpoint(
+            ckpt_path,
+            model,
+            opt,
+            run["step"],
+            run["history"],
+            {
+                "cell_id": cid,
+                "fingerprint": fingerprint,
+                "wall_time_s": run["wall"],
+                "train_tokens": run["tokens"],
+                "step_records": run["step_records"],
+            },
+        )
 
     stop = {"flag": False}
     prev_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
@@ -223,10 +267,19 @@ def train_cell(cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out
     model.save_trained(out_dir)
     write_parquet(pd.DataFrame(run["history"], columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
     wall, tokens = run["wall"], run["tokens"]
-    summary = {"cell_id": cid, "steps": run["step"], "wall_time_s": wall, "train_tokens": tokens,
-               "tokens_per_s": tokens / wall if wall > 0 else math.nan, "threads": torch.get_num_threads(), **scales,
-               "config_hash": fingerprint[:16], "started_at": started_at,
-               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **host.provenance(str(dev))}
+    summary = {
+        "cell_id": cid,
+        "steps": run["step"],
+        "wall_time_s": wall,
+        "train_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "threads": torch.get_num_threads(),
+        **scales,
+        "config_hash": fingerprint[:16],
+        "started_at": started_at,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **host.provenance(str(dev)),
+    }
     dump_json(summary, out_dir / TRAIN_FILES["summary"])
     checkpoint()  # the final state, so a rerun after a lost output resumes at the end
     return summary
@@ -242,16 +295,22 @@ def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> dict:
     if ck is not None and ck.get("cell_id") != cid:
         raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
     if ck is not None and ck.get("fingerprint") != fingerprint:
-        print(f"[{cid}] checkpoint {ckpt_path} was written for another config, data or entangled model "
-              f"(fingerprint {str(ck.get('fingerprint'))[:12]} != {fingerprint[:12]}): starting from step 0")
+        print(
+            f"[{cid}] checkpoint {ckpt_path} was written for another config, data or entangled model "
+            f"(fingerprint {str(ck.get('fingerprint'))[:12]} != {fingerprint[:12]}): starting from step 0"
+        )
         ck = None
     if ck is not None:
         model.load_trainable(ck["trainable"])
         opt.load_state_dict(ck["optimizer"])
         torch.set_rng_state(ck["torch_rng"])
-        run.update(step=ck["step"], wall=ck["wall_time_s"], tokens=ck["train_tokens"],
-                   step_records=list(ck.get("step_records", [])),
-                   history=[dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))])
+        run.update(
+            step=ck["step"],
+            wall=ck["wall_time_s"],
+            tokens=ck["train_tokens"],
+            step_records=list(ck.get("step_records", [])),
+            history=[dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))],
+        )
         print(f"[{cid}] resumed from step {run['step']}")
     return run
 
@@ -266,8 +325,21 @@ def step0_measured(model, cfg: dict, val: dict, cid: str, step0_dir) -> dict | N
     return measured
 
 
-def training_loop(model, opt, enc: data.Encoded, b_train, tokenizer, cfg: dict, cell: dict, scales: dict, val: dict,
-                  clip: float, run: dict, checkpoint, stop: dict) -> None:
+def training_loop(
+    model,
+    opt,
+    enc: data.Encoded,
+    b_train,
+    tokenizer,
+    cfg: dict,
+    cell: dict,
+    scales: dict,
+    val: dict,
+    clip: float,
+    run: dict,
+    checkpoint,
+    stop: dict,
+) -> None:
     """The updates from `run["step"]` to `train.steps`, advancing `run` in place: validation
     and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
     `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""

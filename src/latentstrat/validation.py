@@ -18,6 +18,7 @@
 `measure_model` is what depends on the model alone (shared by every cell that starts from the
 same weights: latentstrat.step0); `validate` adds the cell's own objective.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,10 +56,16 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     gen = torch.Generator().manual_seed(int(cell["seed"]) + 17)
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
-    return {"df": val_df, "enc": data.encode(val_df, tokenizer, z_slots), "b": b_val, "rows": rows,
-            "batch_size": int(cfg["train"]["val_batch_size"]),
-            "eps": eps, "router_eps": router_eps,
-            "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"])}
+    return {
+        "df": val_df,
+        "enc": data.encode(val_df, tokenizer, z_slots),
+        "b": b_val,
+        "rows": rows,
+        "batch_size": int(cfg["train"]["val_batch_size"]),
+        "eps": eps,
+        "router_eps": router_eps,
+        "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"]),
+    }
 
 
 @torch.no_grad()
@@ -80,8 +87,9 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int, measured: dict
     for t, m in per_task.items():
         if "final_answer_accuracy" in m:
             m["matched_router_score"] = derive(m)["matched_router_score"]
-    grad = _task_grad_norms(model, val["enc"], val["b"], val["df"], rows, cell, scales, step, val,
-                            next(model.parameters()).device)
+    grad = _task_grad_norms(
+        model, val["enc"], val["b"], val["df"], rows, cell, scales, step, val, next(model.parameters()).device
+    )
     task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
         model.train()
@@ -130,7 +138,7 @@ def validation_passes(model, val) -> dict:
         out = obj.forward_passes(model, batch, val["eps"][idx])
         nll, n = out["l"].float().cpu().numpy(), batch.sup_mask.sum(1).tolist()
         for j, r in enumerate(idx):
-            l_rows[r] = nll[j, :n[j]].copy()
+            l_rows[r] = nll[j, : n[j]].copy()
         for k in GAUSSIANS:
             acc[k].append(out[k].float().cpu())
     back = torch.empty(len(df), dtype=torch.long)
@@ -154,15 +162,33 @@ def validation_losses(passes: dict, val, cell, scales, step: int) -> tuple[dict,
     b, _ = _padded(val["b"])
     out = obj.losses({**passes, "l": nll}, b, mask, cell, scales, step)
     r = {k: out[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
-    base = derive({"reconstruction_loss": r["raw"], "base_relative_reconstruction": r["dist_norm"],
-                   "tokcc_reconstruction_loss": r["tokcc"], "kl_prior_loss": r["kl"],
-                   "active_reconstruction_objective": r["active"]})
-    metrics = {k: base[k] for k in ("reconstruction_loss", "base_relative_reconstruction",
-                                     "tokcc_reconstruction_loss", "kl_prior_loss", "active_reconstruction_objective",
-                                     "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
-    metrics.update(posterior_variance=out["posterior_variance"].item(),
-                   router_marginal_kl_to_prior=out["router_marginal_kl_to_prior"].item(),
-                   beta_t=out["beta_t"], total_loss=out["total"].item())
+    base = derive(
+        {
+            "reconstruction_loss": r["raw"],
+            "base_relative_reconstruction": r["dist_norm"],
+            "tokcc_reconstruction_loss": r["tokcc"],
+            "kl_prior_loss": r["kl"],
+            "active_reconstruction_objective": r["active"],
+        }
+    )
+    metrics = {
+        k: base[k]
+        for k in (
+            "reconstruction_loss",
+            "base_relative_reconstruction",
+            "tokcc_reconstruction_loss",
+            "kl_prior_loss",
+            "active_reconstruction_objective",
+            "kl_over_active_reconstruction",
+            "inferred_zfree_reference_scale",
+        )
+    }
+    metrics.update(
+        posterior_variance=out["posterior_variance"].item(),
+        router_marginal_kl_to_prior=out["router_marginal_kl_to_prior"].item(),
+        beta_t=out["beta_t"],
+        total_loss=out["total"].item(),
+    )
     return metrics, {k: out[k] for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
 
 
@@ -182,7 +208,8 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
         per_task[t]["posterior_probe"], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
         m2 = (task_arr == t) & (fol != "")
         per_task[t]["within_task_router_probe"], per_task[t]["within_task_router_probe_chance"] = _probe(
-            zr[m2], fol[m2], cfg)
+            zr[m2], fol[m2], cfg
+        )
     out = {}
     for k in ("posterior_probe", "within_task_router_probe"):
         for key in (k, f"{k}_chance"):
@@ -191,7 +218,8 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
             out[key] = float(np.mean(vals)) if vals else math.nan
     g = fol != ""
     out["global_router_probe"], out["global_router_probe_chance"] = _probe(
-        zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg)
+        zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg
+    )
     return out
 
 
@@ -199,14 +227,16 @@ def _probe(X, y, cfg) -> tuple[float, float]:
     """(CV accuracy, chance level: the majority-class rate of the probed examples)."""
     if len(y) == 0:
         return math.nan, math.nan
-    r = linear_probe(np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"],
-                     shuffled_control=False)
+    r = linear_probe(
+        np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"], shuffled_control=False
+    )
     return float(r.accuracy), float(r.chance)
 
 
 @torch.no_grad()
-def scored_strategies(model, tokenizer, df: pd.DataFrame, rows: list[int], z: torch.Tensor,
-                      batch_size: int) -> list[str | None]:
+def scored_strategies(
+    model, tokenizer, df: pd.DataFrame, rows: list[int], z: torch.Tensor, batch_size: int
+) -> list[str | None]:
     """Per row: the strategy whose canonical trace is most likely under p(y|x,z), or None when
     the best trace is shared by several strategies."""
     cand, owner = [], []
@@ -244,10 +274,13 @@ def task_shares(sub: pd.DataFrame, active: np.ndarray, grad: dict, per_task: dic
     gsum = sum(grad.values())
     for t in per_task:
         m = task_arr == t
-        per_task[t].update(token_count_mean=float(n_sup[m].mean()), example_share=float(m.mean()),
-                           token_share=float(n_sup[m].sum() / n_sup.sum()),
-                           loss_share=float(active[m].sum() / active.sum()) if active.sum() else math.nan,
-                           grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan)
+        per_task[t].update(
+            token_count_mean=float(n_sup[m].mean()),
+            example_share=float(m.mean()),
+            token_share=float(n_sup[m].sum() / n_sup.sum()),
+            loss_share=float(active[m].sum() / active.sum()) if active.sum() else math.nan,
+            grad_norm_share=grad[t] / gsum if gsum > 0 else math.nan,
+        )
 
 
 def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, dict]:
@@ -256,14 +289,26 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
     if not rows:
         return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
     sub = df.loc[rows]
-    gen = generate(model, tokenizer, sub.x.tolist(), max_new_tokens=cfg["evaluate"]["max_new_tokens"],
-                   batch_size=cfg["train"]["val_batch_size"], seed=seed, progress=False)
+    gen = generate(
+        model,
+        tokenizer,
+        sub.x.tolist(),
+        max_new_tokens=cfg["evaluate"]["max_new_tokens"],
+        batch_size=cfg["train"]["val_batch_size"],
+        seed=seed,
+        progress=False,
+    )
     scored = score_generations(sub, gen.texts)
     correct = scored.correct.to_numpy(dtype=float)
     matched = scored.matched_strategies.map(len).gt(0).to_numpy(dtype=float)
     task_arr = sub.task.to_numpy()
-    by_task = {t: {"final_answer_accuracy": float(correct[task_arr == t].mean()),
-                   "strategy_match_rate": float(matched[task_arr == t].mean())} for t in np.unique(task_arr)}
+    by_task = {
+        t: {
+            "final_answer_accuracy": float(correct[task_arr == t].mean()),
+            "strategy_match_rate": float(matched[task_arr == t].mean()),
+        }
+        for t in np.unique(task_arr)
+    }
     return {"final_answer_accuracy": float(correct.mean()), "strategy_match_rate": float(matched.mean())}, by_task
 
 

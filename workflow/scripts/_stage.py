@@ -3,6 +3,7 @@
 Each script reads only snakemake.input/output/params/threads/log and calls one package
 function (docs/architecture.md, "Stages").
 """
+
 import contextlib
 import logging
 import os
@@ -44,8 +45,9 @@ def logged(snakemake):
         # every line reaches the log as it is printed: a running job's log can be followed
         sys.stdout.reconfigure(line_buffering=True)
         sys.stderr.reconfigure(line_buffering=True)
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, force=True, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
         try:
             yield
         except BaseException:

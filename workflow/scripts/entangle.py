@@ -9,5 +9,6 @@ with logged(snakemake):
     data_dir = Path(snakemake.input.tokenizer).parent
     out_dir = Path(snakemake.output.quality).parent
     shipped = snakemake.input.get("shipped")
-    entangle.run_entangle(cfg, data_dir, out_dir, snakemake.threads,
-                          shipped_dir=Path(shipped).parent if shipped else None)
+    entangle.run_entangle(
+        cfg, data_dir, out_dir, snakemake.threads, shipped_dir=Path(shipped).parent if shipped else None
+    )

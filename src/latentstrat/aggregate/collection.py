@@ -7,6 +7,7 @@ reads a summary table from elsewhere (the `python -m latentstrat.report` command
 inputs -> settings (seed means, intervals) -> contrasts (primary vs each comparison arm) ->
 dynamics (histories) -> sanity (cell checks) -> fairness -> followup.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,31 @@ import pandas as pd
 from latentstrat import host
 from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, router_above_chance, scale_table
 from latentstrat.aggregate.dynamics import history_tables
-from latentstrat.aggregate.fairness import (availability_table, collection_metadata, collection_state_counts,
-                                            fairness_table)
+from latentstrat.aggregate.fairness import (
+    availability_table,
+    collection_metadata,
+    collection_state_counts,
+    fairness_table,
+)
 from latentstrat.aggregate.followup import cell_costs, followup_plan, write_followup_plan
-from latentstrat.aggregate.inputs import (load_bootstrap, load_cell_metrics, load_entangle_quality, load_histories,
-                                          read_history_table, read_summary_table)
+from latentstrat.aggregate.inputs import (
+    load_bootstrap,
+    load_cell_metrics,
+    load_entangle_quality,
+    load_histories,
+    read_history_table,
+    read_summary_table,
+)
 from latentstrat.aggregate.sanity import cell_sanity, entangled_model_quality, mark_cells
-from latentstrat.aggregate.settings import (aggregation_name, derived_diagnostics, metric_distributions,
-                                            ranking_metric, seed_means, setting_rows, top_bottom)
+from latentstrat.aggregate.settings import (
+    aggregation_name,
+    derived_diagnostics,
+    metric_distributions,
+    ranking_metric,
+    seed_means,
+    setting_rows,
+    top_bottom,
+)
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS
@@ -53,17 +71,20 @@ def comparison_arm_rows(summary: pd.DataFrame, role: pd.Series, comparisons: dic
     return {a: (seed_means(r) if "n_seeds" not in r.columns else r) for a, r in arms.items()}
 
 
-def contrast_tables(primary_rows: pd.DataFrame, arms: dict, grid_axes, bootstrap: dict | None,
-                    summary: pd.DataFrame) -> tuple[dict, dict, dict]:
+def contrast_tables(
+    primary_rows: pd.DataFrame, arms: dict, grid_axes, bootstrap: dict | None, summary: pd.DataFrame
+) -> tuple[dict, dict, dict]:
     """(tables common_cells, arm_contrasts, unmatched_rows, reference_scale; common rows and
     unmatched primary rows per comparison arm)."""
     commons, unmatched = {}, {}
     for arm, rows in arms.items():
         commons[arm], unmatched[arm] = common_cells(primary_rows, rows, grid_axes, arm, bootstrap=bootstrap)
-    t = {"common_cells": concat_tables(commons.values()),
-         "arm_contrasts": arm_contrasts(commons, bootstrap, above=router_above_chance(summary)),
-         "unmatched_rows": concat_tables(unmatched.values()),
-         "reference_scale": scale_table(primary_rows, arms, commons)}  # the z-free reference scale per arm
+    t = {
+        "common_cells": concat_tables(commons.values()),
+        "arm_contrasts": arm_contrasts(commons, bootstrap, above=router_above_chance(summary)),
+        "unmatched_rows": concat_tables(unmatched.values()),
+        "reference_scale": scale_table(primary_rows, arms, commons),
+    }  # the z-free reference scale per arm
     return t, commons, unmatched
 
 
@@ -76,10 +97,20 @@ def write_tables(t: dict, out_dir: Path, meta: dict) -> None:
     write_text(json.dumps(meta, indent=2, default=str) + "\n", out_dir / "aggregate_meta.json")
 
 
-def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: dict, grid_axes, history: pd.DataFrame,
-                     out_dir: str | Path, top_k: int = 5, primary_metric: str = "chance_corrected_matched_router_score",
-                     meta: dict | None = None, entangle_quality: dict | None = None,
-                     bootstrap: dict | None = None, costs: pd.DataFrame | None = None) -> dict:
+def aggregate_tables(
+    summary: pd.DataFrame,
+    state: pd.DataFrame,
+    comparisons: dict,
+    grid_axes,
+    history: pd.DataFrame,
+    out_dir: str | Path,
+    top_k: int = 5,
+    primary_metric: str = "chance_corrected_matched_router_score",
+    meta: dict | None = None,
+    entangle_quality: dict | None = None,
+    bootstrap: dict | None = None,
+    costs: pd.DataFrame | None = None,
+) -> dict:
     """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
@@ -90,9 +121,12 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
     """
     role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
     primary_cells = summary[role == "primary"]
-    t: dict[str, pd.DataFrame] = {"summary": summary, "collection_state": state,
-                                  "collection_state_counts": collection_state_counts(state),
-                                  "summary_by_setting": setting_rows(summary, bootstrap)}
+    t: dict[str, pd.DataFrame] = {
+        "summary": summary,
+        "collection_state": state,
+        "collection_state_counts": collection_state_counts(state),
+        "summary_by_setting": setting_rows(summary, bootstrap),
+    }
     primary_rows = setting_rows(primary_cells, bootstrap)
     t["metric_distributions"] = metric_distributions(primary_rows)
     arms = comparison_arm_rows(summary, role, comparisons, bootstrap)
@@ -105,19 +139,39 @@ def aggregate_tables(summary: pd.DataFrame, state: pd.DataFrame, comparisons: di
     h_all, h_task = t["history_long"], t["history_per_task_long"]
     t["collection_metadata"] = collection_metadata(summary, state, host.code_version()["code_version"])
     t["cell_costs"] = costs if costs is not None else cell_costs(None, [])
-    t["cell_sanity"] = cell_sanity(summary, h_all, entangled_model_quality(entangle_quality),
-                                   report_settings((meta or {}).get("report")))
-    t["fairness"] = fairness_table(primary_cells, state, primary_rows, grid_axes, arms, commons, unmatched, h_all, h_task,
-                                   t["cell_sanity"])
+    t["cell_sanity"] = cell_sanity(
+        summary, h_all, entangled_model_quality(entangle_quality), report_settings((meta or {}).get("report"))
+    )
+    t["fairness"] = fairness_table(
+        primary_cells, state, primary_rows, grid_axes, arms, commons, unmatched, h_all, h_task, t["cell_sanity"]
+    )
     t["data_availability"] = availability_table(primary_rows, arms, commons, h_all, h_task)
     mark_cells(t, t["cell_sanity"])
-    write_tables(t, Path(out_dir), {"grid_axes": list(grid_axes), "top_k": top_k, "primary_metric": primary_metric,
-                                    "ranking_note": ranking_note, "comparison_arms": list(arms), **(meta or {})})
+    write_tables(
+        t,
+        Path(out_dir),
+        {
+            "grid_axes": list(grid_axes),
+            "top_k": top_k,
+            "primary_metric": primary_metric,
+            "ranking_note": ranking_note,
+            "comparison_arms": list(arms),
+            **(meta or {}),
+        },
+    )
     return t
 
 
-def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, out_dir, quality_path=None,
-                         upstream: dict | None = None, bench_dir=None, configfile=None) -> dict:
+def aggregate_collection(
+    cfg: dict,
+    metrics_paths: dict,
+    history_paths: dict,
+    out_dir,
+    quality_path=None,
+    upstream: dict | None = None,
+    bench_dir=None,
+    configfile=None,
+) -> dict:
     """The aggregate job: per-cell metrics + histories of a collection (+ the entangle stage's
     quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir, and
     FOLLOWUP_FILE: the seeds that would settle a `cannot tell` of the main contrast (or none).
@@ -131,23 +185,49 @@ def aggregate_collection(cfg: dict, metrics_paths: dict, history_paths: dict, ou
     summary, state = load_cell_metrics(cfg, metrics_paths, upstream)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
-    bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete})
+    bootstrap = load_bootstrap(
+        {c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete}
+    )
     grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
-    meta = {"collection": cfg["collection"], "description": cfg.get("description", ""), "title": cfg["report"].get("title", ""),
-            "report": cfg["report"], "primary_arm": cfg["primary_arm"], "unreadable_histories": bad,
-            "configfile": str(Path(configfile).resolve()) if configfile else None}
+    meta = {
+        "collection": cfg["collection"],
+        "description": cfg.get("description", ""),
+        "title": cfg["report"].get("title", ""),
+        "report": cfg["report"],
+        "primary_arm": cfg["primary_arm"],
+        "unreadable_histories": bad,
+        "configfile": str(Path(configfile).resolve()) if configfile else None,
+    }
     costs = cell_costs(bench_dir, list(metrics_paths))
-    t = aggregate_tables(summary, state, comparisons, grid_axes, history, out_dir, top_k=cfg["report"]["top_k"],
-                         primary_metric=cfg["report"]["primary_metric"], meta=meta, entangle_quality=quality,
-                         bootstrap=bootstrap, costs=costs)
+    t = aggregate_tables(
+        summary,
+        state,
+        comparisons,
+        grid_axes,
+        history,
+        out_dir,
+        top_k=cfg["report"]["top_k"],
+        primary_metric=cfg["report"]["primary_metric"],
+        meta=meta,
+        entangle_quality=quality,
+        bootstrap=bootstrap,
+        costs=costs,
+    )
     write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs), out_dir)
     return t
 
 
 def state_from_summary(summary: pd.DataFrame, arm: str = "primary") -> pd.DataFrame:
     """Collection state when only a summary table exists: every row is a complete primary cell."""
-    st = pd.DataFrame({"cell_id": summary["cell_id"], "arm": summary.get("arm", arm), "role": "primary",
-                       "status": "complete", "reason": ""})
+    st = pd.DataFrame(
+        {
+            "cell_id": summary["cell_id"],
+            "arm": summary.get("arm", arm),
+            "role": "primary",
+            "status": "complete",
+            "reason": "",
+        }
+    )
     for k in CELL_KEYS:
         st[k] = summary[k].values if k in summary.columns else None
     return st
@@ -158,8 +238,15 @@ def grid_axes_from_rows(rows: pd.DataFrame) -> list[str]:
     return [k for k in CELL_KEYS if k != "seed" and k in rows.columns and rows[k].map(format_value).nunique() > 1]
 
 
-def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, out_dir=".", top_k: int = 5,
-                          primary_metric: str = "chance_corrected_matched_router_score", config_path=None) -> dict:
+def aggregate_from_tables(
+    summary_path,
+    comparison_paths=(),
+    history_path=None,
+    out_dir=".",
+    top_k: int = 5,
+    primary_metric: str = "chance_corrected_matched_router_score",
+    config_path=None,
+) -> dict:
     """Aggregate tables from a summary table (+ comparison tables, + long history) alone.
     `config_path`: the collection config the tables came from; with it, a `cannot tell` that is a
     matter of power gets a follow-up plan (FOLLOWUP_FILE) that extends that config."""
@@ -175,11 +262,26 @@ def aggregate_from_tables(summary_path, comparison_paths=(), history_path=None, 
     if "arm" not in summary.columns:
         summary["arm"] = aggregation_name(summary)
     state = state_from_summary(summary)
-    meta = {"collection": Path(summary_path).stem, "source": "tables", "summary_table": str(summary_path),
-            "comparison_tables": [str(p) for p in comparison_paths], "history_table": str(history_path or ""),
-            "configfile": str(Path(config_path).resolve()) if config_path else None}
-    t = aggregate_tables(summary, state, comparisons, grid_axes_from_rows(summary), history, out_dir,
-                         top_k=top_k, primary_metric=primary_metric, meta=meta)
-    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], cell_costs(None, [])) if cfg else {"needed": False},
-                        out_dir)
+    meta = {
+        "collection": Path(summary_path).stem,
+        "source": "tables",
+        "summary_table": str(summary_path),
+        "comparison_tables": [str(p) for p in comparison_paths],
+        "history_table": str(history_path or ""),
+        "configfile": str(Path(config_path).resolve()) if config_path else None,
+    }
+    t = aggregate_tables(
+        summary,
+        state,
+        comparisons,
+        grid_axes_from_rows(summary),
+        history,
+        out_dir,
+        top_k=top_k,
+        primary_metric=primary_metric,
+        meta=meta,
+    )
+    write_followup_plan(
+        followup_plan(cfg, t["arm_contrasts"], cell_costs(None, [])) if cfg else {"needed": False}, out_dir
+    )
     return t

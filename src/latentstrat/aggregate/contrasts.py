@@ -5,6 +5,7 @@ z-free reference scale of each arm on those cells (`scale_table`).
 A comparison arm is run here or read from an external comparison summary table (columns in
 docs/comparison-table.md). Deltas are primary minus comparison arm.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,21 @@ from latentstrat.metrics import interval
 
 Z95 = 1.959963984540054
 ROUTER_SCORES = ("matched_router_score", "chance_corrected_matched_router_score")
-CONTRAST_COLUMNS = ["comparison_arm", "metric", "n_cells", "mean_delta", "ci_low", "ci_high", "verdict", "why",
-                    "detectable_delta", "router_signal_cells", "cells_negative", "cells_positive", "cells_cannot_tell"]
+CONTRAST_COLUMNS = [
+    "comparison_arm",
+    "metric",
+    "n_cells",
+    "mean_delta",
+    "ci_low",
+    "ci_high",
+    "verdict",
+    "why",
+    "detectable_delta",
+    "router_signal_cells",
+    "cells_negative",
+    "cells_positive",
+    "cells_cannot_tell",
+]
 
 
 def pair_keys(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes) -> list[str]:
@@ -69,8 +83,14 @@ def delta_interval(p, c, m: str, pr, cr) -> tuple[float, float]:
     return math.nan, math.nan
 
 
-def common_cells(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes, arm: str,
-                 metrics=DELTA_METRICS, bootstrap: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def common_cells(
+    primary: pd.DataFrame,
+    comparison: pd.DataFrame,
+    grid_axes,
+    arm: str,
+    metrics=DELTA_METRICS,
+    bootstrap: dict | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(common rows with comparison/primary values and deltas, primary rows without a match).
 
     Rows are setting-level (seed means). Delta = primary - comparison, with a 95% paired
@@ -87,8 +107,14 @@ def common_cells(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes, arm
         c = comparison_index.get(pair_key(p, keys))
         ident = {FAMILY_COL: p["family_label"], "beta_label": p["beta_label"]}
         if c is None:
-            unmatched.append({"comparison_arm": arm, **ident, "primary_cell": p.get("cell_id", p.get("cell_ids")),
-                              "reason": f"no {arm} row with " + ", ".join(f"{k}={format_value(p[k])}" for k in keys)})
+            unmatched.append(
+                {
+                    "comparison_arm": arm,
+                    **ident,
+                    "primary_cell": p.get("cell_id", p.get("cell_ids")),
+                    "reason": f"no {arm} row with " + ", ".join(f"{k}={format_value(p[k])}" for k in keys),
+                }
+            )
             continue
         row = {"comparison_arm": arm, **ident}
         pr, cr = setting_replicates(p, bootstrap), setting_replicates(c, bootstrap)
@@ -101,7 +127,9 @@ def common_cells(primary: pd.DataFrame, comparison: pd.DataFrame, grid_axes, arm
         row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
         row["comparison_cell"] = c.get("cell_ids", c.get("cell_id"))
         rows.append(row)
-    return pd.DataFrame(rows), pd.DataFrame(unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
+    return pd.DataFrame(rows), pd.DataFrame(
+        unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"]
+    )
 
 
 def verdict(lo: float, hi: float) -> str:
@@ -140,7 +168,7 @@ def mean_delta_interval(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tupl
     ses = ((c[f"{col}_ci_high"] - c[f"{col}_ci_low"]) / (2 * Z95)).dropna()
     ok = c[col].notna() & c[f"{col}_ci_high"].notna()
     if ok.any() and len(ses) == int(ok.sum()):
-        se = math.sqrt(float((ses ** 2).sum())) / len(ses)
+        se = math.sqrt(float((ses**2).sum())) / len(ses)
         mu = float(c.loc[ok, col].mean())
         return mu - Z95 * se, mu + Z95 * se
     return math.nan, math.nan
@@ -151,30 +179,48 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, abov
     col = f"delta_{m}"
     lo, hi = mean_delta_interval(c, m, bootstrap)
     signal = [router_signal(r, above) for _, r in c.iterrows()] if m in ROUTER_SCORES else [None] * len(c)
-    each = [verdict(a, b) if s is not False else "cannot tell"
-            for a, b, s in zip(c.get(f"{col}_ci_low", pd.Series(dtype=float)),
-                               c.get(f"{col}_ci_high", pd.Series(dtype=float)), signal)]
+    each = [
+        verdict(a, b) if s is not False else "cannot tell"
+        for a, b, s in zip(
+            c.get(f"{col}_ci_low", pd.Series(dtype=float)), c.get(f"{col}_ci_high", pd.Series(dtype=float)), signal
+        )
+    ]
     v, why = verdict(lo, hi), ""
     if m in ROUTER_SCORES and signal and all(s is False for s in signal):
         v, why = "cannot tell", "no cell of either arm has a router probe above chance"
-    return {"comparison_arm": arm, "metric": m, "n_cells": int(c[col].notna().sum()),
-            "mean_delta": float(c[col].mean()), "ci_low": lo, "ci_high": hi, "verdict": v, "why": why,
-            "detectable_delta": power.detectable_difference(lo, hi),
-            "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
-            "cells_negative": each.count("negative"), "cells_positive": each.count("positive"),
-            "cells_cannot_tell": each.count("cannot tell")}
+    return {
+        "comparison_arm": arm,
+        "metric": m,
+        "n_cells": int(c[col].notna().sum()),
+        "mean_delta": float(c[col].mean()),
+        "ci_low": lo,
+        "ci_high": hi,
+        "verdict": v,
+        "why": why,
+        "detectable_delta": power.detectable_difference(lo, hi),
+        "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
+        "cells_negative": each.count("negative"),
+        "cells_positive": each.count("positive"),
+        "cells_cannot_tell": each.count("cannot tell"),
+    }
 
 
-def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, above: dict | None = None) -> pd.DataFrame:
+def arm_contrasts(
+    commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, above: dict | None = None
+) -> pd.DataFrame:
     """Per comparison arm and metric: the mean common-cell delta (primary - arm), its 95% paired
     bootstrap interval (replicates of the mean over cells), the verdict from it and the smallest
     difference that interval could detect (power.detectable_difference); plus how
     many single-cell deltas are negative / positive / cannot tell. A router-score delta between
     cells none of which has a router probe above chance (`above`: cell id -> bool) compares
     noise with noise: cannot tell, whatever its interval."""
-    rows = [contrast_row(arm, c, m, bootstrap, above)
-            for arm, c in commons.items() if c is not None and not c.empty
-            for m in metrics if f"delta_{m}" in c.columns]
+    rows = [
+        contrast_row(arm, c, m, bootstrap, above)
+        for arm, c in commons.items()
+        if c is not None and not c.empty
+        for m in metrics
+        if f"delta_{m}" in c.columns
+    ]
     return pd.DataFrame(rows, columns=CONTRAST_COLUMNS)
 
 
@@ -220,9 +266,17 @@ def scale_table(primary: pd.DataFrame, comparisons: dict, commons: dict) -> pd.D
         rows.append({"aggregation_mode": f"{c_agg}_comparison_common_cells{suffix}", "source": arm, **c_stats})
         if p_stats:
             ratio = p_stats["mean"] / c_stats["mean"] if c_stats["mean"] else math.nan
-            rows.append({"aggregation_mode": f"{p_agg}_over_{c_agg}_comparison_ratio{suffix}",
-                         "source": f"derived: primary / {arm}", "n": 1, "min": ratio, "mean": ratio, "max": ratio,
-                         "std": 0.0})
+            rows.append(
+                {
+                    "aggregation_mode": f"{p_agg}_over_{c_agg}_comparison_ratio{suffix}",
+                    "source": f"derived: primary / {arm}",
+                    "n": 1,
+                    "min": ratio,
+                    "mean": ratio,
+                    "max": ratio,
+                    "std": 0.0,
+                }
+            )
     return pd.DataFrame(rows, columns=["aggregation_mode", "source", "n", "min", "mean", "max", "std"])
 
 

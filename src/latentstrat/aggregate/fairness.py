@@ -2,6 +2,7 @@
 collection metadata (when, with which code, where), the fairness claims (design section 7,
 docs/design.md) with the attribution of each comparison arm, and which diagnostics the local
 data can answer."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -16,8 +17,16 @@ def collection_state_counts(state: pd.DataFrame) -> pd.DataFrame:
     out = []
     for arm, g in state.groupby("arm", sort=False):
         inc = g[g.status != "complete"]
-        out.append({"arm": arm, "role": g.role.iloc[0], "expected": len(g), "complete": int((g.status == "complete").sum()),
-                    "incomplete": len(inc), "incomplete_cells": ", ".join(inc.cell_id)})
+        out.append(
+            {
+                "arm": arm,
+                "role": g.role.iloc[0],
+                "expected": len(g),
+                "complete": int((g.status == "complete").sum()),
+                "incomplete": len(inc),
+                "incomplete_cells": ", ".join(inc.cell_id),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -25,8 +34,10 @@ def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: st
     """field | value: when the collection's cells were trained (first start, last finish), the
     code versions they record (with counts), hosts and devices, planned vs observed cells, and
     how many cells ran with code other than `code_now` (the working tree's version)."""
-    rows = [("planned cells", str(len(state))),
-            ("observed cells (with final metrics)", str(int((state.status == "complete").sum())) if len(state) else "0")]
+    rows = [
+        ("planned cells", str(len(state))),
+        ("observed cells (with final metrics)", str(int((state.status == "complete").sum())) if len(state) else "0"),
+    ]
 
     def counts(col):
         if col not in summary.columns or summary[col].isna().all():
@@ -34,12 +45,17 @@ def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: st
         return ", ".join(f"{v} ({n} cells)" for v, n in summary[col].fillna("NA").astype(str).value_counts().items())
 
     if "train_started_at" in summary.columns and summary.train_started_at.notna().any():
-        rows += [("first cell started", str(summary.train_started_at.dropna().min())),
-                 ("last cell finished", str(summary.train_finished_at.dropna().max()))]
+        rows += [
+            ("first cell started", str(summary.train_started_at.dropna().min())),
+            ("last cell finished", str(summary.train_finished_at.dropna().max())),
+        ]
     else:
         rows += [("first cell started", "NA (not recorded)"), ("last cell finished", "NA (not recorded)")]
-    rows += [("code versions", counts("train_code_version")), ("hosts", counts("train_host")),
-             ("devices", counts("train_device"))]
+    rows += [
+        ("code versions", counts("train_code_version")),
+        ("hosts", counts("train_host")),
+        ("devices", counts("train_device")),
+    ]
     if code_now and "train_code_version" in summary.columns:
         other = summary[summary.train_code_version.notna() & (summary.train_code_version != code_now)]
         rows.append(("cells trained with other code than now", f"{len(other)} (now: {code_now})"))
@@ -79,13 +95,19 @@ def fixed_setting_claim(primary_cells: pd.DataFrame, grid_axes) -> dict:
         vals = sorted({format_value(v) for v in primary_cells[k].dropna()})
         (fixed if len(vals) == 1 else varying).append(f"{k}={'/'.join(vals)}")
     status = "supported" if not [v for v in varying if not v.startswith("seed=")] else "not supported"
-    return {"claim": "fixed-setting coverage", "status": status,
-            "evidence": "fixed " + ", ".join(fixed) + (f"; also varying outside the grid: {', '.join(varying)}" if varying else "")
-            + f"; grid axes: {', '.join(grid_axes)}"}
+    return {
+        "claim": "fixed-setting coverage",
+        "status": status,
+        "evidence": "fixed "
+        + ", ".join(fixed)
+        + (f"; also varying outside the grid: {', '.join(varying)}" if varying else "")
+        + f"; grid axes: {', '.join(grid_axes)}",
+    }
 
 
-def comparison_claims(primary_rows: pd.DataFrame, comparisons: dict, commons: dict, unmatched: dict,
-                      grid_axes) -> list[dict]:
+def comparison_claims(
+    primary_rows: pd.DataFrame, comparisons: dict, commons: dict, unmatched: dict, grid_axes
+) -> list[dict]:
     """Per comparison arm: common-cell coverage and aggregation-only causal attribution."""
     rows = []
     for arm, comparison in comparisons.items():
@@ -97,8 +119,12 @@ def comparison_claims(primary_rows: pd.DataFrame, comparisons: dict, commons: di
         if un is not None and len(un):
             ev += "; no matching row for " + ", ".join(f"{r[FAMILY_COL]} {r['beta_label']}" for _, r in un.iterrows())
         rows.append({"claim": f"common-cell comparison ({arm})", "status": status, "evidence": ev})
-        rows.append({"claim": f"aggregation-only causal attribution ({arm})",
-                     **attribution(primary_rows, comparison, common, grid_axes, arm)})
+        rows.append(
+            {
+                "claim": f"aggregation-only causal attribution ({arm})",
+                **attribution(primary_rows, comparison, common, grid_axes, arm),
+            }
+        )
     return rows
 
 
@@ -107,24 +133,41 @@ def seed_claim(primary_cells: pd.DataFrame, primary_rows: pd.DataFrame) -> dict:
     seeds = sorted({format_value(s) for s in primary_cells.get("seed", pd.Series(dtype=float)).dropna()})
     lo = int(n_seeds.min()) if len(n_seeds) else 0
     status = "supported" if lo >= 3 else ("partial" if lo == 2 else "not supported")
-    return {"claim": "seed replication", "status": status,
-            "evidence": f"{lo} seed(s) per setting at least (seeds: {', '.join(seeds) or 'none'}); 3 or more needed"}
+    return {
+        "claim": "seed replication",
+        "status": status,
+        "evidence": f"{lo} seed(s) per setting at least (seeds: {', '.join(seeds) or 'none'}); 3 or more needed",
+    }
 
 
-def fairness_table(primary_cells: pd.DataFrame, state: pd.DataFrame, primary_rows: pd.DataFrame, grid_axes,
-                   comparisons: dict, commons: dict, unmatched: dict, history_all: pd.DataFrame,
-                   history_task: pd.DataFrame, sanity: pd.DataFrame | None = None) -> pd.DataFrame:
+def fairness_table(
+    primary_cells: pd.DataFrame,
+    state: pd.DataFrame,
+    primary_rows: pd.DataFrame,
+    grid_axes,
+    comparisons: dict,
+    commons: dict,
+    unmatched: dict,
+    history_all: pd.DataFrame,
+    history_task: pd.DataFrame,
+    sanity: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """claim | status | evidence, each computed from configs and outputs (design section 7, docs/design.md)."""
-    rows = [*sanity_claim(sanity), completeness_claim(state), fixed_setting_claim(primary_cells, grid_axes),
-            *comparison_claims(primary_rows, comparisons, commons, unmatched, grid_axes),
-            {"claim": "training-dynamics diagnosis", **dynamics_status(history_all, primary_cells)},
-            {"claim": "token-count dominance", **dominance_status(history_task)},
-            seed_claim(primary_cells, primary_rows)]
+    rows = [
+        *sanity_claim(sanity),
+        completeness_claim(state),
+        fixed_setting_claim(primary_cells, grid_axes),
+        *comparison_claims(primary_rows, comparisons, commons, unmatched, grid_axes),
+        {"claim": "training-dynamics diagnosis", **dynamics_status(history_all, primary_cells)},
+        {"claim": "token-count dominance", **dominance_status(history_task)},
+        seed_claim(primary_cells, primary_rows),
+    ]
     return pd.DataFrame(rows, columns=["claim", "status", "evidence"])
 
 
-def attribution(primary_rows: pd.DataFrame, comparison: pd.DataFrame, common: pd.DataFrame | None, grid_axes,
-                arm: str) -> dict:
+def attribution(
+    primary_rows: pd.DataFrame, comparison: pd.DataFrame, common: pd.DataFrame | None, grid_axes, arm: str
+) -> dict:
     """supported when paired cells differ only in token_aggregation; not supported naming the key otherwise."""
     if common is None or common.empty:
         return {"status": "not supported", "evidence": f"no common cells with {arm}"}
@@ -143,11 +186,23 @@ def attribution(primary_rows: pd.DataFrame, comparison: pd.DataFrame, common: pd
             diffs[k][1].add(format_value(c[k]))
     p_agg, c_agg = arm_prefix(primary_rows, comparison)
     if diffs:
-        parts = [f"{k}: {p_agg} rows use {'/'.join(sorted(a))}, {arm} rows use {'/'.join(sorted(b))}" for k, (a, b) in diffs.items()]
-        return {"status": "not supported", "evidence": "paired cells differ besides token_aggregation in " + "; ".join(parts)}
+        parts = [
+            f"{k}: {p_agg} rows use {'/'.join(sorted(a))}, {arm} rows use {'/'.join(sorted(b))}"
+            for k, (a, b) in diffs.items()
+        ]
+        return {
+            "status": "not supported",
+            "evidence": "paired cells differ besides token_aggregation in " + "; ".join(parts),
+        }
     if unknown:
-        return {"status": "partial", "evidence": f"recorded settings match, but {arm} does not record {', '.join(sorted(unknown))}"}
-    return {"status": "supported", "evidence": f"{len(common)} paired cells differ only in token_aggregation ({p_agg} vs {c_agg})"}
+        return {
+            "status": "partial",
+            "evidence": f"recorded settings match, but {arm} does not record {', '.join(sorted(unknown))}",
+        }
+    return {
+        "status": "supported",
+        "evidence": f"{len(common)} paired cells differ only in token_aggregation ({p_agg} vs {c_agg})",
+    }
 
 
 def dynamics_status(history_all: pd.DataFrame, primary_cells: pd.DataFrame) -> dict:
@@ -160,7 +215,10 @@ def dynamics_status(history_all: pd.DataFrame, primary_cells: pd.DataFrame) -> d
     first = int(h.step.min())
     ev = f"{n_cells}/{len(ids)} primary cells with history, {int(n_ck.min())}-{int(n_ck.max())} validation checkpoints"
     if first != 0:
-        return {"status": "partial", "evidence": ev + f"; earliest checkpoint is step {first}: exact initialization metrics are absent"}
+        return {
+            "status": "partial",
+            "evidence": ev + f"; earliest checkpoint is step {first}: exact initialization metrics are absent",
+        }
     with_init = h[h.step == 0].cell_id.nunique()
     status = "supported" if n_cells == len(ids) and with_init == n_cells else "partial"
     return {"status": status, "evidence": ev + f"; {with_init} with step-0 (initialization) metrics"}
@@ -171,13 +229,18 @@ def dominance_status(history_task: pd.DataFrame) -> dict:
     if not have:
         return {"status": "not supported", "evidence": "no per-task share metrics in the histories"}
     lack = [m for m in SHARE_METRICS if m not in have]
-    return {"status": "partial" if lack else "supported",
-            "evidence": f"per-task {', '.join(have)} for {history_task.cell_id.nunique()} cells" + (f"; missing {', '.join(lack)}" if lack else "")}
+    return {
+        "status": "partial" if lack else "supported",
+        "evidence": f"per-task {', '.join(have)} for {history_task.cell_id.nunique()} cells"
+        + (f"; missing {', '.join(lack)}" if lack else ""),
+    }
 
 
-def availability_table(primary_rows: pd.DataFrame, comparisons: dict, commons: dict, history_all: pd.DataFrame,
-                       history_task: pd.DataFrame) -> pd.DataFrame:
+def availability_table(
+    primary_rows: pd.DataFrame, comparisons: dict, commons: dict, history_all: pd.DataFrame, history_task: pd.DataFrame
+) -> pd.DataFrame:
     """diagnostic | local_data (yes/partial/no) | local_source | missing_data_note, from what exists."""
+
     def has(df, *cols):
         return len(df) > 0 and all(c in df.columns and df[c].notna().any() for c in cols)
 
@@ -187,31 +250,79 @@ def availability_table(primary_rows: pd.DataFrame, comparisons: dict, commons: d
     rows = []
 
     def add(diag, ok, source, note_if_missing, partial=False, note=""):
-        rows.append({"diagnostic": diag, "local_data": "partial" if (ok and partial) else ("yes" if ok else "no"),
-                     "local_source": source if ok else "", "missing_data_note": note if ok else note_if_missing})
+        rows.append(
+            {
+                "diagnostic": diag,
+                "local_data": "partial" if (ok and partial) else ("yes" if ok else "no"),
+                "local_source": source if ok else "",
+                "missing_data_note": note if ok else note_if_missing,
+            }
+        )
 
-    add("KL-to-reconstruction trade-off", has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"), "summary",
-        "summary lacks kl_prior_loss or active_reconstruction_objective")
-    add("KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio")
+    add(
+        "KL-to-reconstruction trade-off",
+        has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"),
+        "summary",
+        "summary lacks kl_prior_loss or active_reconstruction_objective",
+    )
+    add(
+        "KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio"
+    )
     comparison_scale = any(has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
-    add("Sum scale vs mean scale", has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
-        "summary + comparison arm", "no comparison arm with reconstruction_loss and base_relative_reconstruction")
+    add(
+        "Sum scale vs mean scale",
+        has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
+        "summary + comparison arm",
+        "no comparison arm with reconstruction_loss and base_relative_reconstruction",
+    )
     n_common = sum(len(c) for c in commons.values() if c is not None)
     add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm")
-    add("Posterior-router gap", has(primary_rows, "posterior_router_probe_gap"), "summary", "no posterior / router probes")
-    add("KL dynamics over training", hist_has(history_all, "kl_prior_loss"), "history_long", "no history with kl_prior_loss")
-    add("Reconstruction dynamics", hist_has(history_all, "base_relative_reconstruction"), "history_long",
-        "no history with base-relative reconstruction")
+    add(
+        "Posterior-router gap",
+        has(primary_rows, "posterior_router_probe_gap"),
+        "summary",
+        "no posterior / router probes",
+    )
+    add(
+        "KL dynamics over training",
+        hist_has(history_all, "kl_prior_loss"),
+        "history_long",
+        "no history with kl_prior_loss",
+    )
+    add(
+        "Reconstruction dynamics",
+        hist_has(history_all, "base_relative_reconstruction"),
+        "history_long",
+        "no history with base-relative reconstruction",
+    )
     first = int(history_all.step.min()) if len(history_all) else None
-    add("Initialization / first-eval scale", first is not None, "history_long", "no history",
+    add(
+        "Initialization / first-eval scale",
+        first is not None,
+        "history_long",
+        "no history",
         partial=first not in (None, 0),
-        note="" if first == 0 else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent")
+        note=""
+        if first == 0
+        else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent",
+    )
     dom = dominance_status(history_task)
-    add("Token-count dominance", dom["status"] != "not supported", "history_per_task_long",
-        "requires per-task example/token/loss/gradient shares in the histories", partial=dom["status"] == "partial",
-        note=dom["evidence"] if dom["status"] == "partial" else "")
+    add(
+        "Token-count dominance",
+        dom["status"] != "not supported",
+        "history_per_task_long",
+        "requires per-task example/token/loss/gradient shares in the histories",
+        partial=dom["status"] == "partial",
+        note=dom["evidence"] if dom["status"] == "partial" else "",
+    )
     seeds_lo = int(primary_rows["n_seeds"].min()) if has(primary_rows, "n_seeds") else 1
-    add("Seed replication", seeds_lo >= 2, "summary_by_setting", "one seed per setting", partial=seeds_lo == 2,
-        note="2 seeds only" if seeds_lo == 2 else "")
+    add(
+        "Seed replication",
+        seeds_lo >= 2,
+        "summary_by_setting",
+        "one seed per setting",
+        partial=seeds_lo == 2,
+        note="2 seeds only" if seeds_lo == 2 else "",
+    )
     add("Fairness of the collection", True, "collection config + collection_state", "")
     return pd.DataFrame(rows, columns=["diagnostic", "local_data", "local_source", "missing_data_note"])

@@ -1,6 +1,7 @@
 """What a cell cost (from the collection's Snakemake benchmark files) and the follow-up plan:
 the seeds that would settle a `cannot tell` of the main contrast, and what they would cost
 (FOLLOWUP_FILE beside the aggregate tables)."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,11 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     for cid in cells:
         row = {"cell_id": cid}
         for folder, part in COST_PARTS.items():
-            files = [bench_dir / folder / f"{cid}.tsv"] if folder != "probe" else sorted((bench_dir / folder / cid).glob("*.tsv"))
+            files = (
+                [bench_dir / folder / f"{cid}.tsv"]
+                if folder != "probe"
+                else sorted((bench_dir / folder / cid).glob("*.tsv"))
+            )
             secs = [float(pd.read_csv(f, sep="\t")["s"].iloc[-1]) for f in files if f.is_file()]
             row[f"{part}_s"] = sum(secs) if secs else math.nan
         row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())
@@ -52,17 +57,31 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> di
     seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
     n_cells = len(expand_cells(cfg))
     rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
-    needs = [n for n in (power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"],
-                                             cfg["report"]["followup_max_seeds"]) for r in rows.to_dict("records")) if n]
+    needs = [
+        n
+        for n in (
+            power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"], cfg["report"]["followup_max_seeds"])
+            for r in rows.to_dict("records")
+        )
+        if n
+    ]
     if not needs:
         return {"needed": False, "metric": metric}
     n = max(x["seeds"] for x in needs)
     per_seed = n_cells // len(seeds)
     seconds = float(costs.total_s.mean()) if len(costs) else math.nan
     threads = int(cfg["resources"]["threads"]) or 1
-    return {"needed": True, "metric": metric, "collection": cfg["collection"], "needs": needs,
-            "seeds": power.next_seeds(seeds, n), "cells_now": n_cells, "cells_added": per_seed * (n - len(seeds)),
-            "seconds_per_cell": seconds, "parallel_cells": max(1, (os.cpu_count() or 1) // threads)}
+    return {
+        "needed": True,
+        "metric": metric,
+        "collection": cfg["collection"],
+        "needs": needs,
+        "seeds": power.next_seeds(seeds, n),
+        "cells_now": n_cells,
+        "cells_added": per_seed * (n - len(seeds)),
+        "seconds_per_cell": seconds,
+        "parallel_cells": max(1, (os.cpu_count() or 1) // threads),
+    }
 
 
 def write_followup_plan(plan: dict, out_dir) -> None:

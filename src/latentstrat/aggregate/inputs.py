@@ -1,6 +1,7 @@
 """Reading the aggregate's inputs: per-cell metrics (with each cell's state), external summary
 and comparison tables (validated against docs/comparison-table.md, the original study's column
 names), training histories, bootstrap replicates and the entangle stage's quality report."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
     """Check a comparison/summary table against docs/comparison-table.md; fill labels and derived metrics."""
     missing = [c for c in TABLE_REQUIRED if c not in df.columns]
     if missing:
-        raise ValueError(f"summary table {source} lacks required column {missing[0]!r} "
-                         f"(required: {', '.join(TABLE_REQUIRED)}; see docs/comparison-table.md)")
+        raise ValueError(
+            f"summary table {source} lacks required column {missing[0]!r} "
+            f"(required: {', '.join(TABLE_REQUIRED)}; see docs/comparison-table.md)"
+        )
     df = df.rename(columns={k: v for k, v in STUDY_COLUMNS.items() if v not in df.columns})
     for i, fam in enumerate(df["reconstruction_family"]):
         try:
@@ -55,8 +58,13 @@ def fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     """Derived metrics (metrics.derive) where the inputs exist and the column is absent/NaN."""
     df = df.copy()
     rows = [derive(r) for r in df.to_dict("records")]
-    for name in ["matched_router_score", "chance_corrected_matched_router_score", "posterior_router_probe_gap",
-                 "kl_over_active_reconstruction", "inferred_zfree_reference_scale"]:
+    for name in [
+        "matched_router_score",
+        "chance_corrected_matched_router_score",
+        "posterior_router_probe_gap",
+        "kl_over_active_reconstruction",
+        "inferred_zfree_reference_scale",
+    ]:
         derived = pd.Series([r[name] for r in rows], index=df.index, dtype=float)
         if name in df.columns:
             df[name] = df[name].astype(float).fillna(derived)
@@ -76,7 +84,9 @@ def read_cell_row(path, cell_id: str) -> dict:
     return row
 
 
-def load_cell_metrics(cfg: dict, metrics_paths: dict, upstream: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_cell_metrics(
+    cfg: dict, metrics_paths: dict, upstream: dict | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary of complete cells, collection_state of every expected cell). With `upstream`
     (cell id -> the files its metrics are computed from), a metrics file older than one of them
     (say evaluate records rewritten, or corrupted, after it) is not complete: its numbers
@@ -86,9 +96,14 @@ def load_cell_metrics(cfg: dict, metrics_paths: dict, upstream: dict | None = No
     for c in cells:
         path = metrics_paths.get(c.cell_id)
         status, reason = "complete", ""
-        newer = [Path(u) for u in (upstream or {}).get(c.cell_id, [])
-                 if path is not None and Path(path).exists() and Path(u).exists()
-                 and Path(u).stat().st_mtime > Path(path).stat().st_mtime]
+        newer = [
+            Path(u)
+            for u in (upstream or {}).get(c.cell_id, [])
+            if path is not None
+            and Path(path).exists()
+            and Path(u).exists()
+            and Path(u).stat().st_mtime > Path(path).stat().st_mtime
+        ]
         if path is None:
             status, reason = "incomplete", "no metrics path given"
         elif newer:
@@ -100,8 +115,16 @@ def load_cell_metrics(cfg: dict, metrics_paths: dict, upstream: dict | None = No
                 status, reason = "incomplete", f"metrics file {path} missing"
             except Exception as e:  # unreadable / wrong content: the cell is incomplete, named
                 status, reason = "incomplete", f"metrics file {path} unreadable: {e}"
-        state.append({"cell_id": c.cell_id, "arm": c.arm, "role": c.role, "status": status, "reason": reason,
-                      **{k: c.settings[k] for k in CELL_KEYS}})
+        state.append(
+            {
+                "cell_id": c.cell_id,
+                "arm": c.arm,
+                "role": c.role,
+                "status": status,
+                "reason": reason,
+                **{k: c.settings[k] for k in CELL_KEYS},
+            }
+        )
     summary = pd.DataFrame(rows)
     if len(summary):
         summary = fill_derived(summary)

@@ -1,6 +1,7 @@
 """Cell sanity: is each complete cell a working model of the tasks, held to the entangled
 model's quality check (design section 6, docs/design.md); and the `cell_check` mark that every
 table naming cells carries from it (`mark_cells`)."""
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,25 @@ import pandas as pd
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.cells import beta_label, family_label
 
-SANITY_COLUMNS = ["cell_id", "arm", FAMILY_COL, "beta_label", "final_answer_accuracy", "entangled_answer_accuracy",
-                  "strategy_match_rate", "entangled_strategy_match_rate", "step0_base_relative_reconstruction",
-                  "final_base_relative_reconstruction", "router_probe_tasks", "posterior_probe_tasks", "n_tasks",
-                  "followed_strategy_tv_max", "collapsed", "passed", "failures"]
+SANITY_COLUMNS = [
+    "cell_id",
+    "arm",
+    FAMILY_COL,
+    "beta_label",
+    "final_answer_accuracy",
+    "entangled_answer_accuracy",
+    "strategy_match_rate",
+    "entangled_strategy_match_rate",
+    "step0_base_relative_reconstruction",
+    "final_base_relative_reconstruction",
+    "router_probe_tasks",
+    "posterior_probe_tasks",
+    "n_tasks",
+    "followed_strategy_tv_max",
+    "collapsed",
+    "passed",
+    "failures",
+]
 
 
 def entangled_model_quality(quality: dict | None) -> dict:
@@ -26,8 +42,12 @@ def entangled_model_quality(quality: dict | None) -> dict:
 
     def mean(check):
         return float(np.mean([t["checks"][check]["value"] for t in tasks.values()]))
-    return {"answer_accuracy": mean("answer_accuracy"), "strategy_match_rate": mean("strategy_match_rate"),
-            "n_tasks": len(tasks)}
+
+    return {
+        "answer_accuracy": mean("answer_accuracy"),
+        "strategy_match_rate": mean("strategy_match_rate"),
+        "n_tasks": len(tasks),
+    }
 
 
 def fmt_num(v) -> str:
@@ -44,17 +64,24 @@ def step0_base_relative(history_all: pd.DataFrame) -> dict:
 
 def sanity_inputs(r: pd.Series, entangled: dict, step0: dict) -> dict:
     """A cell's numbers the checks read, next to the entangled model's."""
-    n_tasks = float(r["n_tasks"]) if "n_tasks" in r.index and pd.notna(r["n_tasks"]) else entangled.get("n_tasks", math.nan)
-    return {"cell_id": r["cell_id"], "arm": r.get("arm", ""), FAMILY_COL: family_label(r["reconstruction_family"]),
-            "beta_label": beta_label(r["beta"]),
-            "final_answer_accuracy": float(r.get("final_answer_accuracy", math.nan)),
-            "entangled_answer_accuracy": entangled.get("answer_accuracy", math.nan),
-            "strategy_match_rate": float(r.get("strategy_match_rate", math.nan)),
-            "entangled_strategy_match_rate": entangled.get("strategy_match_rate", math.nan),
-            "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
-            "final_base_relative_reconstruction": float(r.get("base_relative_reconstruction", math.nan)),
-            "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
-            "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)), "n_tasks": n_tasks}
+    n_tasks = (
+        float(r["n_tasks"]) if "n_tasks" in r.index and pd.notna(r["n_tasks"]) else entangled.get("n_tasks", math.nan)
+    )
+    return {
+        "cell_id": r["cell_id"],
+        "arm": r.get("arm", ""),
+        FAMILY_COL: family_label(r["reconstruction_family"]),
+        "beta_label": beta_label(r["beta"]),
+        "final_answer_accuracy": float(r.get("final_answer_accuracy", math.nan)),
+        "entangled_answer_accuracy": entangled.get("answer_accuracy", math.nan),
+        "strategy_match_rate": float(r.get("strategy_match_rate", math.nan)),
+        "entangled_strategy_match_rate": entangled.get("strategy_match_rate", math.nan),
+        "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
+        "final_base_relative_reconstruction": float(r.get("base_relative_reconstruction", math.nan)),
+        "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
+        "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)),
+        "n_tasks": n_tasks,
+    }
 
 
 def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
@@ -68,22 +95,42 @@ def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
             fails.append(why)
 
     ea, ca = row["entangled_answer_accuracy"], row["final_answer_accuracy"]
-    check("answer accuracy", (ea, ca), ca >= thr["sanity_min_answer_ratio"] * ea,
-          f"answer accuracy {fmt_num(ca)} < {thr['sanity_min_answer_ratio']} x entangled {fmt_num(ea)}")
+    check(
+        "answer accuracy",
+        (ea, ca),
+        ca >= thr["sanity_min_answer_ratio"] * ea,
+        f"answer accuracy {fmt_num(ca)} < {thr['sanity_min_answer_ratio']} x entangled {fmt_num(ea)}",
+    )
     es, cs = row["entangled_strategy_match_rate"], row["strategy_match_rate"]
-    check("strategy match", (es, cs), cs >= thr["sanity_min_strategy_match_ratio"] * es,
-          f"strategy match {fmt_num(cs)} < {thr['sanity_min_strategy_match_ratio']} x entangled {fmt_num(es)}")
+    check(
+        "strategy match",
+        (es, cs),
+        cs >= thr["sanity_min_strategy_match_ratio"] * es,
+        f"strategy match {fmt_num(cs)} < {thr['sanity_min_strategy_match_ratio']} x entangled {fmt_num(es)}",
+    )
     s0 = row["step0_base_relative_reconstruction"]
-    check("step-0 base-relative reconstruction", (s0,), abs(s0 - 1) <= thr["sanity_step0_tolerance"],
-          f"step-0 base-relative reconstruction {fmt_num(s0)} is not 1 +- {thr['sanity_step0_tolerance']} "
-          "(the cell did not start as the entangled model)")
+    check(
+        "step-0 base-relative reconstruction",
+        (s0,),
+        abs(s0 - 1) <= thr["sanity_step0_tolerance"],
+        f"step-0 base-relative reconstruction {fmt_num(s0)} is not 1 +- {thr['sanity_step0_tolerance']} "
+        "(the cell did not start as the entangled model)",
+    )
     fb = row["final_base_relative_reconstruction"]
-    check("final base-relative reconstruction", (fb,), fb <= thr["sanity_max_base_relative"],
-          f"final base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}")
+    check(
+        "final base-relative reconstruction",
+        (fb,),
+        fb <= thr["sanity_max_base_relative"],
+        f"final base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}",
+    )
     rp, n_tasks = row["router_probe_tasks"], row["n_tasks"]
     cover = rp / n_tasks if n_tasks and not math.isnan(n_tasks) else math.nan
-    check("router probe coverage", (cover,), cover >= thr["sanity_min_probe_coverage"],
-          f"within-task router probe usable on {fmt_num(rp)} of {fmt_num(n_tasks)} tasks")
+    check(
+        "router probe coverage",
+        (cover,),
+        cover >= thr["sanity_min_probe_coverage"],
+        f"within-task router probe usable on {fmt_num(rp)} of {fmt_num(n_tasks)} tasks",
+    )
     return fails, unchecked
 
 

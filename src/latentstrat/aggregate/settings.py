@@ -5,6 +5,7 @@ primary arm's setting rows: metric distributions, derived diagnostics, top and b
 Distributions use the population std (ddof=0, as the original study's tables); across-seed std
 is the sample std (ddof=1).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,14 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
         return df
     keys = ["arm"] * ("arm" in df.columns) + setting_keys(df)
     metrics = [m for m in METRICS if m in df.columns]
-    extra = [c for c in df.columns if c.endswith(("_chance", "_shuffled", "_corrected", "_tasks", "followed_strategy_tv",
-                                                   "followed_strategy_tv_max")) or c in ("n_test", "n_tasks")]
+    extra = [
+        c
+        for c in df.columns
+        if c.endswith(
+            ("_chance", "_shuffled", "_corrected", "_tasks", "followed_strategy_tv", "followed_strategy_tv_max")
+        )
+        or c in ("n_test", "n_tasks")
+    ]
     extra = [c for c in extra if pd.api.types.is_numeric_dtype(df[c])]
     ci = [c for c in df.columns if c.endswith(("_ci_low", "_ci_high"))]
     g = df.groupby(keys, sort=False, dropna=False)
@@ -43,7 +50,9 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
     std = g[metrics].std(ddof=1).reset_index(drop=True).add_suffix("_std")
     out = pd.concat([out, std], axis=1)
     out["n_seeds"] = g.size().values
-    out["seeds"] = g["seed"].apply(lambda s: ",".join(format_value(v) for v in s)).values if "seed" in df.columns else ""
+    out["seeds"] = (
+        g["seed"].apply(lambda s: ",".join(format_value(v) for v in s)).values if "seed" in df.columns else ""
+    )
     out["cell_ids"] = g["cell_id"].apply(lambda s: ",".join(s)).values
     for c in ci:  # exact for one seed; replaced from the replicates (setting_intervals) for several
         out[c] = np.where(out["n_seeds"] == 1, g[c].first().values, np.nan)
@@ -107,8 +116,18 @@ def metric_distributions(rows: pd.DataFrame, metrics=None) -> pd.DataFrame:
         v = rows[m].astype(float).dropna()
         if v.empty:
             continue
-        out.append({"metric": m, "label": probe_label(m), "n": len(v), "min": v.min(),
-                    "mean": v.mean(), "median": v.median(), "max": v.max(), "std": v.std(ddof=0)})
+        out.append(
+            {
+                "metric": m,
+                "label": probe_label(m),
+                "n": len(v),
+                "min": v.min(),
+                "mean": v.mean(),
+                "median": v.median(),
+                "max": v.max(),
+                "std": v.std(ddof=0),
+            }
+        )
     return pd.DataFrame(out, columns=["metric", "label", "n", "min", "mean", "median", "max", "std"])
 
 
@@ -124,8 +143,14 @@ def labelled(rows: pd.DataFrame, cols) -> pd.DataFrame:
 
 
 def derived_diagnostics(rows: pd.DataFrame) -> pd.DataFrame:
-    cols = ["matched_router_score", "active_reconstruction_objective", "kl_prior_loss", "kl_over_active_reconstruction",
-            "inferred_zfree_reference_scale", "posterior_router_probe_gap"]
+    cols = [
+        "matched_router_score",
+        "active_reconstruction_objective",
+        "kl_prior_loss",
+        "kl_over_active_reconstruction",
+        "inferred_zfree_reference_scale",
+        "posterior_router_probe_gap",
+    ]
     return labelled(rows, cols)
 
 
@@ -139,10 +164,19 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
 
 
 def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    cols = ["chance_corrected_matched_router_score", "matched_router_score", "within_task_router_probe",
-            "within_task_router_probe_chance", "within_task_router_probe_shuffled", "within_task_router_probe_corrected",
-            "strategy_match_rate", "followed_strategy_tv_max", "final_answer_accuracy", "reconstruction_loss",
-            "kl_prior_loss"]
+    cols = [
+        "chance_corrected_matched_router_score",
+        "matched_router_score",
+        "within_task_router_probe",
+        "within_task_router_probe_chance",
+        "within_task_router_probe_shuffled",
+        "within_task_router_probe_corrected",
+        "strategy_match_rate",
+        "followed_strategy_tv_max",
+        "final_answer_accuracy",
+        "reconstruction_loss",
+        "kl_prior_loss",
+    ]
     cols = [metric, f"{metric}_ci_low", f"{metric}_ci_high"] + [c for c in cols if c != metric]
     cols += ["final_answer_accuracy_ci_low", "final_answer_accuracy_ci_high"]
     cols = [c for c in cols if c in rows.columns or not c.endswith(("_ci_low", "_ci_high"))]

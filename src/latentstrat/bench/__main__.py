@@ -1,9 +1,14 @@
 """python -m latentstrat.bench train|decode|entangle|curve [options]"""
+
 import importlib
 import sys
 
-COMMANDS = {"train": "latentstrat.bench.train", "decode": "latentstrat.bench.decode",
-            "entangle": "latentstrat.bench.entangle", "curve": "latentstrat.bench.curve"}
+COMMANDS = {
+    "train": "latentstrat.bench.train",
+    "decode": "latentstrat.bench.decode",
+    "entangle": "latentstrat.bench.entangle",
+    "curve": "latentstrat.bench.curve",
+}
 
 
 def main(argv=None) -> int:

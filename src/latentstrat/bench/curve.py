@@ -17,6 +17,7 @@ collection's base jobs first (`snakemake --cores 2 <base>/reference/scales.json`
 says which path). `--plot` draws every `curve.csv` under a folder into one figure and prints
 a Markdown table of them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ import yaml
 
 from latentstrat import cells
 from latentstrat.config import load_config
-from latentstrat.paths import Paths, TRAIN_FILES
+from latentstrat.paths import TRAIN_FILES, Paths
 
 # history metric -> curve column
 COLUMNS = {
@@ -70,12 +71,23 @@ def curve_table(history: pd.DataFrame, batch_size: int) -> pd.DataFrame:
 
 
 def format_table(t: pd.DataFrame) -> str:
-    cols = ["step", "examples_seen", "base_relative", "kl", "router_probe", "router_chance", "posterior_probe",
-            "posterior_chance", "answer_accuracy", "clipped_fraction"]
+    cols = [
+        "step",
+        "examples_seen",
+        "base_relative",
+        "kl",
+        "router_probe",
+        "router_chance",
+        "posterior_probe",
+        "posterior_chance",
+        "answer_accuracy",
+        "clipped_fraction",
+    ]
     lines = ["| " + " | ".join(c.replace("_", " ") for c in cols) + " |", "|" + "---|" * len(cols)]
     for _, r in t.iterrows():
-        cells = [f"{int(r[c])}" if c in ("step", "examples_seen") else
-                 ("" if pd.isna(r[c]) else f"{r[c]:.3f}") for c in cols]
+        cells = [
+            f"{int(r[c])}" if c in ("step", "examples_seen") else ("" if pd.isna(r[c]) else f"{r[c]:.3f}") for c in cols
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -85,8 +97,9 @@ def train_grad_clip_label(tcfg: dict) -> str:
     return "none" if c == 0 else f"{c} ({tcfg['grad_clip_unit']})" if not isinstance(c, dict) else str(c)
 
 
-def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every: int, out: Path,
-              threads: int) -> pd.DataFrame:
+def run_curve(
+    configfile: str, cell_overrides: dict, overrides: dict, eval_every: int, out: Path, threads: int
+) -> pd.DataFrame:
     from latentstrat import train  # heavy: only when training
 
     if eval_every:
@@ -102,16 +115,26 @@ def run_curve(configfile: str, cell_overrides: dict, overrides: dict, eval_every
     need = [Path(p) for p in (*paths.data_files().values(), *paths.reference_files().values())]
     missing = [p for p in need if not p.exists()]
     if missing or not (paths.entangle_dir / "model").is_dir():
-        raise SystemExit(f"curve: the base of {configfile} is not built ({missing[0] if missing else paths.entangle_dir / 'model'} "
-                         f"is missing); run `snakemake --configfile {configfile} --cores 2 {paths.reference_files()['scales']}` first")
+        raise SystemExit(
+            f"curve: the base of {configfile} is not built ({missing[0] if missing else paths.entangle_dir / 'model'} "
+            f"is missing); run `snakemake --configfile {configfile} --cores 2 {paths.reference_files()['scales']}` "
+            "first"
+        )
     cell_dir = out / cid
     history_path = cell_dir / TRAIN_FILES["history"]
     trained = Path(paths.train_files(cid)["history"])  # the workflow's own cell, same config
     if not history_path.exists() and trained.exists():
         history_path = trained
     if not history_path.exists():
-        train.train_cell(cfg, {"cell_id": cid, **settings}, paths.data_dir, paths.entangle_dir, paths.reference_dir,
-                         cell_dir, threads=threads)
+        train.train_cell(
+            cfg,
+            {"cell_id": cid, **settings},
+            paths.data_dir,
+            paths.entangle_dir,
+            paths.reference_dir,
+            cell_dir,
+            threads=threads,
+        )
     t = curve_table(pd.read_parquet(history_path), int(cfg["train"]["batch_size"]))
     t.insert(0, "cell_id", cid)
     for k in ("steps", "batch_size", "lr"):
@@ -146,6 +169,7 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
     t = pd.concat(frames, ignore_index=True)
     if figure is not None:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -156,7 +180,9 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
             axes[1].plot(g.examples_seen, g.router_probe - g.router_chance, marker="o", ms=3, label=label)
             axes[2].plot(g.examples_seen, g.posterior_probe - g.posterior_chance, marker="o", ms=3, label=label)
         axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
-        axes[0].set(title="base-relative reconstruction (validation)", xlabel="training examples seen", ylabel="1 = z-free")
+        axes[0].set(
+            title="base-relative reconstruction (validation)", xlabel="training examples seen", ylabel="1 = z-free"
+        )
         for ax, name in ((axes[1], "router probe"), (axes[2], "posterior probe")):
             ax.axhline(0.0, color="grey", lw=0.8, ls="--")
             ax.set(title=f"{name} minus its chance level", xlabel="training examples seen", ylabel="accuracy - chance")
@@ -171,15 +197,26 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.bench curve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default="config/config.yaml")
-    ap.add_argument("--cell", default="", help="cell settings over the config's `cell`, e.g. "
-                    "token_aggregation=mean,reconstruction_family=raw,beta=0.1")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override, e.g. train.steps=600 (repeatable)")
+    ap.add_argument(
+        "--cell",
+        default="",
+        help="cell settings over the config's `cell`, e.g. token_aggregation=mean,reconstruction_family=raw,beta=0.1",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. train.steps=600 (repeatable)",
+    )
     ap.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: the config's)")
     ap.add_argument("--out", type=Path, default=Path("results/curves"))
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--collection", action="store_true",
-                    help="the curves of every cell the config's workflow has trained (read back, nothing trained)")
+    ap.add_argument(
+        "--collection",
+        action="store_true",
+        help="the curves of every cell the config's workflow has trained (read back, nothing trained)",
+    )
     ap.add_argument("--plot", type=Path, help="draw every curve under this folder instead of training")
     ap.add_argument("--figure", type=Path, help="with --plot: where to save the figure")
     a = ap.parse_args(argv)
@@ -190,13 +227,17 @@ def main(argv=None) -> int:
         return 0
     if a.collection:
         missing = collection_curves(a.configfile, a.out)
-        print(f"curves of the trained cells of {a.configfile} written under {a.out}"
-              + (f"; not trained yet: {', '.join(missing)}" if missing else ""))
+        print(
+            f"curves of the trained cells of {a.configfile} written under {a.out}"
+            + (f"; not trained yet: {', '.join(missing)}" if missing else "")
+        )
         return 0
     cell = parse_assignments([c for c in a.cell.split(",") if c]) if a.cell else {}
     t = run_curve(a.configfile, cell, parse_assignments(a.set), a.eval_every, a.out, a.threads)
-    print(f"\n{t.cell_id[0]} (lr {t.lr[0]:g}, batch {t.batch_size[0]}, LoRA r {t.lora_r[0]}, "
-          f"gradient clipping {t.grad_clip[0]})\n")
+    print(
+        f"\n{t.cell_id[0]} (lr {t.lr[0]:g}, batch {t.batch_size[0]}, LoRA r {t.lora_r[0]}, "
+        f"gradient clipping {t.grad_clip[0]})\n"
+    )
     print(format_table(t))
     return 0
 

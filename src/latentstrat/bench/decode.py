@@ -8,6 +8,7 @@ the benchmark checks that the outputs are identical and prints tokens/s of both 
 The model is the embedded Qwen2 backbone (sizes of the config's backbone.embedded, random
 init, LoRA latent model) over a tokenizer built from the configured tasks' examples.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,9 @@ def naive_decode(model, tokenizer, x_texts: list[str], z: torch.Tensor, max_new_
             slots = torch.tensor([prompts.slot_pos[i]], device=dev)
             gen = []
             for _ in range(max_new_tokens):
-                logits = model.lm(inputs_embeds=model.embed_with_z(ids, z[i:i + 1].to(dev), slots), use_cache=False).logits
+                logits = model.lm(
+                    inputs_embeds=model.embed_with_z(ids, z[i : i + 1].to(dev), slots), use_cache=False
+                ).logits
                 tok = int(logits[0, -1].argmax())
                 gen.append(tok)
                 if tok == eos:
@@ -79,8 +82,9 @@ def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) 
     decode.generate(model, tokenizer, xs[:2], z=z[:2], max_new_tokens=2, progress=False)  # warm-up both paths
     naive_decode(model, tokenizer, xs[:1], z[:1], 2)
     t0 = time.perf_counter()
-    fast = decode.generate(model, tokenizer, xs, z=z, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                           progress=False)
+    fast = decode.generate(
+        model, tokenizer, xs, z=z, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False
+    )
     t_fast = time.perf_counter() - t0
     print(f"batched KV cache: {sum(fast.n_generated)} tokens in {t_fast:.2f} s; running the naive loop ...", flush=True)
     t0 = time.perf_counter()
@@ -88,12 +92,21 @@ def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) 
     t_slow = time.perf_counter() - t0
     tokens = sum(len(t) for t in slow)
     mismatch = [i for i, (a, b) in enumerate(zip(fast.token_ids, slow)) if a != b]
-    return {"examples": len(xs), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-            "generated_tokens": tokens, "identical": not mismatch, "mismatched_examples": mismatch,
-            "kv_cache_tokens_per_s": sum(fast.n_generated) / t_fast, "naive_tokens_per_s": tokens / t_slow,
-            "kv_cache_s": t_fast, "naive_s": t_slow, "speedup": t_slow / t_fast,
-            "threads": torch.get_num_threads(),
-            "model": {k: cfg["backbone"]["embedded"][k] for k in ("hidden_size", "num_hidden_layers")}}
+    return {
+        "examples": len(xs),
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
+        "generated_tokens": tokens,
+        "identical": not mismatch,
+        "mismatched_examples": mismatch,
+        "kv_cache_tokens_per_s": sum(fast.n_generated) / t_fast,
+        "naive_tokens_per_s": tokens / t_slow,
+        "kv_cache_s": t_fast,
+        "naive_s": t_slow,
+        "speedup": t_slow / t_fast,
+        "threads": torch.get_num_threads(),
+        "model": {k: cfg["backbone"]["embedded"][k] for k in ("hidden_size", "num_hidden_layers")},
+    }
 
 
 def main(argv=None) -> int:
@@ -113,8 +126,10 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(res, indent=2))
     else:
-        print(f"decode benchmark: {res['examples']} examples, <= {res['max_new_tokens']} new tokens, "
-              f"{res['generated_tokens']} tokens, {res['threads']} threads, model {res['model']}")
+        print(
+            f"decode benchmark: {res['examples']} examples, <= {res['max_new_tokens']} new tokens, "
+            f"{res['generated_tokens']} tokens, {res['threads']} threads, model {res['model']}"
+        )
         print(f"  batched KV cache: {res['kv_cache_tokens_per_s']:9.1f} tokens/s ({res['kv_cache_s']:.2f} s)")
         print(f"  naive loop:       {res['naive_tokens_per_s']:9.1f} tokens/s ({res['naive_s']:.2f} s)")
         print(f"  speedup: {res['speedup']:.1f}x   outputs identical: {res['identical']}")

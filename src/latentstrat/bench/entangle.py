@@ -17,6 +17,7 @@ Tokens/s counts real (non-pad) tokens. Achieved FLOP/s uses 6 x parameters x tok
 are measured matmuls in float32 and bfloat16; the configured step is set against the peak of the
 dtype its matmuls run in.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from latentstrat import data, parallel
+from latentstrat.backbone import build_backbone
 from latentstrat.bench.train import (
     _sync,
     add_data_and_model_args,
@@ -35,7 +37,6 @@ from latentstrat.bench.train import (
     train_split_and_tokenizer,
 )
 from latentstrat.entangle_step import make_optimizer, rank_share, step_settings, train_step
-from latentstrat.backbone import build_backbone
 
 
 def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
@@ -63,8 +64,12 @@ def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 
         tokens += step(i)
     _sync(device)
     dt = time.perf_counter() - t
-    return {"tokens_per_s": tokens / dt, "ms_per_step": 1000 * dt / args.steps, "warmup_s": warmup_s,
-            "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "tokens_per_s": tokens / dt,
+        "ms_per_step": 1000 * dt / args.steps,
+        "warmup_s": warmup_s,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def run(args) -> dict:
@@ -73,35 +78,49 @@ def run(args) -> dict:
     df, tok = train_split_and_tokenizer(args)
     bcfg = embedded_backbone_cfg(args, "float32")
     enc = data.encode(df, tok)
-    batches = list(data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size,
-                                               np.random.default_rng(0)))
+    batches = list(
+        data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size, np.random.default_rng(0))
+    )
     from latentstrat import host
     from latentstrat.config import load_config
     from latentstrat.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
+
     ecfg = load_config(args.config)["entangle"]
     choice = None
     if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
         torch.manual_seed(0)
         model = build_backbone(bcfg, tok).to(device)
-        ecfg, choice = choose_step_settings(ecfg, model, enc, data.strategy_free_lengths(df), device, args.threads,
-                                            torch.float32, log=lambda m: None)
+        ecfg, choice = choose_step_settings(
+            ecfg, model, enc, data.strategy_free_lengths(df), device, args.threads, torch.float32, log=lambda m: None
+        )
     fast_cfg = {k: ecfg[k] for k in SPEED_KEYS}
     plain = time_variant(bcfg, tok, enc, batches, device, args, PLAIN)
     # as the stage runs it: with processes > 1, the threads split between processes
-    fast = parallel.run(fast_cfg["processes"], args.threads, time_variant,
-                        (bcfg, tok, enc, batches, device, args, fast_cfg))
+    fast = parallel.run(
+        fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg)
+    )
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
     peak16 = matmul_peak(device, torch.bfloat16, args.matmul_n)
     fast_dtype = "bfloat16" if fast_cfg["autocast"] == "bfloat16" else "float32"  # the configured step's matmuls
-    return {"params": n, "device": str(device), "host": host.describe(), "auto_choice": choice,
-            "threads": args.threads, "batch_size": args.batch_size,
-            "steps": args.steps, "configured": fast_cfg, "plain": plain, "fast": fast,
-            "speedup": fast["tokens_per_s"] / plain["tokens_per_s"],
-            "matmul_peak_float32": peak32, "matmul_peak_bfloat16": peak16,
-            "plain_mfu_vs_float32_peak": 6 * n * plain["tokens_per_s"] / peak32,
-            "fast_matmul_dtype": fast_dtype,
-            "fast_mfu_vs_its_peak": 6 * n * fast["tokens_per_s"] / (peak16 if fast_dtype == "bfloat16" else peak32)}
+    return {
+        "params": n,
+        "device": str(device),
+        "host": host.describe(),
+        "auto_choice": choice,
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "configured": fast_cfg,
+        "plain": plain,
+        "fast": fast,
+        "speedup": fast["tokens_per_s"] / plain["tokens_per_s"],
+        "matmul_peak_float32": peak32,
+        "matmul_peak_bfloat16": peak16,
+        "plain_mfu_vs_float32_peak": 6 * n * plain["tokens_per_s"] / peak32,
+        "fast_matmul_dtype": fast_dtype,
+        "fast_mfu_vs_its_peak": 6 * n * fast["tokens_per_s"] / (peak16 if fast_dtype == "bfloat16" else peak32),
+    }
 
 
 def main(argv=None) -> int:
@@ -111,9 +130,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=20,
-                    help="untimed first steps: the compiled step compiles in them, and once more at the first batch "
-                         "over 4096 tokens")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=20,
+        help="untimed first steps: the compiled step compiles in them, and once more at the first batch "
+        "over 4096 tokens",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=1024)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -125,22 +148,30 @@ def main(argv=None) -> int:
     p, f = res["plain"], res["fast"]
     flags = ", ".join(res["host"]["bf16_flags"]) or "no bf16 flags"
     print(f"host: {res['host']['cpu']}, native bf16: {res['host']['native_bf16']} ({flags})")
-    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
-          f"batch {res['batch_size']}, {res['steps']} timed steps")
+    print(
+        f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
+        f"batch {res['batch_size']}, {res['steps']} timed steps"
+    )
     if res["auto_choice"]:
-        trial = ", ".join(f"{r['autocast']}/{r['attention']}/compile {r['compile']}: {r['tokens_per_s']:,.0f}"
-                          for r in res["auto_choice"]["trial"])
+        trial = ", ".join(
+            f"{r['autocast']}/{r['attention']}/compile {r['compile']}: {r['tokens_per_s']:,.0f}"
+            for r in res["auto_choice"]["trial"]
+        )
         print(f"auto: chose {res['auto_choice']['chosen']} (trial tokens/s per process: {trial or 'none needed'})")
     c = res["configured"]
     print(f"plain step (float32, sdpa):   {p['tokens_per_s']:9.0f} tokens/s  {p['ms_per_step']:6.1f} ms/step")
-    print(f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}, "
-          f"processes {c['processes']}): "
-          f"{f['tokens_per_s']:.0f} tokens/s  {f['ms_per_step']:.1f} ms/step"
-          f"  (first {args.warmup} steps, compile included: {f['warmup_s']:.1f} s)")
+    print(
+        f"configured step (autocast {c['autocast']}, attention {c['attention']}, compile {c['compile']}, "
+        f"processes {c['processes']}): "
+        f"{f['tokens_per_s']:.0f} tokens/s  {f['ms_per_step']:.1f} ms/step"
+        f"  (first {args.warmup} steps, compile included: {f['warmup_s']:.1f} s)"
+    )
     print(f"speedup:      {res['speedup']:.2f}x")
-    print(f"achieved:     plain {100 * res['plain_mfu_vs_float32_peak']:.1f}% of float32 matmul peak "
-          f"{res['matmul_peak_float32'] / 1e9:.1f} GFLOP/s; configured {100 * res['fast_mfu_vs_its_peak']:.1f}% of its "
-          f"{res['fast_matmul_dtype']} peak (bfloat16 matmul peak {res['matmul_peak_bfloat16'] / 1e9:.1f} GFLOP/s)")
+    print(
+        f"achieved:     plain {100 * res['plain_mfu_vs_float32_peak']:.1f}% of float32 matmul peak "
+        f"{res['matmul_peak_float32'] / 1e9:.1f} GFLOP/s; configured {100 * res['fast_mfu_vs_its_peak']:.1f}% of its "
+        f"{res['fast_matmul_dtype']} peak (bfloat16 matmul peak {res['matmul_peak_bfloat16'] / 1e9:.1f} GFLOP/s)"
+    )
     return 0
 
 

@@ -22,6 +22,7 @@ examples/s. Achieved FLOP/s uses model FLOPs = 6 x backbone parameters x those t
 usual 6ND count: forward 2ND + backward 4ND, even though LoRA skips the frozen weights'
 gradients); peak = a measured matmul (fp32 on CPU, the model dtype on GPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,14 @@ from latentstrat.objective import forward_losses
 from latentstrat.reference import reference_nll
 from latentstrat.train import batch_at, step_noise
 
-CELL = {"reconstruction_family": "dist_tokcc_0.05_0.95", "token_aggregation": "sum", "beta": 0.1,
-        "beta_schedule": "constant", "posterior_variance_weight": 0.0, "router_marginal_kl_weight": 0.0}
+CELL = {
+    "reconstruction_family": "dist_tokcc_0.05_0.95",
+    "token_aggregation": "sum",
+    "beta": 0.1,
+    "beta_schedule": "constant",
+    "posterior_variance_weight": 0.0,
+    "router_marginal_kl_weight": 0.0,
+}
 
 
 def matmul_peak(device, dtype, n: int, reps: int = 10) -> float:
@@ -56,7 +63,7 @@ def matmul_peak(device, dtype, n: int, reps: int = 10) -> float:
         a @ b
         _sync(device)
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def _sync(device):
@@ -90,8 +97,11 @@ def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
 
 def add_data_and_model_args(ap, examples_per_task: int) -> None:
     """The options both step benchmarks share: which tasks, how many examples, the embedded model."""
-    ap.add_argument("--tasks", default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
-                                       "base_conversion,list_reversal")
+    ap.add_argument(
+        "--tasks",
+        default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
+        "base_conversion,list_reversal",
+    )
     ap.add_argument("--examples-per-task", type=int, default=examples_per_task)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=512)
@@ -102,18 +112,33 @@ def add_data_and_model_args(ap, examples_per_task: int) -> None:
 
 def train_split_and_tokenizer(args):
     """A fresh train split of `args.tasks` and a tokenizer built on it."""
-    df = data.generate({"seed": 0, "tasks": args.tasks.split(","), "train_per_task": args.examples_per_task,
-                        "validation_per_task": 1, "test_per_task": 1})
+    df = data.generate(
+        {
+            "seed": 0,
+            "tasks": args.tasks.split(","),
+            "train_per_task": args.examples_per_task,
+            "validation_per_task": 1,
+            "test_per_task": 1,
+        }
+    )
     df = df[df.split == "train"].reset_index(drop=True)
     tok = data.record_tokenizer(data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y)))
     return df, tok
 
 
 def embedded_backbone_cfg(args, dtype: str) -> dict:
-    return {"source": "embedded", "dtype": dtype,
-            "embedded": {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
-                         "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-                         "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}}
+    return {
+        "source": "embedded",
+        "dtype": dtype,
+        "embedded": {
+            "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": args.heads,
+            "num_key_value_heads": args.kv_heads,
+            "max_position_embeddings": 512,
+        },
+    }
 
 
 def build(args):
@@ -159,6 +184,7 @@ def time_eval_passes(model, enc, b, scales, args, device) -> tuple[tuple[float, 
     """The no-grad pass of validation and evaluation (the adapters have moved by now), timed on
     the LoRA layers and on merged copies of the backbone (model.merged(), the copies made inside
     the timed block, as a validation makes them): ((seconds, tokens) LoRA, (seconds, tokens) merged)."""
+
     @torch.no_grad()
     def eval_pass(i):
         idx = batch_at(enc.task_idx, args.batch_size, 0, i)
@@ -223,21 +249,32 @@ def run(args) -> dict:
         model_module.PACKED = True
 
     (t_lora_eval, tok_lora_eval), (t_merged_eval, tok_merged_eval) = time_eval_passes(
-        model, enc, b, scales, args, device)
+        model, enc, b, scales, args, device
+    )
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)
     fast, naive = tok_fast / t_fast, tok_naive / t_naive
-    res = {"backbone": bcfg, "params": n_params, "device": str(device), "threads": args.threads,
-           "batch_size": args.batch_size, "steps": args.steps,
-           "host": host.describe(),
-           "trainer_tokens_per_s": fast, "naive_tokens_per_s": naive, "speedup": fast / naive,
-           "padded_tokens_per_s": tok_padded / t_padded, "bf16_autocast_tokens_per_s": tok_bf16 / t_bf16,
-           "eval_lora_tokens_per_s": tok_lora_eval / t_lora_eval,
-           "eval_merged_tokens_per_s": tok_merged_eval / t_merged_eval,
-           "trainer_flops_per_s": 6 * n_params * fast, "matmul_peak_flops_per_s": peak,
-           "peak_dtype": str(peak_dtype).replace("torch.", ""),
-           "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
-           "flops_note": "model FLOPs = 6 x backbone params x real tokens of the two trained passes"}
+    res = {
+        "backbone": bcfg,
+        "params": n_params,
+        "device": str(device),
+        "threads": args.threads,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "host": host.describe(),
+        "trainer_tokens_per_s": fast,
+        "naive_tokens_per_s": naive,
+        "speedup": fast / naive,
+        "padded_tokens_per_s": tok_padded / t_padded,
+        "bf16_autocast_tokens_per_s": tok_bf16 / t_bf16,
+        "eval_lora_tokens_per_s": tok_lora_eval / t_lora_eval,
+        "eval_merged_tokens_per_s": tok_merged_eval / t_merged_eval,
+        "trainer_flops_per_s": 6 * n_params * fast,
+        "matmul_peak_flops_per_s": peak,
+        "peak_dtype": str(peak_dtype).replace("torch.", ""),
+        "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
+        "flops_note": "model FLOPs = 6 x backbone params x real tokens of the two trained passes",
+    }
     if args.peak_flops:
         res["mfu_vs_nominal_peak"] = 6 * n_params * fast / args.peak_flops
     return res
@@ -256,8 +293,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--matmul-n", type=int, default=1024)
-    ap.add_argument("--peak-flops", type=float, default=None,
-                    help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)")
+    ap.add_argument(
+        "--peak-flops", type=float, default=None, help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)"
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     res = run(args)
@@ -267,22 +305,32 @@ def main(argv=None) -> int:
     h = res["host"]
     flags = f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""
     print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}{flags}")
-    print(f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
-          f"batch {res['batch_size']}")
+    print(
+        f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
+        f"batch {res['batch_size']}"
+    )
     fast = res["trainer_tokens_per_s"]
     print(f"trainer step (float32, packed passes):  {fast:9.0f} tokens/s")
-    print(f"  transformers' padded passes:          {res['padded_tokens_per_s']:9.0f} tokens/s  "
-          f"(packed: {fast / res['padded_tokens_per_s']:.2f}x)")
-    print(f"  under bf16 autocast (not used):       {res['bf16_autocast_tokens_per_s']:9.0f} tokens/s  "
-          f"({res['bf16_autocast_tokens_per_s'] / fast:.2f}x the trainer step)")
+    print(
+        f"  transformers' padded passes:          {res['padded_tokens_per_s']:9.0f} tokens/s  "
+        f"(packed: {fast / res['padded_tokens_per_s']:.2f}x)"
+    )
+    print(
+        f"  under bf16 autocast (not used):       {res['bf16_autocast_tokens_per_s']:9.0f} tokens/s  "
+        f"({res['bf16_autocast_tokens_per_s'] / fast:.2f}x the trainer step)"
+    )
     print(f"naive step:                             {res['naive_tokens_per_s']:9.0f} tokens/s")
     merged, lora = res["eval_merged_tokens_per_s"], res["eval_lora_tokens_per_s"]
-    print(f"no-grad pass (validation, evaluation), merged adapters: {merged:9.0f} tokens/s  "
-          f"(LoRA layers {lora:.0f} tokens/s: {merged / lora:.2f}x)")
+    print(
+        f"no-grad pass (validation, evaluation), merged adapters: {merged:9.0f} tokens/s  "
+        f"(LoRA layers {lora:.0f} tokens/s: {merged / lora:.2f}x)"
+    )
     print(f"speedup:      {res['speedup']:.2f}x")
-    print(f"achieved:     {res['trainer_flops_per_s'] / 1e9:.2f} GFLOP/s (6 x params x tokens) = "
-          f"{100 * res['mfu_vs_matmul_peak']:.1f}% of measured {res['peak_dtype']} matmul peak "
-          f"{res['matmul_peak_flops_per_s'] / 1e9:.2f} GFLOP/s")
+    print(
+        f"achieved:     {res['trainer_flops_per_s'] / 1e9:.2f} GFLOP/s (6 x params x tokens) = "
+        f"{100 * res['mfu_vs_matmul_peak']:.1f}% of measured {res['peak_dtype']} matmul peak "
+        f"{res['matmul_peak_flops_per_s'] / 1e9:.2f} GFLOP/s"
+    )
     if "mfu_vs_nominal_peak" in res:
         print(f"MFU vs nominal peak: {100 * res['mfu_vs_nominal_peak']:.1f}%")
     return 0

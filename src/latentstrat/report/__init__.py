@@ -1,4 +1,5 @@
 """Collection report: results.md, analysis.md, figures, brief.yaml, findings.json from aggregate tables."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ def report_thresholds(meta: dict) -> dict:
 
 
 def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
-    """Write the report of one collection from its cached aggregate tables. Returns {findings, figures, skipped, seconds}."""
+    """Write the report of one collection from its cached aggregate tables. Returns "
+    "{findings, figures, skipped, seconds}."""
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
     from latentstrat.report.markdown import analysis_md, results_md
@@ -35,15 +37,25 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     meta["followup"] = write_followup(Path(aggregate_dir), out_dir, meta.get("configfile"))
     write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
     write_text(analysis_md(tables, meta, findings, thresholds), out_dir / "analysis.md")
-    write_text(json.dumps({"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
-                          indent=2, default=_jsonable) + "\n", out_dir / "findings.json")
+    write_text(
+        json.dumps(
+            {"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
+            indent=2,
+            default=_jsonable,
+        )
+        + "\n",
+        out_dir / "findings.json",
+    )
     st = tables["collection_state"]
     brief = {
         "collection": meta.get("collection"),
         "title": meta.get("title") or meta.get("collection"),
         "description": meta.get("description", ""),
-        "cells": {"expected": len(st), "complete": int((st.status == "complete").sum()) if len(st) else 0,
-                  "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else []},
+        "cells": {
+            "expected": len(st),
+            "complete": int((st.status == "complete").sum()) if len(st) else 0,
+            "incomplete": list(st.loc[st.status != "complete", "cell_id"]) if len(st) else [],
+        },
         "comparison_arms": meta.get("comparison_arms", []),
         "entangle_quality_passed": (meta.get("entangle_quality") or {}).get("passed"),
         **_cell_checks(tables["cell_sanity"]),
@@ -85,8 +97,10 @@ def _cell_checks(sanity) -> dict:
         return {"cell_checks_passed": None, "failing_cells": []}
     bad = sanity[sanity.passed.eq(False)]
     passed = False if len(bad) else (True if sanity.passed.eq(True).all() else None)
-    return {"cell_checks_passed": passed,
-            "failing_cells": [{"cell_id": r.cell_id, "why": r.failures} for r in bad.itertuples()]}
+    return {
+        "cell_checks_passed": passed,
+        "failing_cells": [{"cell_id": r.cell_id, "why": r.failures} for r in bad.itertuples()],
+    }
 
 
 def _jsonable(o):

@@ -4,6 +4,7 @@ Reports from tables alone (columns in docs/comparison-table.md): writes DIR/aggr
 report into DIR. With --config (the collection config the tables came from), a `cannot tell`
 that more seeds would settle gets DIR/followup.yaml, which extends that config.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,9 @@ from latentstrat.report import build_report
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m latentstrat.report", description=__doc__.splitlines()[0])
     ap.add_argument("--summary", required=True, help="primary-arm summary table (CSV or parquet)")
-    ap.add_argument("--comparison", action="append", default=[], help="comparison arm summary table; repeatable (arm = file stem)")
+    ap.add_argument(
+        "--comparison", action="append", default=[], help="comparison arm summary table; repeatable (arm = file stem)"
+    )
     ap.add_argument("--history", help="long history table: cell_id, step, task, metric, value")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--title", default="")
@@ -26,12 +29,17 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     try:
-        aggregate_from_tables(a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k, config_path=a.config)
+        aggregate_from_tables(
+            a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k, config_path=a.config
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     res = build_report(out / "aggregate", out, {"title": a.title} if a.title else {})
-    print(f"report written to {out} in {res['seconds']:.1f} s ({len(res['figures'])} figures, {len(res['skipped'])} skipped)")
+    print(
+        f"report written to {out} in {res['seconds']:.1f} s ({len(res['figures'])} figures, {len(res['skipped'])} "
+        "skipped)"
+    )
     return 0
 
 

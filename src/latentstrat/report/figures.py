@@ -1,4 +1,5 @@
 """Report figures (seaborn, Agg backend). Each maker returns a Figure, or None when its data is absent."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,19 +81,31 @@ def objective_scale_heatmap(t):
     multi = c.comparison_arm.nunique() > 1
     c = c.assign(col=(c.comparison_arm + ": " if multi else "") + c[FAMILY_COL] + " " + c.beta_label)
     delta = c.set_index("col")[cols].T
-    delta.index = [label(i[len("delta_"):]) for i in delta.index]
+    delta.index = [label(i[len("delta_") :]) for i in delta.index]
     scale = delta.abs().max(axis=1).replace(0, 1)
     colors = delta.div(scale, axis=0)
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * delta.shape[1] + 3), 1.1 * len(cols) + 2.2))
     # NA deltas (e.g. a probe with too few matched generations) are drawn grey and labelled NA
     ax.set_facecolor("0.85")
     annot = delta.map(lambda v: "NA" if pd.isna(v) else f"{v:+.4f}")
-    sns.heatmap(colors, annot=annot, fmt="", cmap="RdBu_r", center=0, vmin=-1, vmax=1,
-                cbar_kws={"label": "delta / row max |delta|"}, ax=ax, annot_kws={"fontsize": 8})
+    sns.heatmap(
+        colors,
+        annot=annot,
+        fmt="",
+        cmap="RdBu_r",
+        center=0,
+        vmin=-1,
+        vmax=1,
+        cbar_kws={"label": "delta / row max |delta|"},
+        ax=ax,
+        annot_kws={"fontsize": 8},
+    )
     for (i, j), v in np.ndenumerate(delta.to_numpy(dtype=float)):
         if np.isnan(v):  # seaborn skips annotations on NaN cells
             ax.text(j + 0.5, i + 0.5, "NA", ha="center", va="center", fontsize=8, color="0.3")
-    ax.set(xlabel="", ylabel="", title="Primary minus comparison arm\n(annotations: true deltas; colors row-normalized)")
+    ax.set(
+        xlabel="", ylabel="", title="Primary minus comparison arm\n(annotations: true deltas; colors row-normalized)"
+    )
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
     fig.tight_layout()
     return fig
@@ -113,7 +126,7 @@ def _bar(df, y, title):
         for cont, (_, g) in zip(ax.containers, df.groupby(BETA, sort=False)):
             xs = [b.get_x() + b.get_width() / 2 for b in cont]
             err = _err(g, y)
-            err = err[..., :len(xs)] if err is not None else None
+            err = err[..., : len(xs)] if err is not None else None
             ax.errorbar(xs, [b.get_height() for b in cont], yerr=err, fmt="none", ecolor="0.2", capsize=2)
     ax.set(xlabel="reconstruction family", ylabel=label(y), title=title)
     ax.legend(title="", fontsize=8)
@@ -123,12 +136,20 @@ def _bar(df, y, title):
 
 def kl_recon_ratio(t):
     df = _primary(t)
-    return _bar(df, "kl_over_active_reconstruction", "KL / active reconstruction (primary arm)") if _need(df, "kl_over_active_reconstruction") else None
+    return (
+        _bar(df, "kl_over_active_reconstruction", "KL / active reconstruction (primary arm)")
+        if _need(df, "kl_over_active_reconstruction")
+        else None
+    )
 
 
 def posterior_router_gap(t):
     df = _primary(t)
-    return _bar(df, "posterior_router_probe_gap", "Posterior minus router probe (primary arm)") if _need(df, "posterior_router_probe_gap") else None
+    return (
+        _bar(df, "posterior_router_probe_gap", "Posterior minus router probe (primary arm)")
+        if _need(df, "posterior_router_probe_gap")
+        else None
+    )
 
 
 def base_relative_vs_router(t):
@@ -136,12 +157,22 @@ def base_relative_vs_router(t):
     if not _need(df, "base_relative_reconstruction", "within_task_router_probe"):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
-    fig = _scatter(df, "base_relative_reconstruction", "within_task_router_probe",
-                   "Base-relative reconstruction vs router probe\n(grey ticks: each cell's chance level)")
+    fig = _scatter(
+        df,
+        "base_relative_reconstruction",
+        "within_task_router_probe",
+        "Base-relative reconstruction vs router probe\n(grey ticks: each cell's chance level)",
+    )
     fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
     if "within_task_router_probe_chance" in df.columns:  # the probe's chance level under each point
-        fig.axes[0].scatter(df["base_relative_reconstruction"], df["within_task_router_probe_chance"],
-                            marker="_", s=120, color="0.5", label="chance")
+        fig.axes[0].scatter(
+            df["base_relative_reconstruction"],
+            df["within_task_router_probe_chance"],
+            marker="_",
+            s=120,
+            color="0.5",
+            label="chance",
+        )
     return fig
 
 
@@ -151,7 +182,12 @@ def inferred_scale(t):
         return None
     is_ratio = s.aggregation_mode.str.contains("_ratio")
     bars, ratios = s[~is_ratio].copy(), s[is_ratio]
-    bars["bar"] = bars.source.str.replace("primary arm", "primary") + "\n(" + bars.aggregation_mode.str.split("_comparison").str[0].str.split(" ").str[0] + ")"
+    bars["bar"] = (
+        bars.source.str.replace("primary arm", "primary")
+        + "\n("
+        + bars.aggregation_mode.str.split("_comparison").str[0].str.split(" ").str[0]
+        + ")"
+    )
     fig, ax = plt.subplots(figsize=(max(5.5, 1.8 * len(bars) + 1), 4.2))
     sns.barplot(data=bars, x="bar", y="mean", ax=ax, errorbar=None, color="tab:blue")
     ax.errorbar(range(len(bars)), bars["mean"], yerr=bars["std"], fmt="none", ecolor="0.2", capsize=3)
@@ -161,8 +197,16 @@ def inferred_scale(t):
     ratio_text = "\n".join(f"{r.source.replace('derived: ', '')}: {r['mean']:.4g}x" for _, r in ratios.iterrows())
     ax.set(xlabel="", ylabel="S_ref = raw / base-relative (log)", title="Inferred z-free reference scale")
     if ratio_text:
-        ax.text(0.98, 0.95, ratio_text, transform=ax.transAxes, ha="right", va="top", fontsize=8,
-                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"})
+        ax.text(
+            0.98,
+            0.95,
+            ratio_text,
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"},
+        )
     plt.setp(ax.get_xticklabels(), fontsize=8)
     fig.tight_layout()
     return fig
@@ -187,8 +231,16 @@ def dynamics(t, metrics: list[str], title: str):
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics) + 1.5, 4), squeeze=False)
     for i, (ax, m) in enumerate(zip(axes[0], metrics)):
-        sns.lineplot(data=h[h.metric == m], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
-                     legend=i == len(metrics) - 1)
+        sns.lineplot(
+            data=h[h.metric == m],
+            x="step",
+            y="value",
+            hue=FAM,
+            style=BETA,
+            ax=ax,
+            errorbar="sd",
+            legend=i == len(metrics) - 1,
+        )
         ax.set(ylabel=history_label(m), title=history_label(m), xlabel="step (0 = initialization)")
     axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.suptitle(title)
@@ -205,14 +257,34 @@ def trajectory(t):
     if not _need(w, "base_relative_reconstruction", "matched_router_score"):
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    sns.lineplot(data=w.sort_values("step"), x="base_relative_reconstruction", y="matched_router_score",
-                 hue=FAM, style=BETA, units="cell_id", estimator=None, sort=False, marker="o", markersize=3, ax=ax)
+    sns.lineplot(
+        data=w.sort_values("step"),
+        x="base_relative_reconstruction",
+        y="matched_router_score",
+        hue=FAM,
+        style=BETA,
+        units="cell_id",
+        estimator=None,
+        sort=False,
+        marker="o",
+        markersize=3,
+        ax=ax,
+    )
     start = w[w.step == w.step.min()]
-    ax.scatter(start.base_relative_reconstruction, start.matched_router_score, marker="x", color="k",
-               label="first checkpoint", zorder=5)
+    ax.scatter(
+        start.base_relative_reconstruction,
+        start.matched_router_score,
+        marker="x",
+        color="k",
+        label="first checkpoint",
+        zorder=5,
+    )
     ax.set_xscale("log")
-    ax.set(xlabel=label("base_relative_reconstruction") + " (log)", ylabel=history_label("matched_router_score"),
-           title="Reconstruction-router trajectory")
+    ax.set(
+        xlabel=label("base_relative_reconstruction") + " (log)",
+        ylabel=history_label("matched_router_score"),
+        title="Reconstruction-router trajectory",
+    )
     ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
@@ -230,8 +302,9 @@ def per_task_router(t):
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols + 1.5, 3.4 * rows), squeeze=False, sharey=True)
     for i, task in enumerate(tasks):
         ax = axes[i // cols][i % cols]
-        sns.lineplot(data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd",
-                     legend=i == 0)
+        sns.lineplot(
+            data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd", legend=i == 0
+        )
         ax.set(title=task, ylabel=history_label("matched_router_score"), xlabel="step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
@@ -246,8 +319,12 @@ def token_dominance(t):
     d = t.get("token_dominance", pd.DataFrame())
     if d.empty:
         return None
-    long = d.melt(id_vars=["token_aggregation", "checkpoint", "task"], value_vars=[m for m in SHARE_METRICS if m in d.columns],
-                  var_name="share", value_name="value")
+    long = d.melt(
+        id_vars=["token_aggregation", "checkpoint", "task"],
+        value_vars=[m for m in SHARE_METRICS if m in d.columns],
+        var_name="share",
+        value_name="value",
+    )
     long["panel"] = long.token_aggregation + " | " + long.checkpoint
     panels = list(dict.fromkeys(long.panel))
     cols = min(2, len(panels))
@@ -276,15 +353,23 @@ FIGURES = {
     "base_relative_vs_router": ("Base-relative reconstruction versus router probe", base_relative_vs_router),
     "inferred_scale": ("Inferred z-free reference scale", inferred_scale),
     "posterior_router_gap": ("Posterior-router gap", posterior_router_gap),
-    "dynamics_base_relative": ("Base-relative reconstruction dynamics",
-                               lambda t: dynamics(t, ["base_relative_reconstruction"], "Validation dynamics")),
-    "dynamics_active_objective": ("Active reconstruction objective dynamics",
-                                  lambda t: dynamics(t, ["active_reconstruction_objective"], "Validation dynamics")),
+    "dynamics_base_relative": (
+        "Base-relative reconstruction dynamics",
+        lambda t: dynamics(t, ["base_relative_reconstruction"], "Validation dynamics"),
+    ),
+    "dynamics_active_objective": (
+        "Active reconstruction objective dynamics",
+        lambda t: dynamics(t, ["active_reconstruction_objective"], "Validation dynamics"),
+    ),
     "dynamics_kl": ("KL dynamics", lambda t: dynamics(t, ["kl_prior_loss"], "Validation dynamics")),
-    "dynamics_kl_ratio": ("KL/reconstruction ratio dynamics",
-                          lambda t: dynamics(t, ["kl_over_active_reconstruction"], "Validation dynamics")),
-    "dynamics_probes": ("Router and posterior probe dynamics",
-                        lambda t: dynamics(t, ["within_task_router_probe", "posterior_probe"], "Validation probes")),
+    "dynamics_kl_ratio": (
+        "KL/reconstruction ratio dynamics",
+        lambda t: dynamics(t, ["kl_over_active_reconstruction"], "Validation dynamics"),
+    ),
+    "dynamics_probes": (
+        "Router and posterior probe dynamics",
+        lambda t: dynamics(t, ["within_task_router_probe", "posterior_probe"], "Validation probes"),
+    ),
     "reconstruction_router_trajectory": ("Reconstruction-router trajectory", trajectory),
     "per_task_router_dynamics": ("Per-task router dynamics", per_task_router),
     "token_count_dominance": ("Token-count dominance", token_dominance),

@@ -1,4 +1,5 @@
 """results.md (observational) and analysis.md (interpretive) from the aggregate tables."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -23,19 +24,28 @@ def entangle_quality_md(quality: dict | None) -> list[str]:
     if not quality:
         return out + ["Not recorded for this report (the entangle stage's quality.json was not read).\n"]
     if quality.get("mode") == "skip":
-        return out + ["The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"]
+        return out + [
+            "The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"
+        ]
     q = quality_table(quality).sort_values(["task", "check"], kind="stable")
     op = q.direction.map({"min": ">=", "max": "<="})
-    q["cell"] = [f"{fmt(v)} ({'ok' if ok else 'FAIL'}, {o} {fmt(th)})"
-                 for v, ok, o, th in zip(q.value, q.passed, op, q.threshold)]
+    q["cell"] = [
+        f"{fmt(v)} ({'ok' if ok else 'FAIL'}, {o} {fmt(th)})"
+        for v, ok, o, th in zip(q.value, q.passed, op, q.threshold)
+    ]
     wide = q.pivot(index="task", columns="check", values="cell").reset_index()
     wide.columns.name = None
     failed = [f"{t}.{c}" for t, c, ok in zip(q.task, q.check, q.passed) if not ok]
-    verdict = ("Every check passed." if quality.get("passed") else
-               f"**Failed: {', '.join(failed)}.** Every cell starts from this model; read its rows with that in mind.")
+    verdict = (
+        "Every check passed."
+        if quality.get("passed")
+        else f"**Failed: {', '.join(failed)}.** Every cell starts from this model; read its rows with that in mind."
+    )
     n = quality.get("samples_per_task")
-    return out + [f"Samples at temperature {quality.get('temperature', 1.0)}, up to {n} validation inputs per task. {verdict}\n",
-                  md_table(wide)]
+    return out + [
+        f"Samples at temperature {quality.get('temperature', 1.0)}, up to {n} validation inputs per task. {verdict}\n",
+        md_table(wide),
+    ]
 
 
 def cell_sanity_md(t: dict, thr: dict) -> list[str]:
@@ -45,32 +55,41 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
     out = ["## Cell Sanity Check\n"]
     if s.empty:
         return out + ["NA: no complete cell to check.\n"]
-    rule = (f"A cell passes when its final answer accuracy and strategy-match rate are at least "
-            f"{thr['sanity_min_answer_ratio']} and {thr['sanity_min_strategy_match_ratio']} x the entangled model's "
-            f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
-            f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final base-relative reconstruction "
-            f"is at most {thr['sanity_max_base_relative']}, and its within-task router probe is usable on at least "
-            f"{thr['sanity_min_probe_coverage']:.0%} of the tasks (config `report.sanity_*`).")
+    rule = (
+        f"A cell passes when its final answer accuracy and strategy-match rate are at least "
+        f"{thr['sanity_min_answer_ratio']} and {thr['sanity_min_strategy_match_ratio']} x the entangled model's "
+        f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
+        f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final base-relative reconstruction "
+        f"is at most {thr['sanity_max_base_relative']}, and its within-task router probe is usable on at least "
+        f"{thr['sanity_min_probe_coverage']:.0%} of the tasks (config `report.sanity_*`)."
+    )
     bad = s[s.passed.eq(False)]
     unchecked = s[s.passed.isna()]
     if len(bad):
-        verdict = (f"**{len(bad)} of {len(s)} cells fail.** They are marked `FAIL` in the `{CELL_CHECK_COL}` column of "
-                   "every table, and findings that rest on them say so.")
+        verdict = (
+            f"**{len(bad)} of {len(s)} cells fail.** They are marked `FAIL` in the `{CELL_CHECK_COL}` column of "
+            "every table, and findings that rest on them say so."
+        )
     elif len(unchecked):
         verdict = f"No cell fails, but {len(unchecked)} of {len(s)} could not be fully checked (see `failures`)."
     else:
         verdict = f"All {len(s)} cells pass."
     collapsed = s[s.collapsed.eq(True)] if "collapsed" in s.columns else s.iloc[:0]
     if len(collapsed):
-        verdict += (f" {len(collapsed)} cell(s) collapsed onto fewer strategies than the data has (followed-strategy "
-                    f"total variation >= {thr['collapse_tv']} on some task): " + ", ".join(f"`{c}`" for c in collapsed.cell_id)
-                    + "; their raw probe accuracies sit near chance by construction, read the chance-corrected ones.")
+        verdict += (
+            f" {len(collapsed)} cell(s) collapsed onto fewer strategies than the data has (followed-strategy "
+            f"total variation >= {thr['collapse_tv']} on some task): "
+            + ", ".join(f"`{c}`" for c in collapsed.cell_id)
+            + "; their raw probe accuracies sit near chance by construction, read the chance-corrected ones."
+        )
     out += [rule + " " + verdict + "\n"]
     if len(bad):
         out += ["Failing cells:\n"] + [f"- `{r.cell_id}`: {r.failures}" for r in bad.itertuples()] + [""]
     cols = [c for c in s.columns if c not in ("cell_id", "failures")]
-    shown = s.assign(passed=s.passed.map({True: "ok", False: "FAIL"}).fillna("NA"),
-                     collapsed=s.collapsed.map({True: "yes", False: "no"}).fillna("NA"))
+    shown = s.assign(
+        passed=s.passed.map({True: "ok", False: "FAIL"}).fillna("NA"),
+        collapsed=s.collapsed.map({True: "yes", False: "no"}).fillna("NA"),
+    )
     return out + [md_table(shown, cols)]
 
 
@@ -87,15 +106,27 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     out += _common_cells_md(t)
     out += _dynamics_md(t)
     out += _dominance_md(t)
-    out += ["## Top And Bottom Rows\n", f"### Top Rows By {label(metric).title()}\n", md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
-            f"### Bottom Rows By {label(metric).title()}\n", md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"])]
+    out += [
+        "## Top And Bottom Rows\n",
+        f"### Top Rows By {label(metric).title()}\n",
+        md_table(t["top_rows"], [c for c in t["top_rows"].columns if c != "cell_id"]),
+        f"### Bottom Rows By {label(metric).title()}\n",
+        md_table(t["bottom_rows"], [c for c in t["bottom_rows"].columns if c != "cell_id"]),
+    ]
     out.append("## Figures\n")
     for name, title in made:
         out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n")
     if skipped:
-        out += ["Figures skipped because their data is absent:\n"] + [f"- {title} (`{name}.png`)" for name, title in skipped] + [""]
-    out += ["## Artifacts\n", "- Aggregate tables: `" + str(meta.get("aggregate_dir", "aggregate")) + "/*.parquet` and `*.csv`",
-            "- Interpretation: `analysis.md`; brief: `brief.yaml`; findings: `findings.json`; figures: `figures/`\n"]
+        out += (
+            ["Figures skipped because their data is absent:\n"]
+            + [f"- {title} (`{name}.png`)" for name, title in skipped]
+            + [""]
+        )
+    out += [
+        "## Artifacts\n",
+        "- Aggregate tables: `" + str(meta.get("aggregate_dir", "aggregate")) + "/*.parquet` and `*.csv`",
+        "- Interpretation: `analysis.md`; brief: `brief.yaml`; findings: `findings.json`; figures: `figures/`\n",
+    ]
     return "\n".join(out)
 
 
@@ -109,15 +140,25 @@ def _state_md(t: dict) -> list[str]:
         out += ["## Collection Metadata\n", md_table(meta_t)]
     costs = t.get("cell_costs", pd.DataFrame())
     if not costs.empty:
-        parts = ", ".join(f"{c[:-2]} {fmt(round(costs[c].mean(), 1))} s" for c in costs.columns if c.endswith("_s") and c != "total_s")
-        out.append(f"What a cell cost ({len(costs)} cells run by this collection, Snakemake benchmarks, seconds of one "
-                   f"job slot, mean): {parts}; {fmt(round(costs.total_s.mean(), 1))} s per cell in all.\n")
-    out += ["## Collection State\n",
-            f"The collection has {len(st)} expected cells: {n_ok} have final metrics and {len(st) - n_ok} remain without final metrics.\n",
-            md_table(counts)]
+        parts = ", ".join(
+            f"{c[:-2]} {fmt(round(costs[c].mean(), 1))} s" for c in costs.columns if c.endswith("_s") and c != "total_s"
+        )
+        out.append(
+            f"What a cell cost ({len(costs)} cells run by this collection, Snakemake benchmarks, seconds of one "
+            f"job slot, mean): {parts}; {fmt(round(costs.total_s.mean(), 1))} s per cell in all.\n"
+        )
+    out += [
+        "## Collection State\n",
+        f"The collection has {len(st)} expected cells: {n_ok} have final metrics and {len(st) - n_ok} remain without "
+        "final metrics.\n",
+        md_table(counts),
+    ]
     inc = st[st.status != "complete"] if not st.empty else st
     if len(inc):
-        out += ["Incomplete cells (excluded from every quantitative summary below):\n", md_table(inc, ["cell_id", "arm", "reason"])]
+        out += [
+            "Incomplete cells (excluded from every quantitative summary below):\n",
+            md_table(inc, ["cell_id", "arm", "reason"]),
+        ]
     return out
 
 
@@ -129,26 +170,42 @@ def _aggregate_metrics_md(t: dict, meta: dict, metric: str) -> list[str]:
         out.append(f"Note: {meta['ranking_note']}.\n")
     if not p.empty:
         b = p.iloc[0]
-        extra = ", ".join(f"{label(m)} {fmt(b[m])}" for m in ("matched_router_score", "final_answer_accuracy")
-                          if m != metric and m in b.index and pd.notna(b[m]))
+        extra = ", ".join(
+            f"{label(m)} {fmt(b[m])}"
+            for m in ("matched_router_score", "final_answer_accuracy")
+            if m != metric and m in b.index and pd.notna(b[m])
+        )
         probe = ""
         if "within_task_router_probe" in b.index and pd.notna(b["within_task_router_probe"]):
-            probe = (f", within-task router probe {fmt(b['within_task_router_probe'])} (chance "
-                     f"{fmt(b.get('within_task_router_probe_chance'))}, shuffled labels "
-                     f"{fmt(b.get('within_task_router_probe_shuffled'))}, chance-corrected "
-                     f"{fmt(b.get('within_task_router_probe_corrected'))})")
-        out.append(f"Primary arm: {_primary_arm(t)}. The best row by {label(metric)} is {b[FAMILY_COL]} at {b.beta_label} with "
-                   f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + probe + ".\n")
+            probe = (
+                f", within-task router probe {fmt(b['within_task_router_probe'])} (chance "
+                f"{fmt(b.get('within_task_router_probe_chance'))}, shuffled labels "
+                f"{fmt(b.get('within_task_router_probe_shuffled'))}, chance-corrected "
+                f"{fmt(b.get('within_task_router_probe_corrected'))})"
+            )
+        out.append(
+            f"Primary arm: {_primary_arm(t)}. The best row by {label(metric)} is {b[FAMILY_COL]} at {b.beta_label} "
+            "with "
+            f"{label(metric)} {fmt(b[metric])}" + (f", {extra}" if extra else "") + probe + ".\n"
+        )
     else:
-        out.append(f"Primary arm: {_primary_arm(t)}. No complete primary row has a {label(metric)} (NA: its probes had too "
-                   "few eligible examples, see the per-cell `*_tasks` counts), so there is no best row.\n")
+        out.append(
+            f"Primary arm: {_primary_arm(t)}. No complete primary row has a {label(metric)} (NA: its probes had too "
+            "few eligible examples, see the per-cell `*_tasks` counts), so there is no best row.\n"
+        )
     by = t["summary_by_setting"]
     if not by.empty and by.get("n_seeds", pd.Series([1])).max() > 1:
-        cols = ["arm", "family_label", "beta_label", "n_seeds"] + [c for m in ("matched_router_score", "final_answer_accuracy",
-                                                                              "active_reconstruction_objective") for c in (m, f"{m}_std")]
+        cols = ["arm", "family_label", "beta_label", "n_seeds"] + [
+            c
+            for m in ("matched_router_score", "final_answer_accuracy", "active_reconstruction_objective")
+            for c in (m, f"{m}_std")
+        ]
         out += ["Mean and std (sample) across seeds:\n", md_table(by, cols)]
-    out += ["## Metric Distributions\n", "Over the complete primary-arm settings (population std).\n",
-            md_table(t["metric_distributions"], ["label", "n", "min", "mean", "median", "max", "std"])]
+    out += [
+        "## Metric Distributions\n",
+        "Over the complete primary-arm settings (population std).\n",
+        md_table(t["metric_distributions"], ["label", "n", "min", "mean", "median", "max", "std"]),
+    ]
     return out
 
 
@@ -158,16 +215,28 @@ def _common_cells_md(t: dict) -> list[str]:
     out = ["## Common Cells\n"]
     if c.empty:
         out.append("No common cells with a comparison arm.\n")
-    for arm, g in (c.groupby("comparison_arm", sort=False) if not c.empty else []):
+    for arm, g in c.groupby("comparison_arm", sort=False) if not c.empty else []:
         g = g.dropna(axis=1, how="all")
-        out += [f"### Comparison arm `{arm}`\n", f"{len(g)} common cells; deltas are primary minus comparison arm.\n",
-                md_table(g, [col for col in g.columns if col not in ("comparison_arm", "primary_cell", "comparison_cell")])]
+        out += [
+            f"### Comparison arm `{arm}`\n",
+            f"{len(g)} common cells; deltas are primary minus comparison arm.\n",
+            md_table(g, [col for col in g.columns if col not in ("comparison_arm", "primary_cell", "comparison_cell")]),
+        ]
     u = t["unmatched_rows"]
     if not u.empty:
-        out += ["Primary rows without a matching comparison row (left out of the contrast):\n", md_table(u, ["comparison_arm", *ID, "reason"])]
-    out += ["## Inferred Z-Free Reference Scale\n",
-            "Inferred as reconstruction_loss / base_relative_reconstruction.\n", md_table(t["reference_scale"])]
-    out += ["## Derived Local Diagnostic Table\n", md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"])]
+        out += [
+            "Primary rows without a matching comparison row (left out of the contrast):\n",
+            md_table(u, ["comparison_arm", *ID, "reason"]),
+        ]
+    out += [
+        "## Inferred Z-Free Reference Scale\n",
+        "Inferred as reconstruction_loss / base_relative_reconstruction.\n",
+        md_table(t["reference_scale"]),
+    ]
+    out += [
+        "## Derived Local Diagnostic Table\n",
+        md_table(t["derived_diagnostics"], [c for c in t["derived_diagnostics"].columns if c != "cell_id"]),
+    ]
     return out
 
 
@@ -180,15 +249,31 @@ def _dynamics_md(t: dict) -> list[str]:
     else:
         first = ", ".join(sorted(d.first_checkpoint.unique()))
         out.append(f"Validation metrics, not final test metrics. First checkpoint: {first}.\n")
-        cols = [*ID, "first_checkpoint", "first_global_step", "final_global_step"] + [c for c in d.columns if c.startswith(("first_", "min_", "final_", "max_"))
-                                                                                      and c not in ("first_checkpoint", "first_global_step", "final_global_step")
-                                                                                      and ("base_relative" in c or "kl_prior" in c or "matched_router" in c)]
+        cols = [*ID, "first_checkpoint", "first_global_step", "final_global_step"] + [
+            c
+            for c in d.columns
+            if c.startswith(("first_", "min_", "final_", "max_"))
+            and c not in ("first_checkpoint", "first_global_step", "final_global_step")
+            and ("base_relative" in c or "kl_prior" in c or "matched_router" in c)
+        ]
         out += ["### Dynamics Summary Table\n", md_table(d, cols + [CELL_CHECK_COL])]
     pt = t["per_task_checkpoints"]
     if not pt.empty:
-        out += ["### Top Per-Task Validation Router Checkpoints\n",
-                md_table(pt, ["task_name", *ID, "final_val_scored_matched_router_score", "max_val_scored_matched_router_score",
-                              "step_of_max", "final_val_decoded_answer_accuracy", CELL_CHECK_COL])]
+        out += [
+            "### Top Per-Task Validation Router Checkpoints\n",
+            md_table(
+                pt,
+                [
+                    "task_name",
+                    *ID,
+                    "final_val_scored_matched_router_score",
+                    "max_val_scored_matched_router_score",
+                    "step_of_max",
+                    "final_val_decoded_answer_accuracy",
+                    CELL_CHECK_COL,
+                ],
+            ),
+        ]
     return out
 
 
@@ -199,15 +284,25 @@ def _dominance_md(t: dict) -> list[str]:
     if dom.empty:
         out.append("No per-task share metrics in the histories.\n")
     else:
-        out += ["Per task and aggregation (mean over cells), shares of examples, supervised tokens, summed loss and gradient "
-                "norm (on equal-size validation batches per task), and `batch_task_share`: the share of the task's rows in the "
-                "training batches (task-mixed batches follow the training mixture).\n",
-                md_table(dom), "Share sums per aggregation and checkpoint:\n", md_table(t["token_dominance_sums"])]
+        out += [
+            "Per task and aggregation (mean over cells), shares of examples, supervised tokens, summed loss and "
+            "gradient "
+            "norm (on equal-size validation batches per task), and `batch_task_share`: the share of the task's rows "
+            "in the "
+            "training batches (task-mixed batches follow the training mixture).\n",
+            md_table(dom),
+            "Share sums per aggregation and checkpoint:\n",
+            md_table(t["token_dominance_sums"]),
+        ]
     clip = t.get("gradient_clipping", pd.DataFrame())
     if not clip.empty:
-        out += ["Gradient clipping per aggregation (`train.grad_clip`): the threshold, the mean pre-clip gradient norm and the "
-                "fraction of steps it clipped. A threshold that clips most steps of one aggregation and none of the other "
-                "changes that aggregation's effective step size.\n", md_table(clip)]
+        out += [
+            "Gradient clipping per aggregation (`train.grad_clip`): the threshold, the mean pre-clip gradient norm "
+            "and the "
+            "fraction of steps it clipped. A threshold that clips most steps of one aggregation and none of the other "
+            "changes that aggregation's effective step size.\n",
+            md_table(clip),
+        ]
     return out
 
 
@@ -218,31 +313,43 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
     c, a = t["common_cells"], t.get("arm_contrasts", pd.DataFrame())
     metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     out = []
-    for arm, g in (c.groupby("comparison_arm", sort=False) if not c.empty else []):
+    for arm, g in c.groupby("comparison_arm", sort=False) if not c.empty else []:
         col = f"delta_{metric}" if f"delta_{metric}" in g.columns else "delta_matched_router_score"
-        m = col[len("delta_"):]
+        m = col[len("delta_") :]
         d = g[col].dropna() if col in g.columns else pd.Series(dtype=float)
         if d.empty:
-            out.append(f"Against `{arm}`, the {len(g)} common-cell {label(m)} deltas are NA: no common cell has a "
-                       "router probe score on both sides (a within-task router probe needs generations that follow "
-                       "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n")
+            out.append(
+                f"Against `{arm}`, the {len(g)} common-cell {label(m)} deltas are NA: no common cell has a "
+                "router probe score on both sides (a within-task router probe needs generations that follow "
+                "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n"
+            )
             continue
         row = a[(a.comparison_arm == arm) & (a.metric == m)] if not a.empty else a
         if row.empty or pd.isna(row.ci_low.iloc[0]):
-            out.append(f"Against `{arm}`, the mean of {len(d)} common-cell {label(m)} deltas is {fmt(d.mean())}: "
-                       "cannot tell its sign (no bootstrap interval: the cells have no replicates).\n")
+            out.append(
+                f"Against `{arm}`, the mean of {len(d)} common-cell {label(m)} deltas is {fmt(d.mean())}: "
+                "cannot tell its sign (no bootstrap interval: the cells have no replicates).\n"
+            )
             continue
         r = row.iloc[0]
         na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
-        why = f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
-        detect = (f" The smallest difference this collection could detect (80% power, 5% two-sided): "
-                  f"{fmt(r.detectable_delta)}." if pd.notna(r.get("detectable_delta")) else "")
+        why = (
+            f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
+        )
+        detect = (
+            f" The smallest difference this collection could detect (80% power, 5% two-sided): "
+            f"{fmt(r.detectable_delta)}."
+            if pd.notna(r.get("detectable_delta"))
+            else ""
+        )
         if _max_seeds(t) == 1:
             detect += " With one seed per setting the interval covers the test inputs, not training noise."
-        out.append(f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
-                   f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
-                   f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
-                   f"{detect}{clip_sentence(t)}\n")
+        out.append(
+            f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
+            f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
+            f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
+            f"{detect}{clip_sentence(t)}\n"
+        )
     return out
 
 
@@ -259,11 +366,14 @@ def followup_sentences(plan: dict) -> list[str]:
         return []
     out = ["## Follow-Up\n"]
     for n in plan["needs"]:
-        out.append(f"Against `{n['comparison_arm']}`, {label(n['metric'])} cannot be told at this precision "
-                   f"(detectable now: {fmt(n['detectable_now'])}, effect to settle: {fmt(n['effect'])}). "
-                   f"`followup.yaml` runs {n['seeds']} seeds per setting, which bring the detectable difference "
-                   f"to about {fmt(n['detectable_then'])}" + (f" (it would take {n['seeds_needed']} seeds to reach "
-                                                              "the target; capped)" if n["capped"] else "") + ".")
+        out.append(
+            f"Against `{n['comparison_arm']}`, {label(n['metric'])} cannot be told at this precision "
+            f"(detectable now: {fmt(n['detectable_now'])}, effect to settle: {fmt(n['effect'])}). "
+            f"`followup.yaml` runs {n['seeds']} seeds per setting, which bring the detectable difference "
+            f"to about {fmt(n['detectable_then'])}"
+            + (f" (it would take {n['seeds_needed']} seeds to reach the target; capped)" if n["capped"] else "")
+            + "."
+        )
     out.append(f"It adds {plan['cells_added']} cells: {cost_text(plan)}.\n")
     return out
 
@@ -280,24 +390,34 @@ def clip_sentence(t: dict) -> str:
 
 def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
-    out = [f"# {title}: Analysis\n",
-           f"Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = {thresholds['near_zero_delta']}, "
-           f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n"]
+    out = [
+        f"# {title}: Analysis\n",
+        "Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = "
+        f"{thresholds['near_zero_delta']}, "
+        f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n",
+    ]
     out += sign_sentences(t, meta)
     st = t["collection_state"]
     if not st.empty and "token_aggregation" in st.columns and (st.token_aggregation == "sum_scaled").any():
-        out.append("`sum_scaled` (sum / n_bar) differs from `sum` only for the `raw` family: the normalized families "
-                   "divide by a reference scale computed under the same aggregation, which carries the same n_bar, so "
-                   "their `sum_scaled` cells would repeat the `sum` cells exactly. What `sum_scaled` isolates is the "
-                   "per-example weighting n_i / n_bar at the scale of `mean`; the scale-versus-weighting question is "
-                   "answered on `raw` cells only.\n")
+        out.append(
+            "`sum_scaled` (sum / n_bar) differs from `sum` only for the `raw` family: the normalized families "
+            "divide by a reference scale computed under the same aggregation, which carries the same n_bar, so "
+            "their `sum_scaled` cells would repeat the `sum` cells exactly. What `sum_scaled` isolates is the "
+            "per-example weighting n_i / n_bar at the scale of `mean`; the scale-versus-weighting question is "
+            "answered on `raw` cells only.\n"
+        )
     s = t["reference_scale"]
-    for _, r in (s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []):
+    for _, r in s[s.aggregation_mode.str.contains("_ratio")].iterrows() if not s.empty else []:
         out.append(f"Inferred z-free reference scale ratio {r.aggregation_mode}: {fmt(r['mean'])}x ({r.source}).\n")
     out += followup_sentences(meta.get("followup") or {})
     out += ["## What The Local Data Can Answer\n", md_table(t["data_availability"])]
     out += ["## Fairness Assessment\n", md_table(t["fairness"])]
     out.append("## Diagnostic Questions\n")
     for f in findings:
-        out += [f"### {f['question']}\n", f"**{f['status']}** — {f['evidence']}" + (f" (threshold: {f['threshold']})" if f["threshold"] else "") + "\n"]
+        out += [
+            f"### {f['question']}\n",
+            f"**{f['status']}** — {f['evidence']}"
+            + (f" (threshold: {f['threshold']})" if f["threshold"] else "")
+            + "\n",
+        ]
     return "\n".join(out)

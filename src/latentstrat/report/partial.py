@@ -5,6 +5,7 @@ Called by the workflow's `onerror` handler in the main Snakemake process; the ne
 replaces these outputs (the missing metrics are newer). A cell whose metrics are older than its
 records or probes (rewritten or corrupt outputs) is incomplete too (aggregate.inputs.load_cell_metrics).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,13 +28,20 @@ def partial_report(cfg: dict, log=print) -> dict | None:
         log("partial report: no cell has metrics yet; nothing to report")
         return None
     missing = [c for c in cells if c not in done]
-    log(f"partial report: {len(done)}/{len(cells)} cells have metrics; without: {', '.join(missing) or 'none'} "
-        f"-> {p.report_dir}")
+    log(
+        f"partial report: {len(done)}/{len(cells)} cells have metrics; without: {', '.join(missing) or 'none'} "
+        f"-> {p.report_dir}"
+    )
     quality = p.entangle_files(cfg["entangle"]["mode"])["quality"]
     quality = quality if Path(quality).exists() else None
-    aggregate_collection(cfg, {c: str(p.metrics_path(c)) for c in cells},
-                         {c: p.train_files(c)["history"] for c in cells}, str(p.aggregate_dir), quality_path=quality,
-                         upstream={c: [str(p.records_path(c)), *p.probe_files(c, tasks)] for c in cells})
+    aggregate_collection(
+        cfg,
+        {c: str(p.metrics_path(c)) for c in cells},
+        {c: p.train_files(c)["history"] for c in cells},
+        str(p.aggregate_dir),
+        quality_path=quality,
+        upstream={c: [str(p.records_path(c)), *p.probe_files(c, tasks)] for c in cells},
+    )
     meta = {"collection": cfg["collection"], "config": cfg, "cells": cells, "partial": True}
     if quality:
         meta["entangle_quality"] = load_entangle_quality(quality)

@@ -1,4 +1,5 @@
 """Reading the aggregate directory and rendering tables as markdown (4 decimals, like the original study's reports)."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,32 @@ from pathlib import Path
 
 import pandas as pd
 
-TABLES = ["summary", "collection_state", "collection_state_counts", "summary_by_setting", "metric_distributions",
-          "common_cells", "arm_contrasts", "unmatched_rows", "reference_scale", "derived_diagnostics", "top_rows",
-          "bottom_rows", "history_long", "history_per_task_long", "dynamics_summary", "per_task_checkpoints",
-          "token_dominance", "token_dominance_sums", "gradient_clipping", "cell_sanity", "collection_metadata", "fairness", "data_availability",
-          "cell_costs"]
+TABLES = [
+    "summary",
+    "collection_state",
+    "collection_state_counts",
+    "summary_by_setting",
+    "metric_distributions",
+    "common_cells",
+    "arm_contrasts",
+    "unmatched_rows",
+    "reference_scale",
+    "derived_diagnostics",
+    "top_rows",
+    "bottom_rows",
+    "history_long",
+    "history_per_task_long",
+    "dynamics_summary",
+    "per_task_checkpoints",
+    "token_dominance",
+    "token_dominance_sums",
+    "gradient_clipping",
+    "cell_sanity",
+    "collection_metadata",
+    "fairness",
+    "data_availability",
+    "cell_costs",
+]
 
 
 def load_aggregate(aggregate_dir: str | Path) -> tuple[dict, dict]:

@@ -2,6 +2,7 @@
 
 Every task follows latentstrat.tasks.base.Task (docs/architecture.md, Data).
 """
+
 from latentstrat.tasks.addition import MultidigitAddition
 from latentstrat.tasks.base import Task
 from latentstrat.tasks.base_conversion import BaseConversion
@@ -11,12 +12,15 @@ from latentstrat.tasks.grid import GridPathfinding
 from latentstrat.tasks.reversal import ListReversal
 from latentstrat.tasks.sorting import SortingAlgorithms
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    SortingAlgorithms(),
-    GridPathfinding(),
-    MultidigitAddition(),
-    LinearEquations(),
-    BaseConversion(),
-    ListReversal(),
-    GcdComputation(),
-)}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        SortingAlgorithms(),
+        GridPathfinding(),
+        MultidigitAddition(),
+        LinearEquations(),
+        BaseConversion(),
+        ListReversal(),
+        GcdComputation(),
+    )
+}

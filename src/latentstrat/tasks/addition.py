@@ -7,6 +7,7 @@ column sums from the units up, with the carry written when it is 1:
 running total: `+ 3 0 0 = 7 7 2 ; + 8 0 = 8 5 2 ; + 9 = 8 6 1 ; answer 8 6 1`. The first
 token (a digit vs `+`) decides the strategy; traces never coincide.
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task, digits
@@ -21,7 +22,7 @@ class MultidigitAddition(Task):
     strategies = ("right_to_left", "left_to_right")
 
     def sample_input(self, rng):
-        a, b = (rng.randrange(10 ** (OPERAND_DIGITS - 1), 10 ** OPERAND_DIGITS) for _ in range(2))
+        a, b = (rng.randrange(10 ** (OPERAND_DIGITS - 1), 10**OPERAND_DIGITS) for _ in range(2))
         return f"add {digits(a)} + {digits(b)}"
 
     def _parse(self, x: str) -> tuple[int, int]:
@@ -29,7 +30,7 @@ class MultidigitAddition(Task):
         if len(w) < 4 or w[0] != "add" or "+" not in w:
             raise ValueError(f"{self.name}: malformed input {x!r}")
         k = w.index("+")
-        return int("".join(w[1:k])), int("".join(w[k + 1:]))
+        return int("".join(w[1:k])), int("".join(w[k + 1 :]))
 
     def answer(self, x):
         a, b = self._parse(x)

@@ -8,6 +8,7 @@ Subclasses define `name`, `strategies`, `sample_input(rng)`, `render(x, strategy
 `answer(x)`. The verifier and the matcher below parse free (possibly malformed) text and
 never raise.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,7 +51,7 @@ def final_answer(y_text) -> str | None:
     if ANSWER not in words:
         return None
     i = len(words) - 1 - words[::-1].index(ANSWER)
-    return " ".join(words[i + 1:])
+    return " ".join(words[i + 1 :])
 
 
 class Task:

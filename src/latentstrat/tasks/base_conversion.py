@@ -10,6 +10,7 @@ value: `0 1 1 = 3 ; 0 1 1 = 3 ; 1 = 1 ; answer 1 3 3`.
 the left: `= 0 0 1 0 1 1 0 1 1 ; 0 0 1 = 1 ; 0 1 1 = 3 ; 0 1 1 = 3 ; answer 1 3 3`.
 The first token (a bit vs `=`) decides the strategy; traces never coincide.
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task
@@ -23,13 +24,19 @@ class BaseConversion(Task):
     strategies = ("group_from_right", "pad_left")
 
     def sample_input(self, rng):
-        n = rng.randrange(2 ** (MIN_BITS - 1), 2 ** MAX_BITS)
+        n = rng.randrange(2 ** (MIN_BITS - 1), 2**MAX_BITS)
         return f"convert {' '.join(format(n, 'b'))} to base {rng.choice(sorted(BASES))}"
 
     def _parse(self, x: str) -> tuple[str, int]:
         w = x.split()
-        if (len(w) < 5 or w[0] != "convert" or w[-3:-1] != ["to", "base"] or w[-1] not in map(str, BASES)
-                or not all(b in "01" for b in w[1:-3]) or w[1] != "1"):
+        if (
+            len(w) < 5
+            or w[0] != "convert"
+            or w[-3:-1] != ["to", "base"]
+            or w[-1] not in map(str, BASES)
+            or not all(b in "01" for b in w[1:-3])
+            or w[1] != "1"
+        ):
             raise ValueError(f"{self.name}: malformed input {x!r}")
         return "".join(w[1:-3]), int(w[-1])
 
@@ -52,7 +59,7 @@ def _groups(bits: str, base: int) -> list[str]:
     """The bits left-padded with zeros to a multiple of k, cut into k-bit digits (highest first)."""
     k = BASES[base]
     padded = bits.zfill(-(-len(bits) // k) * k)
-    return [padded[i:i + k] for i in range(0, len(padded), k)]
+    return [padded[i : i + k] for i in range(0, len(padded), k)]
 
 
 def _group_step(g: str) -> str:

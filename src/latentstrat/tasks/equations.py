@@ -10,6 +10,7 @@ d - b, each written next to its operands (`1 2 - 3 = 9`), in a different order.
 operands; the entangled model got it wrong in ~20% of temperature-1 samples.)
 The second token (`x` vs a digit or `-`) decides the strategy; traces never coincide.
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task, digits
@@ -30,7 +31,7 @@ class LinearEquations(Task):
         w = x.split()
         try:
             k = w.index("=")
-            left, right = w[1:k], w[k + 1:]
+            left, right = w[1:k], w[k + 1 :]
             a, b = _side(left)
             c, d = _side(right)
         except ValueError:
@@ -62,4 +63,4 @@ def _side(words: list[str]) -> tuple[int, int]:
     i = words.index("x")
     if words[i + 1] != "+":
         raise ValueError(words)
-    return int("".join(words[:i])), int("".join(words[i + 2:]))
+    return int("".join(words[:i])), int("".join(words[i + 2 :]))

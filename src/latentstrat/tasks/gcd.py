@@ -8,6 +8,7 @@ is none). Euclid by subtraction is left out on purpose: its trace length is unbo
 9 7 and 1 0 takes 1 6 subtractions) and records must stay short. The third token (`mod` vs
 `=`) decides the strategy; traces never coincide.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,7 @@ class GcdComputation(Task):
         if len(w) < 4 or w[0] != "gcd" or "," not in w:
             raise ValueError(f"{self.name}: malformed input {x!r}")
         k = w.index(",")
-        return int("".join(w[1:k])), int("".join(w[k + 1:]))
+        return int("".join(w[1:k])), int("".join(w[k + 1 :]))
 
     def answer(self, x):
         return digits(math.gcd(*self._parse(x)))
@@ -73,6 +74,9 @@ class GcdComputation(Task):
             steps = [f"{digits(p)} mod {digits(q)} = {digits(r)}" for p, q, r in remainder_steps(a, b)]
         else:
             fa, fb = prime_factors(a), prime_factors(b)
-            steps = [f"{digits(a)} = {_product(fa)}", f"{digits(b)} = {_product(fb)}",
-                     f"common {_product(common_factors(fa, fb))}"]
+            steps = [
+                f"{digits(a)} = {_product(fa)}",
+                f"{digits(b)} = {_product(fb)}",
+                f"common {_product(common_factors(fa, fb))}",
+            ]
         return f" {SEP} ".join(steps + [f"{ANSWER} {self.answer(x)}"])

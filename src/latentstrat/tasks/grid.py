@@ -12,6 +12,7 @@ the two traces differ from the first token on. A small share of inputs
 so these examples are ambiguous, as the design expects some to be (flagged in the data,
 left out of probe labels).
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, Task, digits

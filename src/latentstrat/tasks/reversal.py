@@ -5,6 +5,7 @@ list after each swap: `4 8 1 9 3 ; 4 9 1 8 3 ; answer 4 9 1 8 3`. `take_last`: b
 result by taking digits from the end, writing the growing prefix: `4 ; 4 9 ; 4 9 1 ; 4 9 1 8 ;
 4 9 1 8 3 ; answer 4 9 1 8 3`. Traces never coincide (the first step has n tokens vs 1).
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task

@@ -10,6 +10,7 @@ bubble and selection could coincide only when bubble needs all n-1 passes and ev
 equals a selection step, which happens for no unsorted input of 4-5 digits (checked
 exhaustively), so this task has no ambiguous examples. Already sorted inputs are not sampled.
 """
+
 from __future__ import annotations
 
 from latentstrat.tasks.base import ANSWER, SEP, Task
@@ -37,7 +38,7 @@ def insertion_steps(a: list[int]) -> list[list[int]]:
             a[j + 1] = a[j]
             j -= 1
         a[j + 1] = key
-        states.append(a[:i + 1])
+        states.append(a[: i + 1])
     return states
 
 
