@@ -58,14 +58,14 @@ def write_broken(cfg, root, broken: set):
     return mp, hp
 
 
-def report(tmp_path, monkeypatch, broken_ids, q):
+def report(tmp_path, monkeypatch, broken_ids, q, figures=False):
     cfg = H.make_cfg(monkeypatch)
     cells = [c.cell_id for c in expand_cells(cfg)]
     broken = {cells[i] for i in broken_ids}
     mp, hp = write_broken(cfg, tmp_path / "cells", broken)
     (tmp_path / "quality.json").write_text(__import__("json").dumps(q))
     aggregate_collection(cfg, mp, hp, tmp_path / "agg", quality_path=tmp_path / "quality.json")
-    build_report(tmp_path / "agg", tmp_path / "rep", {"entangle_quality": q})
+    build_report(tmp_path / "agg", tmp_path / "rep", {"entangle_quality": q}, figures=figures)
     brief = yaml.safe_load((tmp_path / "rep" / "brief.yaml").read_text())
     return (
         cells,
@@ -77,7 +77,7 @@ def report(tmp_path, monkeypatch, broken_ids, q):
 
 
 def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
-    cells, broken, brief, results, analysis = report(tmp_path, monkeypatch, [0, 1], quality())
+    cells, broken, brief, results, analysis = report(tmp_path, monkeypatch, [0, 1], quality(), figures=True)
     assert brief["cell_checks_passed"] is False
     assert {f["cell_id"] for f in brief["failing_cells"]} == broken
     why = next(f["why"] for f in brief["failing_cells"])

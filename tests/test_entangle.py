@@ -317,6 +317,7 @@ def _step_nll_and_grads(model, batch, fn, amp_dtype=torch.float32):
     return nll.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_dir):
     """The entangle step's speed settings (entangle.attention, .compile, .autocast) change how
     the loss is computed, not what: eager attention and the compiled step give the plain
@@ -381,6 +382,7 @@ def test_compile_without_a_cxx_compiler_fails_before_training(data_dir, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_bench_entangle_times_the_configured_step(capsys, tmp_path):
     from latentstrat.bench.__main__ import main
 

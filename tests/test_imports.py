@@ -101,3 +101,17 @@ def test_test_modules_share_helpers_not_each_other():
             )
             offenders += [f"{f.name} imports {m}" for m in names if m.startswith("test_")]
     assert offenders == []
+
+
+def test_the_workflow_starts_without_torch():
+    """Snakemake parses the workflow on every invocation (a dry run, each Slurm job's start):
+    the modules common.smk imports do not import torch (about 2.5 s on a 2-core CPU)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, latentstrat.cells, latentstrat.config, latentstrat.paths, latentstrat.shipped; "
+        "print('torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr

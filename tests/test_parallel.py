@@ -39,6 +39,7 @@ def _run(data_dir, out, processes, threads):
     return hist, weights
 
 
+@pytest.mark.slow
 def test_two_processes_compute_the_one_process_step_and_repeat_exactly(data_dir, tmp_path):
     one_h, one_w = _run(data_dir, tmp_path / "one", processes=1, threads=1)
     dp_h, dp_w = _run(data_dir, tmp_path / "dp", processes=2, threads=2)

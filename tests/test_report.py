@@ -114,7 +114,7 @@ def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tm
     (tmp_path / "quality.json").write_text(json.dumps(rep))
     quality = load_entangle_quality(tmp_path / "quality.json")
     agg = partial_report[0].parent / "agg"
-    build_report(agg, tmp_path / "rep", {"entangle_quality": quality})
+    build_report(agg, tmp_path / "rep", {"entangle_quality": quality}, figures=False)
     results = (tmp_path / "rep" / "results.md").read_text()
     assert "## Entangled Model Quality Check" in results
     assert "**Failed: multidigit_addition.strategy_tv.**" in results

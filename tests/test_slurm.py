@@ -2,7 +2,7 @@
 
 Needs Debian's slurm-wlm + munge. Uses the cluster named by $SLURM_CONF if it answers; else
 starts one with .ci/slurm/start.sh (root only) and stops it afterwards. Skipped, with the
-reason, when neither works. The grid is the smoke collection's, cut to 2 families x 2 betas
+reason, when neither works. The grid is the smoke collection's, cut to one family x 2 betas
 (no comparison arm) to fit 2 CPU cores; every rule still runs as Slurm jobs.
 """
 
@@ -20,7 +20,7 @@ from workflow_helpers import copy_workflow, dry_run, rules
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-GRID = ["grid={reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}", "comparison_arms=[]"]
+GRID = ["grid={reconstruction_family: [tokcc_a0.25], beta: [0.01, 0.1]}", "comparison_arms=[]"]
 CELL = "agg-sum_fam-tokcc_a0.25_beta-0.1_zdim-8_seed-314159"
 
 
@@ -83,7 +83,7 @@ def status_of(wd, env):
     cfg = wd / "status.yaml"
     cfg.write_text(
         f"extends: {wd / 'config' / 'smoke.yaml'}\nresults_dir: {wd / 'results'}\n"
-        "grid: {reconstruction_family: [raw, tokcc_a0.25], beta: [0.01, 0.1]}\ncomparison_arms: []\n"
+        "grid: {reconstruction_family: [tokcc_a0.25], beta: [0.01, 0.1]}\ncomparison_arms: []\n"
     )
     r = subprocess.run(
         [sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--json"],

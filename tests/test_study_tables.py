@@ -1,5 +1,5 @@
-"""The original study's report 001 (its tables in tests/fixtures/study001_*) through the table command reproduces "
-"that report's derived tables."""
+"""The original study's report 001 (its tables in tests/fixtures/study001_*) through the table
+command reproduces that report's derived tables."""
 
 from pathlib import Path
 

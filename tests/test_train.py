@@ -127,6 +127,7 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
         train_cell(cfg, {**cell, "seed": cell["seed"] + 1}, *args, tmp_path / "other", threads=1, step0_dir=s0)
 
 
+@pytest.mark.slow
 def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     cfg, cell = tiny_cfg(steps=8, eval_every=4, checkpoint_every=100)
     full = tmp_path / "full"

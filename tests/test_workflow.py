@@ -136,6 +136,7 @@ def cell_dirs(wd: Path, cid: str = CELL) -> list[Path]:
     return [work, wd / "results" / "smoke" / "cells" / cid]
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
     dirs = cell_dirs(done)
     asides = [done / f"aside{i}" for i in range(len(dirs))]
@@ -154,6 +155,7 @@ def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
     )
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     """A follow-up collection (another name, one more arm) on the same base and cell-work
     settings trains only its new cells; the shared ones and the base stages are not rerun."""
@@ -176,6 +178,7 @@ def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     assert rules(jobs)["train"] == n_cells and not {"data", "entangle", "reference"} & set(rules(jobs))
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_corrupting_one_cells_metrics_reruns_from_there(done):
     metrics = done / "results" / "smoke" / "cells" / CELL / "metrics.parquet"
     st = metrics.stat()
@@ -208,30 +211,35 @@ def edit_and_dry_run(done, code: Path):
             code.unlink()
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_report_code_edit_reruns_only_report(done):
     rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "report" / "__init__.py")
     assert rc == 0, out[-3000:]
     assert rules(jobs) == Counter(report=1, all=1)
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_aggregate_code_edit_reruns_only_aggregate_and_report(done):
     rc, jobs, out = edit_and_dry_run(done, done / "src" / "latentstrat" / "aggregate" / "contrasts.py")
     assert rc == 0, out[-3000:]
     assert rules(jobs) == Counter(aggregate=1, report=1, all=1)
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_report_config_edit_reruns_only_aggregate_and_report(done):
     rc, jobs, out = dry_run(done, config=["report={top_k: 7}"])
     assert rc == 0, out[-3000:]
     assert rules(jobs) == Counter(aggregate=1, report=1, all=1)
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_train_setting_edit_reruns_every_cell(done):  # control: params do reach the cell rules
     rc, jobs, out = dry_run(done, config=["train={steps: 7}"])
     assert rc == 0, out[-3000:]
     assert rules(jobs)["train"] == 20 and rules(jobs)["data"] == 0
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_adding_a_beta_adds_only_the_new_cells(done):
     rc, jobs, out = dry_run(done, config=["grid={beta: [0.01, 0.1, 1, 10]}"])
     assert rc == 0, out[-3000:]
@@ -260,6 +268,7 @@ def _restore(saved):
         os.utime(f, (st.st_atime, st.st_mtime))
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_base_outputs_recreated_with_the_same_bytes_rerun_no_cell(done):
     """Deleting and re-creating the base's outputs (data, entangled model, reference, step 0)
     with identical bytes, as a re-installed shipped base does: Snakemake compares their checksums
@@ -278,6 +287,7 @@ def test_base_outputs_recreated_with_the_same_bytes_rerun_no_cell(done):
     assert rules(jobs) == Counter(aggregate=1, report=1, all=1), out[-3000:]
 
 
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_one_changed_byte_of_the_data_reruns_every_cell(done):
     train = done / "results" / "base" / "smoke-v2" / "data" / "train.parquet"
     saved = _recreate([train], content=lambda f, data: data + b"\0")

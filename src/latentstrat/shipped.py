@@ -29,7 +29,7 @@ import shutil
 import time
 from pathlib import Path
 
-from latentstrat import data, host
+from latentstrat import host
 from latentstrat.config import base_settings, load_config, settings_diff
 from latentstrat.io import dump_json
 from latentstrat.paths import ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths
@@ -57,6 +57,8 @@ def data_fingerprint(data_dir: str | Path) -> str:
     """sha256 of the data stage's content: every split's examples (task, id, strategy, x, y) and
     the tokenizer's vocabulary. Independent of the parquet writer, so equal data on two hosts
     gives equal fingerprints."""
+    from latentstrat import data
+
     h = hashlib.sha256()
     for split in data.SPLITS:
         df = data.load_split(data_dir, split)[["task", "example_id", "strategy", "x", "y"]]
@@ -127,6 +129,7 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     output, latentstrat.reference) as REFERENCE; returns its provenance (code, host, when)."""
     import torch
 
+    from latentstrat import data
     from latentstrat.backbone import load_entangled
     from latentstrat.io import write_parquet
     from latentstrat.reference import reference_tokens
@@ -159,6 +162,7 @@ def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -
     """Put the tokenizer files and the model card (backbone.write_model_extras) into an already
     shipped base's model/ folder, after its files pass their checksums and match the config and
     data (`verify`); the manifest is rewritten."""
+    from latentstrat import data
     from latentstrat.backbone import write_model_extras
 
     d = Path(shipped_dir)
@@ -173,6 +177,7 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     that no longer passes. The manifest is rewritten. Returns the new report."""
     import torch
 
+    from latentstrat import data
     from latentstrat.backbone import load_entangled
     from latentstrat.quality import check_quality
 

@@ -18,9 +18,9 @@ def report_thresholds(meta: dict) -> dict:
     return report_settings(meta.get("report"))
 
 
-def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
-    """Write the report of one collection from its cached aggregate tables. Returns "
-    "{findings, figures, skipped, seconds}."""
+def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool = True) -> dict:
+    """Write the report of one collection from its cached aggregate tables (figures unless
+    `figures=False`). Returns {findings, figures, skipped, seconds}."""
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
     from latentstrat.report.markdown import analysis_md, results_md
@@ -32,7 +32,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None) -> dict:
     thresholds = report_thresholds(meta)
     meta.setdefault("primary_metric", thresholds["primary_metric"])
     out_dir = Path(out_dir)
-    made, skipped = make_figures(tables, out_dir / "figures")
+    made, skipped = make_figures(tables, out_dir / "figures") if figures else ([], [])
     findings = compute_findings(tables, thresholds)
     meta["followup"] = write_followup(Path(aggregate_dir), out_dir, meta.get("configfile"))
     write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
