@@ -320,6 +320,31 @@ def _check_compiler(device: torch.device) -> None:
         )
 
 
+def _skip(cfg: dict, out_dir: Path) -> dict:
+    """entangle.mode skip: no model; an empty history and a quality record that says so."""
+    report = dict(
+        mode="skip",
+        passed=None,
+        backbone=cfg["backbone"],
+        note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
+        "no model is trained, copied or checked",
+    )
+    write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
+    dump_json(report, out_dir / ENTANGLE_FILES["quality"])
+    return report
+
+
+def _check_step_settings(ecfg: dict, device: torch.device) -> None:
+    """Settings that cannot run on this device fail before any work."""
+    if ecfg["processes"] != "auto" and ecfg["processes"] > 1 and device.type != "cpu":
+        raise ValueError(
+            f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
+            f"the CPU step; on {device.type} set entangle.processes: 1"
+        )
+    if ecfg["compile"] is True:
+        _check_compiler(device)
+
+
 def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, shipped_dir=None) -> dict:
     """The entangle stage (see module doc). Returns the quality report."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -329,25 +354,10 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     if ecfg["mode"] == "shipped":
         return install_shipped(cfg, data_dir, out_dir, shipped_dir, log)
     if ecfg["mode"] == "skip":
-        report = dict(
-            mode="skip",
-            passed=None,
-            backbone=cfg["backbone"],
-            note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
-            "no model is trained, copied or checked",
-        )
-        write_parquet(pd.DataFrame(columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
-        dump_json(report, out_dir / ENTANGLE_FILES["quality"])
-        return report
+        return _skip(cfg, out_dir)
     _check_inputs(data_dir)
     device = device_for(cfg)
-    if ecfg["processes"] != "auto" and ecfg["processes"] > 1 and device.type != "cpu":
-        raise ValueError(
-            f"entangle.processes is {ecfg['processes']}: data parallelism over processes is for "
-            f"the CPU step; on {device.type} set entangle.processes: 1"
-        )
-    if ecfg["compile"] is True:
-        _check_compiler(device)
+    _check_step_settings(ecfg, device)
     tokenizer = data.load_tokenizer(data_dir)
     train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
     alternatives = None

@@ -236,93 +236,99 @@ def dominance_status(history_task: pd.DataFrame) -> dict:
     }
 
 
+def _has(df, *cols) -> bool:
+    return len(df) > 0 and all(c in df.columns and df[c].notna().any() for c in cols)
+
+
+def _hist_has(h, metric) -> bool:
+    return len(h) > 0 and (h.metric == metric).any()
+
+
+def _availability_row(diag, ok, source, note_if_missing, partial=False, note="") -> dict:
+    return {
+        "diagnostic": diag,
+        "local_data": "partial" if (ok and partial) else ("yes" if ok else "no"),
+        "local_source": source if ok else "",
+        "missing_data_note": note if ok else note_if_missing,
+    }
+
+
 def availability_table(
     primary_rows: pd.DataFrame, comparisons: dict, commons: dict, history_all: pd.DataFrame, history_task: pd.DataFrame
 ) -> pd.DataFrame:
     """diagnostic | local_data (yes/partial/no) | local_source | missing_data_note, from what exists."""
-
-    def has(df, *cols):
-        return len(df) > 0 and all(c in df.columns and df[c].notna().any() for c in cols)
-
-    def hist_has(h, metric):
-        return len(h) > 0 and (h.metric == metric).any()
-
-    rows = []
-
-    def add(diag, ok, source, note_if_missing, partial=False, note=""):
-        rows.append(
-            {
-                "diagnostic": diag,
-                "local_data": "partial" if (ok and partial) else ("yes" if ok else "no"),
-                "local_source": source if ok else "",
-                "missing_data_note": note if ok else note_if_missing,
-            }
-        )
-
-    add(
-        "KL-to-reconstruction trade-off",
-        has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"),
-        "summary",
-        "summary lacks kl_prior_loss or active_reconstruction_objective",
-    )
-    add(
-        "KL/reconstruction ratio", has(primary_rows, "kl_over_active_reconstruction"), "summary", "no KL / active ratio"
-    )
-    comparison_scale = any(has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
-    add(
-        "Sum scale vs mean scale",
-        has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
-        "summary + comparison arm",
-        "no comparison arm with reconstruction_loss and base_relative_reconstruction",
-    )
+    comparison_scale = any(_has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
     n_common = sum(len(c) for c in commons.values() if c is not None)
-    add("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm")
-    add(
-        "Posterior-router gap",
-        has(primary_rows, "posterior_router_probe_gap"),
-        "summary",
-        "no posterior / router probes",
-    )
-    add(
-        "KL dynamics over training",
-        hist_has(history_all, "kl_prior_loss"),
-        "history_long",
-        "no history with kl_prior_loss",
-    )
-    add(
-        "Reconstruction dynamics",
-        hist_has(history_all, "base_relative_reconstruction"),
-        "history_long",
-        "no history with base-relative reconstruction",
-    )
     first = int(history_all.step.min()) if len(history_all) else None
-    add(
-        "Initialization / first-eval scale",
-        first is not None,
-        "history_long",
-        "no history",
-        partial=first not in (None, 0),
-        note=""
-        if first == 0
-        else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent",
-    )
     dom = dominance_status(history_task)
-    add(
-        "Token-count dominance",
-        dom["status"] != "not supported",
-        "history_per_task_long",
-        "requires per-task example/token/loss/gradient shares in the histories",
-        partial=dom["status"] == "partial",
-        note=dom["evidence"] if dom["status"] == "partial" else "",
+    seeds_lo = int(primary_rows["n_seeds"].min()) if _has(primary_rows, "n_seeds") else 1
+    first_note = (
+        "" if first == 0 else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent"
     )
-    seeds_lo = int(primary_rows["n_seeds"].min()) if has(primary_rows, "n_seeds") else 1
-    add(
-        "Seed replication",
-        seeds_lo >= 2,
-        "summary_by_setting",
-        "one seed per setting",
-        partial=seeds_lo == 2,
-        note="2 seeds only" if seeds_lo == 2 else "",
+    rows = [
+        (
+            "KL-to-reconstruction trade-off",
+            _has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"),
+            "summary",
+            "summary lacks kl_prior_loss or active_reconstruction_objective",
+        ),
+        (
+            "KL/reconstruction ratio",
+            _has(primary_rows, "kl_over_active_reconstruction"),
+            "summary",
+            "no KL / active ratio",
+        ),
+        (
+            "Sum scale vs mean scale",
+            _has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
+            "summary + comparison arm",
+            "no comparison arm with reconstruction_loss and base_relative_reconstruction",
+        ),
+        ("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm"),
+        (
+            "Posterior-router gap",
+            _has(primary_rows, "posterior_router_probe_gap"),
+            "summary",
+            "no posterior / router probes",
+        ),
+        (
+            "KL dynamics over training",
+            _hist_has(history_all, "kl_prior_loss"),
+            "history_long",
+            "no history with kl_prior_loss",
+        ),
+        (
+            "Reconstruction dynamics",
+            _hist_has(history_all, "base_relative_reconstruction"),
+            "history_long",
+            "no history with base-relative reconstruction",
+        ),
+        (
+            "Initialization / first-eval scale",
+            first is not None,
+            "history_long",
+            "no history",
+            first not in (None, 0),
+            first_note,
+        ),
+        (
+            "Token-count dominance",
+            dom["status"] != "not supported",
+            "history_per_task_long",
+            "requires per-task example/token/loss/gradient shares in the histories",
+            dom["status"] == "partial",
+            dom["evidence"] if dom["status"] == "partial" else "",
+        ),
+        (
+            "Seed replication",
+            seeds_lo >= 2,
+            "summary_by_setting",
+            "one seed per setting",
+            seeds_lo == 2,
+            "2 seeds only" if seeds_lo == 2 else "",
+        ),
+        ("Fairness of the collection", True, "collection config + collection_state", ""),
+    ]
+    return pd.DataFrame(
+        [_availability_row(*r) for r in rows], columns=["diagnostic", "local_data", "local_source", "missing_data_note"]
     )
-    add("Fairness of the collection", True, "collection config + collection_state", "")
-    return pd.DataFrame(rows, columns=["diagnostic", "local_data", "local_source", "missing_data_note"])
