@@ -34,6 +34,29 @@ def batch(tok, ys, xs=None, P=1):
     return data.collate(enc, range(len(ys)))
 
 
+ROWS = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]
+
+
+def three_rows(tok):
+    """Three (y, x) rows of different lengths and their batch, with a random b."""
+    b = batch(tok, [y for y, _ in ROWS], xs=[x for _, x in ROWS])
+    b.b = torch.rand(b.sup_ids.shape)
+    return ROWS, b
+
+
+def objective_cell(**over) -> dict:
+    """The cell settings the objective reads: raw, sum, beta 0.1, unless overridden."""
+    return {
+        "reconstruction_family": "raw",
+        "token_aggregation": "sum",
+        "beta": 0.1,
+        "beta_schedule": "constant",
+        "posterior_variance_weight": 0.0,
+        "router_marginal_kl_weight": 0.0,
+        **over,
+    }
+
+
 def model(tok, adaptation="lora", P=1, seed=0):
     torch.manual_seed(seed)
     return LatentStrategyModel(build_backbone(BB, tok), 4, P, adaptation, {"r": 4})
@@ -99,14 +122,7 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
     b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
     b.b = torch.rand(b.sup_ids.shape)
     assert b.gen_ids.numel() > 1.5 * int(b.gen_mask.sum())  # mostly padding
-    cell = {
-        "reconstruction_family": "dist_tokcc_0.05_0.95",
-        "token_aggregation": "sum",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-    }
+    cell = objective_cell(reconstruction_family="dist_tokcc_0.05_0.95")
     scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
     eps = torch.randn(len(rows), 4)
 
@@ -321,17 +337,8 @@ def test_merged_passes_equal_the_lora_passes(tok):
     LoRA model itself is untouched and trains on afterwards."""
     from latentstrat.objective import forward_losses
 
-    rows = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]
-    b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
-    b.b = torch.rand(b.sup_ids.shape)
-    cell = {
-        "reconstruction_family": "raw",
-        "token_aggregation": "sum",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-    }
+    rows, b = three_rows(tok)
+    cell = objective_cell()
     scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
     eps = torch.randn(len(rows), 4)
     keys = ("raw", "kl", "mu_q", "mu_r", "logvar_r")
@@ -393,14 +400,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
     monkeypatch.setattr(model_module, "PACKED", False)
     b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
     b.b = torch.rand(b.sup_ids.shape)
-    cell = {
-        "reconstruction_family": "raw",
-        "token_aggregation": "sum",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-    }
+    cell = objective_cell()
     eps = torch.randn(2, 4)
 
     def grads(checkpointing):
@@ -435,17 +435,8 @@ def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
         for p in bb.parameters():
             p.normal_(0, 0.3) if p.dim() > 1 else None
     bb.save_pretrained(tmp_path / "m")
-    rows = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]
-    b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
-    b.b = torch.rand(b.sup_ids.shape)
-    cell = {
-        "reconstruction_family": "raw",
-        "token_aggregation": "mean",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-    }
+    rows, b = three_rows(tok)
+    cell = objective_cell(token_aggregation="mean")
     eps = torch.randn(len(rows), 4)
     out = {}
     for dtype in ("float32", "bfloat16"):
