@@ -278,6 +278,25 @@ def test_checkpoint_of_another_config_is_not_resumed(base, tmp_path, capsys):
     assert all(torch.equal(w[k], w_fresh[k]) for k in w)
 
 
+def test_checkpoint_of_another_model_layer_is_not_resumed(base, tmp_path, capsys):
+    """A checkpoint whose weights carry other parameter names (an earlier model layer) is never
+    loaded: the cell starts from step 0 and says why (control: the same checkpoint, names
+    intact, resumes)."""
+    cfg, cell = tiny_cfg(steps=2, eval_every=2)
+    out = tmp_path / "cell"
+    run(cfg, cell, base, out)
+    ckpt = out / "checkpoints" / "last.pt"
+    ck = torch.load(ckpt, weights_only=True)
+    capsys.readouterr()
+    run(cfg, cell, base, out)
+    assert "resumed from step 2" in capsys.readouterr().out
+    ck["trainable"] = {k.replace("peft.base_model.model.", "lm."): v for k, v in ck["trainable"].items()}
+    torch.save(ck, ckpt)
+    run(cfg, cell, base, out)
+    log = capsys.readouterr().out
+    assert "holds another model layer's weights" in log and "starting from step 0" in log and "resumed" not in log
+
+
 def test_grad_clip_per_aggregation_is_explicit():
     from latentstrat.train import grad_clip_for
 

@@ -300,6 +300,12 @@ def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> dict:
             f"(fingerprint {str(ck.get('fingerprint'))[:12]} != {fingerprint[:12]}): starting from step 0"
         )
         ck = None
+    if ck is not None and set(ck["trainable"]) != set(model.trainable_state_dict()):
+        print(
+            f"[{cid}] checkpoint {ckpt_path} holds another model layer's weights (written by another version "
+            f"of latentstrat): starting from step 0"
+        )
+        ck = None
     if ck is not None:
         model.load_trainable(ck["trainable"])
         opt.load_state_dict(ck["optimizer"])
