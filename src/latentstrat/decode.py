@@ -106,8 +106,8 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
 
 
 def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
-    """Greedy (temperature 0) or sampled on `gen`'s device (the draws are the generator's,
-    wherever the model runs); the token comes back on the logits' device."""
+    """Greedy (temperature 0) or sampled on `gen`'s device (the model's, so the probabilities
+    stay there); the token comes back on the logits' device."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
@@ -270,13 +270,14 @@ def generate_zfree(
     seed: int = 0,
 ) -> list[str]:
     """The entangled (z-free) model's y text for every x: the cell's prompt layout with a
-    neutral slot of `z_slots` `[Z]` tokens, sampled at `temperature` from a CPU generator
-    seeded with `seed` (the draws do not depend on the device; 0 = greedy)."""
+    neutral slot of `z_slots` `[Z]` tokens, sampled at `temperature` (0 = greedy) from a
+    generator on the model's device seeded with `seed`, as the cells' decoding is: no
+    vocabulary-sized copy to the host per step."""
     prompts = encode_prompts(tokenizer, x_texts, z_slots)
     was_training = model.training
     model.eval()
     try:
-        gen = torch.Generator().manual_seed(seed) if temperature > 0 else None
+        gen = torch.Generator(device_of(model)).manual_seed(seed) if temperature > 0 else None
         token_ids = decode_prompts(model, tokenizer, prompts, None, max_new_tokens, batch_size, temperature, gen)
     finally:
         model.train(was_training)
