@@ -26,25 +26,9 @@ def collection(tmp_path_factory):
 def test_curve_prints_checkpoints_with_chance_levels_and_examples_seen(collection, capsys):
     root, cfg = collection
     out = root / "curves"
-    assert (
-        curve_main(
-            [
-                "--configfile",
-                str(cfg),
-                "--cell",
-                "token_aggregation=mean,beta=0.5",
-                "--set",
-                "train.steps=4",
-                "--set",
-                "train.batch_size=6",
-                "--eval-every",
-                "2",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    args = ["--configfile", str(cfg), "--cell", "token_aggregation=mean,beta=0.5", "--set", "train.steps=4"]
+    args += ["--set", "train.batch_size=6", "--eval-every", "2", "--out", str(out)]
+    assert curve_main(args) == 0
     printed = capsys.readouterr().out
     assert "agg-mean_fam-tokcc_a0.25_beta-0.5" in printed and "| router chance |" in printed
     (csv,) = out.glob("*/curve.csv")
@@ -58,25 +42,7 @@ def test_curve_prints_checkpoints_with_chance_levels_and_examples_seen(collectio
     written = {
         p: p.stat().st_mtime_ns for p in (csv.parent / "history.parquet", csv.parent / "checkpoints" / "last.pt")
     }
-    assert (
-        curve_main(
-            [
-                "--configfile",
-                str(cfg),
-                "--cell",
-                "token_aggregation=mean,beta=0.5",
-                "--set",
-                "train.steps=4",
-                "--set",
-                "train.batch_size=6",
-                "--eval-every",
-                "2",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert curve_main(args) == 0
     assert all(p.stat().st_mtime_ns == m for p, m in written.items())
     assert pd.read_csv(csv).equals(t)
     fig = root / "curves.png"
