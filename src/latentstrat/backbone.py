@@ -177,7 +177,9 @@ neutral `[Z]` slot (no strategy code) and samples a strategy itself. A trained c
 def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
     """Beside a saved entangled model: its tokenizer (transformers' files) and a short model
     card, so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
-    from safetensors.torch import load_file
+    import math
+
+    from safetensors import safe_open
 
     tokenizer.save_pretrained(str(folder))
     if type(tokenizer.backend_tokenizer.model).__name__ == "WordLevel":
@@ -191,7 +193,10 @@ def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
         )
         path.write_text(json.dumps(tc, indent=2) + "\n")
     c = json.loads((folder / "config.json").read_text())
-    n = sum(t.numel() for f in sorted(folder.glob("*.safetensors")) for t in load_file(str(f)).values())
+    n = 0
+    for f in sorted(folder.glob("*.safetensors")):  # the header's shapes: no tensor is read
+        with safe_open(str(f), framework="pt") as st:
+            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     card = MODEL_CARD.format(
         base=cfg["base"],
         arch=(c.get("architectures") or ["?"])[0],

@@ -106,14 +106,12 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
 
 
 def _next_token(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
-    """Greedy (temperature 0) or sampled on `gen`'s device (the model's, so the probabilities
-    stay there); the token comes back on the logits' device."""
+    """Greedy (temperature 0) or sampled with `gen`, which lives on the logits' (the model's)
+    device: the probabilities never leave it."""
     if temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
-    if gen is not None:
-        probs = probs.to(gen.device)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(1).to(logits.device)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)
 
 
 @torch.no_grad()
