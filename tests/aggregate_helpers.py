@@ -10,6 +10,8 @@ from latentstrat.metrics import METRICS, derive
 TASKS = ["short_task", "long_task"]
 # matched router score by aggregation (strategy_match_rate = 1)
 ROUTER = {"sum": 0.5, "mean": 0.6, "sum_scaled": 0.55}
+# router information (the primary endpoint) by aggregation
+INFORMATION = {"sum": 0.3, "mean": 0.4, "sum_scaled": 0.35}
 SCALE = {"sum": 40.0, "mean": 1.0, "sum_scaled": 1.0}
 
 
@@ -46,6 +48,8 @@ def metrics_row(cell, seed_offset=0.0):
     s = cell.settings
     agg = s["token_aggregation"]
     base = {
+        "router_information": INFORMATION[agg] + seed_offset,
+        "active_units": 3,
         "within_task_router_probe": ROUTER[agg] + seed_offset,
         "strategy_match_rate": 1.0,
         "global_router_probe": 0.2,

@@ -130,20 +130,20 @@ def test_without_an_entangled_check_the_cell_is_not_fully_checked(tmp_path, monk
 
 
 def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path, monkeypatch):
-    """Raw probe accuracy would rank the collapsed cell first (0.98 against 0.85); the
-    chance-corrected matched router score ranks the informative one first."""
+    """Raw probe accuracy would rank the collapsed cell first (0.98 against 0.85); router
+    information (0 for a collapsed mix: nothing for z to tell) ranks the informative one first."""
     cfg = H.make_cfg(monkeypatch)
     mp, hp = H.write_collection(cfg, tmp_path / "cells")
     primary = [c.cell_id for c in expand_cells(cfg) if c.role == "primary"]
     collapsed, informative = primary[0], primary[1]
-    for cid, acc, chance, tv in ((collapsed, 0.98, 0.98, 0.48), (informative, 0.85, 0.5, 0.02)):
+    for cid, acc, chance, tv, info in ((collapsed, 0.98, 0.98, 0.48, 0.0), (informative, 0.85, 0.5, 0.02, 0.6)):
         row = pd.read_parquet(mp[cid]).iloc[0].to_dict()
         row.update(
             within_task_router_probe=acc,
             within_task_router_probe_chance=chance,
             within_task_router_probe_corrected=(acc - chance) / (1 - chance),
             matched_router_score=acc,
-            chance_corrected_matched_router_score=(acc - chance) / (1 - chance),
+            router_information=info,
             followed_strategy_tv_max=tv,
         )
         pd.DataFrame([row]).to_parquet(mp[cid])

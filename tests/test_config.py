@@ -22,16 +22,93 @@ def minimal(**over):
     return cfg
 
 
-def test_default_collection_has_12_sum_cells_and_8_comparison_cells():
-    cells = K.expand_cells(default_cfg())
+def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_at_beta_001():
+    cfg = default_cfg()
+    cells = K.expand_cells(cfg)
     primary = [c for c in cells if c.role == "primary"]
-    ref = [c for c in cells if c.arm == "mean_lin100"]
-    assert len(primary) == 12 and len(ref) == 8 and len(cells) == 20
+    matched = [c for c in cells if c.arm == "matched_mean"]
+    assert len(primary) == 16 and len(matched) == 16 and len(cells) == 32  # 12 settings + 4 replicates each
     assert {c.settings["token_aggregation"] for c in primary} == {"sum"}
-    assert {c.settings["beta_schedule"] for c in ref} == {"lin100"}
-    assert {c.settings["beta"] for c in ref} == {0.01, 0.1}
+    assert {c.settings["token_aggregation"] for c in matched} == {"mean"}
+    # the arms differ in token aggregation alone: the same settings, schedule and seeds
+    strip = lambda c: {k: v for k, v in c.settings.items() if k != "token_aggregation"}  # noqa: E731
+    assert sorted(map(str, map(strip, primary))) == sorted(map(str, map(strip, matched)))
+    assert {c.settings["beta_schedule"] for c in cells} == {"constant"}
+    replicated = [c for c in primary if c.settings["seed"] != 314159]
+    assert {c.settings["seed"] for c in replicated} == {314160} and {c.settings["beta"] for c in replicated} == {0.01}
+    assert len(replicated) == 4
     assert "agg-sum_fam-raw_beta-0.01_seed-314159" in {c.cell_id for c in primary}
+    assert "agg-mean_fam-dist_norm_beta-1_seed-314159" in {c.cell_id for c in matched}
+    # the endpoint and the contrast are declared in the config
+    assert cfg["report"]["primary_metric"] == "router_information"
+    assert cfg["report"]["primary_contrast"] == "matched_mean"
+
+
+def test_the_original_studys_contrast_is_one_config_away():
+    cfg = C.load_config(ROOT / "config" / "study001.yaml")
+    cells = K.expand_cells(cfg)
+    ref = [c for c in cells if c.arm == "mean_lin100"]
+    assert {c.settings["beta_schedule"] for c in ref} == {"lin100"} and {c.settings["beta"] for c in ref} == {0.01, 0.1}
     assert "agg-mean_fam-dist_norm_beta-0.1_sched-lin100_seed-314159" in {c.cell_id for c in ref}
+    assert cfg["report"]["primary_contrast"] == "mean_lin100"
+    # its sum cells are the default collection's (reused on the same base)
+    default = {c.cell_id for c in K.expand_cells(default_cfg()) if c.role == "primary"}
+    assert {c.cell_id for c in cells if c.role == "primary"} == default
+
+
+def test_an_arm_keeps_its_own_seed_an_aa_arm():
+    """An A/A arm: the primary arm's settings with another seed. Its seed is honoured (the
+    collection's seeds used to replace it, and the two arms then collided)."""
+    cfg = C.validate(
+        minimal(comparison_arms=[{"name": "aa", "settings": {"token_aggregation": "sum", "seed": 271828}}])
+    )
+    cells = K.expand_cells(cfg)
+    assert [c.cell_id for c in cells] == [
+        "agg-sum_fam-raw_beta-0.1_seed-314159",
+        "agg-sum_fam-raw_beta-0.1_seed-271828",
+    ]
+    cfg = C.validate(minimal(seeds=[1, 2], comparison_arms=[{"name": "aa", "seeds": [3, 4]}]))
+    assert [(c.arm, c.settings["seed"]) for c in K.expand_cells(cfg)] == [
+        ("primary", 1),
+        ("primary", 2),
+        ("aa", 3),
+        ("aa", 4),
+    ]
+    with pytest.raises(C.ConfigError, match=r"comparison_arms\[0\]: give the arm's seeds once"):
+        C.validate(minimal(comparison_arms=[{"name": "aa", "seeds": [3], "settings": {"seed": 4}}]))
+    with pytest.raises(C.ConfigError, match="appears in two arms"):  # the same seed: the same cells
+        C.validate(minimal(comparison_arms=[{"name": "aa", "seeds": [314159]}]))
+
+
+def test_replicates_add_the_next_seeds_to_the_chosen_settings_of_every_arm():
+    cfg = C.validate(
+        minimal(
+            grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1]},
+            comparison_arms=[
+                {"name": "mean", "settings": {"token_aggregation": "mean"}},
+                {"name": "aa", "seeds": [7]},
+            ],
+            replicates={"extra_seeds": 2, "grid": {"beta": [0.01]}},
+        )
+    )
+    cells = K.expand_cells(cfg)
+    seeds = {}
+    for c in cells:
+        key = (c.arm, c.settings["reconstruction_family"], c.settings["beta"])
+        seeds.setdefault(key, []).append(c.settings["seed"])
+    assert seeds[("primary", "raw", 0.01)] == [314159, 314160, 314161]
+    assert seeds[("primary", "raw", 0.1)] == [314159]
+    assert seeds[("mean", "dist_norm", 0.01)] == [314159, 314160, 314161]
+    assert seeds[("aa", "raw", 0.01)] == [7, 8, 9] and seeds[("aa", "dist_norm", 0.1)] == [7]
+    assert len(cells) == 3 * (2 * 3 + 2)
+    # no grid: every setting; 0 extra seeds: none
+    assert len(K.expand_cells(C.validate(minimal(replicates={})))) == 2
+    assert len(K.expand_cells(C.validate(minimal(replicates={"extra_seeds": 0})))) == 1
+
+
+def test_primary_contrast_must_name_a_comparison_arm():
+    with pytest.raises(C.ConfigError, match="report.primary_contrast: 'nope' is not a comparison arm"):
+        C.validate(minimal(report={"primary_contrast": "nope"}))
 
 
 def test_cell_id_beta_one_and_one_point_zero_are_the_same():
@@ -136,13 +213,17 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)
-    # sum_scaled for raw only (it equals sum for the normalized families)
-    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 12, "matched_mean": 12, "sum_scaled": 3, "mean_lin100": 8}
+    # sum_scaled for raw only (it equals sum for the normalized families); + the beta 0.01 replicates
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 16, "matched_mean": 16, "sum_scaled": 4, "mean_lin100": 12}
     assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"constant"}
+    # the default collection's cells are all in it (reused on the same base)
+    assert {c.cell_id for c in K.expand_cells(default)} <= {c.cell_id for c in cells}
     # the matched arm differs from the primary arm in token aggregation alone
-    prim = {(c.settings["reconstruction_family"], c.settings["beta"]): c.settings for c in by_arm["sum"]}
+    prim = {
+        (c.settings["reconstruction_family"], c.settings["beta"], c.settings["seed"]): c.settings for c in by_arm["sum"]
+    }
     for c in by_arm["matched_mean"]:
-        p = prim[(c.settings["reconstruction_family"], c.settings["beta"])]
+        p = prim[(c.settings["reconstruction_family"], c.settings["beta"], c.settings["seed"])]
         assert {k for k in p if p[k] != c.settings[k]} == {"token_aggregation"}
 
 

@@ -15,6 +15,7 @@ from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
 from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
 from latentstrat.io import read_parquet, write_parquet
+from latentstrat.probes import PROBE_COLUMNS
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 from latentstrat.train import train_cell
@@ -204,9 +205,10 @@ def test_write_cell_metrics_hand_computed(tmp_path):
             "generation_ambiguous": [False, False, True, False],
             "ambiguous": False,
             "correct": [True, False, True, True],
-            "router_z": [[0.0]] * 4,
-            "router_mu": [[0.0]] * 4,
-            "posterior_mu": [[0.0]] * 4,
+            "router_z": [[0.0, 0.0]] * 4,
+            "router_mu": [[0.0, 0.0]] * 4,
+            # posterior minus router mean: dim 0 varies by 0.0075 (population variance), dim 1 by 0.547
+            "posterior_mu": [[0.0, 1.0], [0.0, -1.0], [0.0, 0.5], [0.2, 0.0]],
             "n_supervised": 5,
             "n_generated": 5,
             "reconstruction_loss": [2.0, 4.0, 6.0, 8.0],
@@ -239,14 +241,40 @@ def test_write_cell_metrics_hand_computed(tmp_path):
             oof_correct=[],
         )
 
-    p1 = pd.DataFrame([prow("t1", "within_task_router", 0.8, 0.5, 0.4), prow("t1", "posterior", 1.0, 0.5, 0.5)])
+    def info(task, ids, bits, entropy):
+        """A router_information row: the bits of its probed examples over the task's 2 test
+        examples and the data's strategy entropy."""
+        return dict(
+            cell_id=cid,
+            task=task,
+            probe="router_information",
+            information=sum(bits) / 2 / entropy,
+            strategy_entropy=entropy,
+            n_task=2,
+            status="ok",
+            reason="",
+            example_ids=ids,
+            oof_bits=bits,
+        )
+
+    p1 = pd.DataFrame(
+        [
+            prow("t1", "within_task_router", 0.8, 0.5, 0.4),
+            info("t1", ["a"], [1.0], 1.0),
+            prow("t1", "posterior", 1.0, 0.5, 0.5),
+        ]
+    )
     p2 = pd.DataFrame(
-        [prow("t2", "within_task_router", 0.6, 0.7, 0.6), prow("t2", "posterior", math.nan, 0.5, math.nan, "na")]
+        [
+            prow("t2", "within_task_router", 0.6, 0.7, 0.6),
+            info("t2", ["d"], [0.4], 2.0),
+            prow("t2", "posterior", math.nan, 0.5, math.nan, "na"),
+        ]
     )
     g = pd.DataFrame([prow("global", "global_router", 0.9, 0.25, 0.3)])
     paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
     for df, p in zip((p1, p2, g), paths):
-        write_parquet(df, p)
+        write_parquet(df.reindex(columns=PROBE_COLUMNS), p)
     row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[
         0
     ]
@@ -260,7 +288,9 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     assert row.matched_router_score == pytest.approx(0.7 * 0.75)
     # chance-corrected: t1 (0.8 - 0.5) / 0.5 = 0.6, t2 (0.6 - 0.7) / 0.3 = -1/3 (below chance)
     assert row.within_task_router_probe_corrected == pytest.approx((0.6 - 1 / 3) / 2)
-    assert row.chance_corrected_matched_router_score == pytest.approx((0.6 - 1 / 3) / 2 * 0.75)
+    # router information: t1 1 bit over 2 examples and 1 bit of entropy = 0.5, t2 0.4 / 2 / 2 = 0.1
+    assert row.router_information == pytest.approx(0.3) and row.router_information_tasks == 2
+    assert row.active_units == 1
     assert row.within_task_router_probe_task_list == "t1,t2" and row.posterior_probe_task_list == "t1"
     # the gap over the one task both probes cover (t1: 1.0 - 0.8), not 1.0 - mean(0.8, 0.6)
     assert row.posterior_router_probe_gap == pytest.approx(0.2)

@@ -17,32 +17,47 @@ FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]
 BETAS = [0.01, 0.1, 1.0]
 
 
-def arm_table(path, aggregation, scores, half_width):
-    """One row per cell: matched router score with its 95% interval (half_width either side)."""
+def arm_table(path, aggregation, scores, half_width, seeds=(1,)):
+    """One row per cell (setting x seed): matched router score with its 95% interval over test
+    inputs (half_width either side); `scores` [12, n_seeds]."""
     rows = []
-    for (fam, beta), s in zip(itertools.product(FAMILIES, BETAS), scores):
-        rows.append(
-            {
-                "cell_id": f"{aggregation}-{fam}-{beta}",
-                "reconstruction_family": fam,
-                "beta": beta,
-                "token_aggregation": aggregation,
-                "beta_schedule": "constant",
-                "matched_router_score": s,
-                "matched_router_score_ci_low": s - half_width,
-                "matched_router_score_ci_high": s + half_width,
-                "final_answer_accuracy": 0.95,
-            }
-        )
+    scores = np.asarray(scores).reshape(12, -1)
+    for (fam, beta), per_seed in zip(itertools.product(FAMILIES, BETAS), scores):
+        for seed, s in zip(seeds, per_seed):
+            rows.append(
+                {
+                    "cell_id": f"{aggregation}-{fam}-{beta}-{seed}",
+                    "reconstruction_family": fam,
+                    "beta": beta,
+                    "seed": seed,
+                    "token_aggregation": aggregation,
+                    "beta_schedule": "constant",
+                    "matched_router_score": s,
+                    "matched_router_score_ci_low": s - half_width,
+                    "matched_router_score_ci_high": s + half_width,
+                    "final_answer_accuracy": 0.95,
+                }
+            )
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
 
-def run(tmp_path, delta, noise, half_width, seed=0):
+def seed_noise(rng, noise, k):
+    """[12, k] training noise of sd `noise` whose mean over the k seeds is exactly 0 (so the
+    observed delta is the true one and only the interval's width is tested)."""
+    e = rng.normal(0, 1, (12, k))
+    e = e - e.mean(1, keepdims=True)
+    return noise * e / (e.std(1, ddof=1, keepdims=True) if k > 1 else 1.0)
+
+
+def run(tmp_path, delta, noise, half_width, seed=0, seeds=(1, 2)):
+    """Two arms of 12 settings x `seeds`, the same setting means, `delta` apart; each cell varies
+    around its setting by training `noise` (sd)."""
     rng = np.random.default_rng(seed)
-    mean = 0.5 + rng.normal(0, 0.05, 12)
-    summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
-    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
+    mean = 0.5 + rng.normal(0, 0.05, (12, 1))
+    k = len(seeds)
+    summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + seed_noise(rng, noise, k), half_width, seeds)
+    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + seed_noise(rng, noise, k), half_width, seeds)
     assert report_cli(["--summary", str(summary), "--comparison", str(comparison), "--out", str(tmp_path / "out")]) == 0
     contrasts = pd.read_parquet(tmp_path / "out" / "aggregate" / "arm_contrasts.parquet")
     analysis = (tmp_path / "out" / "analysis.md").read_text()
@@ -50,8 +65,9 @@ def run(tmp_path, delta, noise, half_width, seed=0):
 
 
 def test_arms_within_their_noise_are_cannot_tell(tmp_path):
-    # true delta 0; the cells differ by noise 0.02 while each cell's own interval is +-0.06
+    # true delta 0; cells vary by training noise 0.02 while each cell's own interval is +-0.06
     row, analysis = run(tmp_path, delta=0.0, noise=0.02, half_width=0.06)
+    assert row.training_noise_in_interval and row.training_noise_settings == 24 and row.training_noise_df == 24
     assert row.verdict == "cannot tell" and row.ci_low < 0 < row.ci_high
     assert row.cells_negative == 0 and row.cells_positive == 0
     assert "**cannot tell**" in analysis and "**negative**" not in analysis and "**positive**" not in analysis
@@ -59,12 +75,80 @@ def test_arms_within_their_noise_are_cannot_tell(tmp_path):
 
 def test_clearly_different_arms_get_their_sign(tmp_path):
     row, analysis = run(tmp_path, delta=-0.2, noise=0.02, half_width=0.06)
-    assert row.verdict == "negative" and row.ci_high < 0
+    assert row.verdict == "negative" and row.ci_high < 0 and row.training_noise_in_interval
     assert row.cells_negative == 12
-    assert "**negative**" in analysis
+    assert "**negative**" in analysis and "training noise" in analysis
     (tmp_path / "up").mkdir()
     row, _ = run(tmp_path / "up", delta=0.2, noise=0.02, half_width=0.06)
     assert row.verdict == "positive"
+
+
+def test_training_noise_widens_the_interval_past_a_test_only_sign(tmp_path):
+    """Narrow test intervals (+-0.01) and a delta of -0.05, but seeds that vary by 0.2: the
+    test-only interval would exclude 0; with training noise it does not."""
+    row, _ = run(tmp_path, delta=-0.05, noise=0.2, half_width=0.01)
+    assert row.test_ci_high < 0  # what the test inputs alone would say
+    assert row.verdict == "cannot tell" and row.ci_low < 0 < row.ci_high
+    assert row.training_noise_sd == pytest.approx(0.2) and row.mean_delta == pytest.approx(-0.05)
+    assert row.detectable_delta > abs(row.mean_delta)
+
+
+def test_one_seed_reads_cannot_tell_training_noise_unknown(tmp_path):
+    """One seed per cell: however far apart the arms, the verdict is cannot tell, with the reason."""
+    row, analysis = run(tmp_path, delta=-0.2, noise=0.0, half_width=0.01, seeds=(1,))
+    assert row.test_ci_high < 0 and not row.training_noise_in_interval
+    assert row.verdict == "cannot tell" and row.why.startswith("training noise unknown")
+    assert row.cells_negative == 0 and row.cells_cannot_tell == 12
+    assert "training noise unknown" in analysis and "test inputs only" in analysis
+
+
+def test_contrast_interval_by_hand():
+    """Two common cells, deltas -0.1 and -0.2, test-input SEs 0.02 and 0.03; the first has two
+    seeds per arm, the second one; training variance 0.0025 on 4 df. SE_test = sqrt(0.02^2 +
+    0.03^2) / 2; training part 0.0025 (1/2 + 1/2 + 1 + 1) / 2^2; a t interval with
+    Welch-Satterthwaite df = SE^4 / (training^2 / 4)."""
+    from scipy import stats
+
+    from latentstrat.aggregate.contrasts import contrast_row
+
+    c = pd.DataFrame(
+        {
+            "primary_cell": ["p1", "p2"],
+            "comparison_cell": ["c1", "c2"],
+            "delta_m": [-0.1, -0.2],
+            "delta_m_se_test": [0.02, 0.03],
+            "delta_m_ci_low": [np.nan, np.nan],
+            "delta_m_ci_high": [np.nan, np.nan],
+            "primary_n_seeds": [2, 1],
+            "comparison_n_seeds": [2, 1],
+        }
+    )
+    row = contrast_row("arm", c, "m", None, {"var": 0.0025, "df": 4, "settings": 2})
+    se_test = np.sqrt(0.02**2 + 0.03**2) / 2
+    train = 0.0025 * (0.5 + 0.5 + 1 + 1) / 4
+    se = np.sqrt(se_test**2 + train)
+    df = se**4 / (train**2 / 4)
+    half = stats.t.ppf(0.975, df) * se
+    assert row["mean_delta"] == pytest.approx(-0.15)
+    assert row["se_test"] == pytest.approx(se_test) and row["se_training"] == pytest.approx(np.sqrt(train))
+    assert (row["ci_low"], row["ci_high"]) == (pytest.approx(-0.15 - half), pytest.approx(-0.15 + half))
+    assert row["detectable_delta"] == pytest.approx((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se)
+    assert row["verdict"] == ("negative" if -0.15 + half < 0 else "cannot tell")
+    unknown = contrast_row("arm", c, "m", None, None)
+    assert unknown["verdict"] == "cannot tell" and not unknown["training_noise_in_interval"]
+    assert unknown["ci_high"] == pytest.approx(-0.15 + 1.959963984540054 * se_test)
+
+
+def test_pooled_training_noise_by_hand():
+    """Seed variances pooled with their degrees of freedom over the settings of both arms that
+    have two or more seeds: (1 * 0.1^2 + 2 * 0.2^2) / 3."""
+    from latentstrat.aggregate.contrasts import training_noise
+
+    a = pd.DataFrame({"n_seeds": [2, 1], "m_std": [0.1, np.nan]})
+    b = pd.DataFrame({"n_seeds": [3], "m_std": [0.2]})
+    nz = training_noise([a, b], "m")
+    assert nz["var"] == pytest.approx((0.01 + 2 * 0.04) / 3) and nz["df"] == 3 and nz["settings"] == 2
+    assert training_noise([a.iloc[1:], b.assign(n_seeds=1)], "m") is None
 
 
 def test_no_interval_means_cannot_tell(tmp_path):
@@ -156,26 +240,31 @@ def test_learn_then_collapse_is_found_when_it_happens():
     assert q_early_or_late(t, 0.01)["status"] == "not supported"
 
 
-def test_router_scores_without_signal_above_chance_are_cannot_tell():
-    """Two arms whose router probes are both at or below chance differ in raw accuracy because
-    their class balance differs, not because z carries strategy: never a sign."""
+def test_router_scores_without_a_strategy_cell_are_cannot_tell():
+    """Two arms none of whose cells is in state `strategy` (z carries no strategy information in
+    either) differ by noise, whatever their interval says: never a sign."""
     from latentstrat.aggregate.contrasts import arm_contrasts
 
     c = pd.DataFrame(
         {
             "primary_cell": ["p1", "p2"],
             "comparison_cell": ["r1", "r2"],
+            "primary_state": ["empty", "other"],
+            "comparison_state": ["empty", "empty"],
+            "primary_n_seeds": [2, 2],
+            "comparison_n_seeds": [2, 2],
             "delta_matched_router_score": [-0.08, -0.09],
+            "delta_matched_router_score_se_test": [0.005, 0.005],
             "delta_matched_router_score_ci_low": [-0.10, -0.11],
             "delta_matched_router_score_ci_high": [-0.05, -0.06],
         }
     )
-    noise = arm_contrasts(
-        {"mean": c}, None, metrics=["matched_router_score"], above={"p1": False, "p2": False, "r1": False, "r2": False}
-    ).iloc[0]
-    assert noise.verdict == "cannot tell" and "above chance" in noise.why and noise.cells_cannot_tell == 2
+    noises = {"mean": {"matched_router_score": {"var": 1e-5, "df": 10, "settings": 5}}}
+    noise = arm_contrasts({"mean": c}, None, noises, metrics=["matched_router_score"]).iloc[0]
+    assert noise.verdict == "cannot tell" and "strategy" in noise.why and noise.strategy_cells == 0
+    assert noise.both_empty_cells == 1
     signal = arm_contrasts(
-        {"mean": c}, None, metrics=["matched_router_score"], above={"p1": True, "p2": False, "r1": True, "r2": True}
+        {"mean": c.assign(primary_state=["strategy", "other"])}, None, noises, metrics=["matched_router_score"]
     ).iloc[0]
     assert signal.verdict == "negative" and signal.cells_negative == 2 and signal.why == ""
 
@@ -199,12 +288,13 @@ def write_config(path, seeds=None):
     return path
 
 
-def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
+def run_with_config(tmp_path, delta, noise, half_width, seeds=(314159, 314160)):
     rng = np.random.default_rng(0)
-    mean = 0.5 + rng.normal(0, 0.05, 12)
-    summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + rng.normal(0, noise, 12), half_width)
-    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + rng.normal(0, noise, 12), half_width)
-    cfg = write_config(tmp_path / "collection.yaml", seeds)
+    mean = 0.5 + rng.normal(0, 0.05, (12, 1))
+    k = len(seeds)
+    summary = arm_table(tmp_path / "sum.csv", "sum", mean + delta + seed_noise(rng, noise, k), half_width, seeds)
+    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + seed_noise(rng, noise, k), half_width, seeds)
+    cfg = write_config(tmp_path / "collection.yaml", list(seeds))
     out = tmp_path / "out"
     assert (
         report_cli(
@@ -219,23 +309,33 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=None):
 def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
     from latentstrat.cells import expand_cells
     from latentstrat.config import load_config
-    from latentstrat.power import DETECT
+    from latentstrat.power import DETECT, se_with_seeds
 
-    row, out = run_with_config(tmp_path, delta=-0.03, noise=0.02, half_width=0.12)
-    assert row.verdict == "cannot tell"
-    se = (row.ci_high - row.ci_low) / (2 * 1.959963984540054)
-    assert row.detectable_delta == pytest.approx(DETECT * se)
+    row, out = run_with_config(tmp_path, delta=-0.03, noise=0.1, half_width=0.02)
+    assert row.verdict == "cannot tell" and row.training_noise_in_interval
     analysis = (out / "analysis.md").read_text()
-    assert f"could detect (80% power, 5% two-sided): {round(row.detectable_delta, 4):g}" in analysis
+    assert f"Detectable (80% power, 5% two-sided): {round(row.detectable_delta, 4):g}" in analysis
     followup = out / "followup.yaml"
     assert followup.exists() and "followup.yaml" in analysis
     cfg = load_config(followup)  # runnable: extends the collection's config by a relative path
-    # seeds sized so that the detectable difference reaches the observed |delta|: SE ~ 1/sqrt(n)
-    n = int(np.ceil((DETECT * se / abs(row.mean_delta)) ** 2))
-    assert cfg["seeds"] == [314159 + k for k in range(min(n, 10))]
+    # seeds sized so that the detectable difference reaches the observed |delta|: only the
+    # training part shrinks with seeds
+    n = next(n for n in range(1, 1000) if DETECT * se_with_seeds(row.se_test, row.training_noise_sd, 12, n) <= 0.03)
+    n = min(max(n, 3), 10)
+    assert cfg["seeds"] == [314159 + k for k in range(n)]
     assert cfg["collection"] == "toy-power-followup"
-    assert len(expand_cells(cfg)) == 24 * min(n, 10)
-    assert f"Adds {24 * (min(n, 10) - 1)} cells" in followup.read_text()
+    assert len(expand_cells(cfg)) == 24 * n
+    assert f"Adds {24 * (n - 2)} cells" in followup.read_text() and "--cores 2" in followup.read_text()
+
+
+def test_one_seed_gets_a_followup_that_measures_the_training_noise(tmp_path):
+    from latentstrat.config import load_config
+
+    row, out = run_with_config(tmp_path, delta=-0.2, noise=0.0, half_width=0.01, seeds=(314159,))
+    assert row.verdict == "cannot tell" and row.why.startswith("training noise unknown")
+    cfg = load_config(out / "followup.yaml")
+    assert cfg["seeds"] == [314159, 314160]
+    assert "2 seeds per setting measure it" in (out / "followup.yaml").read_text()
 
 
 def test_clearly_separated_arms_get_no_followup(tmp_path):
@@ -245,20 +345,30 @@ def test_clearly_separated_arms_get_no_followup(tmp_path):
     assert "Follow-Up" not in (out / "analysis.md").read_text()
 
 
+def test_no_followup_when_the_test_inputs_alone_cannot_settle_it(tmp_path):
+    """Seeds shrink the training part only: a delta below what the test inputs allow gets none."""
+    row, out = run_with_config(tmp_path, delta=-0.01, noise=0.001, half_width=0.3)
+    assert row.verdict == "cannot tell" and 2.8 * row.se_test > 0.01
+    assert not (out / "followup.yaml").exists()
+
+
 def test_a_noisy_collection_already_at_its_seed_cap_gets_no_followup(tmp_path):
     # 10 seeds is the default cap (report.followup_max_seeds): nothing more to ask for
-    row, out = run_with_config(tmp_path, delta=-0.01, noise=0.02, half_width=0.12, seeds=list(range(1, 11)))
+    row, out = run_with_config(tmp_path, delta=-0.01, noise=0.05, half_width=0.02, seeds=list(range(1, 11)))
     assert row.verdict == "cannot tell"
     assert not (out / "followup.yaml").exists()
 
 
 def test_power_arithmetic_by_hand():
-    from latentstrat.power import detectable_difference, next_seeds, seeds_to_detect
+    from latentstrat.cells import next_seeds
+    from latentstrat.power import detectable_difference, se_with_seeds, seeds_to_detect
 
     # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
     assert np.isnan(detectable_difference(float("nan"), 0.1))
-    # SE 0.05 with one seed; to detect 0.07: n = (2.8016 * 0.05 / 0.07)^2 = 4.0046 -> 5 seeds
-    assert seeds_to_detect(0.05, 1, 0.07) == 5
-    assert seeds_to_detect(0.01, 3, 0.07) == 3  # already precise enough: no fewer than now
+    # 12 cells, SE_test 0.01, training sd 0.1: SE(n)^2 = 0.01^2 + 0.1^2 * (2 / n) / 12
+    assert se_with_seeds(0.01, 0.1, 12, 2) == pytest.approx(np.sqrt(1e-4 + 0.01 / 12))
+    # to detect 0.07: 2.8016^2 (1e-4 + 0.01 / (6 n)) <= 0.0049 -> n >= 0.01 / 6 / (0.0049 / 7.849 - 1e-4) = 3.19 -> 4
+    assert seeds_to_detect(0.01, 0.1, 12, 0.07) == 4
+    assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]

@@ -34,15 +34,16 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
     assert rc == 0, out[-3000:]
     train = [c for r, c, _ in jobs if r == "train"]
-    assert len(train) == len(set(train)) == 20
-    assert sum(c.startswith("agg-sum_") for c in train) == 12
-    assert sum(c.startswith("agg-mean_") and "sched-lin100" in c for c in train) == 8
+    assert len(train) == len(set(train)) == 32
+    assert sum(c.startswith("agg-sum_") for c in train) == 16  # 12 settings + 4 replicates at beta 0.01
+    assert sum(c.startswith("agg-mean_") and "sched-" not in c for c in train) == 16  # the matched arm
+    assert sum(c.endswith("seed-314160") for c in train) == 8 and all("beta-0.01" in c for c in train if "314160" in c)
     assert "agg-sum_fam-raw_beta-1_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probe_task"] == 20 * N_TASKS and n["probe_global"] == n["metrics"] == n["evaluate"] == 20
+    assert n["probe_task"] == 32 * N_TASKS and n["probe_global"] == n["metrics"] == n["evaluate"] == 32
     # each cell's probes + metrics form one group job (one Slurm submission per cell)
-    assert out.count("Group job probe") == 20
+    assert out.count("Group job probe") == 32
 
 
 def test_config_overrides_expand_any_axes(wd):

@@ -17,6 +17,7 @@ import pandas as pd
 from latentstrat.cells import CELL_KEYS, beta_label, family_label
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import (
+    ACTIVE_UNIT_VARIANCE,
     BOOT_SEED,
     BOOTSTRAP_FILE,
     BOOTSTRAP_METRICS,
@@ -44,6 +45,8 @@ METRIC_RECORD_COLUMNS = [
     "correct",
     "matched_strategies",
     "followed_strategy",
+    "router_mu",
+    "posterior_mu",
     *LOSS_METRICS,
 ]
 PROVENANCE = ["code_version", "code_commit", "code_dirty", "started_at", "finished_at", "host", "device"]
@@ -74,6 +77,27 @@ def _probe_summary(probes, name: str) -> dict:
     }
 
 
+def _information_summary(probes) -> dict:
+    """router_information: the mean over tasks of the router_information rows' `information`
+    (every task has one: a task where z says nothing reads 0, never NA, so both arms of a contrast
+    average over the same tasks); `_tasks` counts them and `_task_list` names them."""
+    ok = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")]
+    return {
+        "router_information": float(ok["information"].astype(float).mean()) if len(ok) else math.nan,
+        "router_information_tasks": int(len(ok)),
+        "router_information_task_list": ",".join(sorted(ok["task"])),
+    }
+
+
+def active_units(records) -> int:
+    """Latent dimensions whose posterior mean minus router mean varies across the test inputs by
+    more than ACTIVE_UNIT_VARIANCE (population variance): what z carries beyond what x decides."""
+    d = np.stack(
+        [np.asarray(q, float) - np.asarray(r, float) for q, r in zip(records["posterior_mu"], records["router_mu"])]
+    )
+    return int((d.var(axis=0) > ACTIVE_UNIT_VARIANCE).sum())
+
+
 def followed_strategy_tv(records) -> tuple[float, float]:
     """(mean, max) over tasks of the total variation between the strategies the generations
     followed (those matching exactly one) and the true strategies of the same test examples:
@@ -101,6 +125,21 @@ def shared_task_gap(probes) -> float:
     return float((post[shared] - router[shared]).mean()) if shared else math.nan
 
 
+def _information_replicates(probes, by_task: dict, C: dict, n_boot: int) -> np.ndarray:
+    """[n_boot] replicates of router_information: per task, the resampled test examples' bits
+    (0 for those the probe did not see) summed, over the number drawn and the task's strategy
+    entropy (the data's, fixed); mean over tasks."""
+    ok = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")]
+    per_task = []
+    for _, pr in ok.iterrows():
+        ids = by_task[pr["task"]]["example_id"].astype(str)
+        bits = pd.Series(0.0, index=ids.to_numpy())
+        bits.loc[[str(e) for e in pr["example_ids"]]] = np.asarray(pr["oof_bits"], dtype=float)
+        w = C[pr["task"]]
+        per_task.append((w @ bits.to_numpy()) / w.sum(1) / float(pr["strategy_entropy"]))
+    return np.mean(per_task, axis=0) if per_task else np.full(n_boot, np.nan)
+
+
 def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
     """[n_boot, metric] replicates of the cell's test metrics (BOOTSTRAP_METRICS), test examples
     resampled within task. Probe accuracies resample the probes' out-of-fold predictions (the
@@ -115,6 +154,7 @@ def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT
     def mean_of(values_by_task):
         return sum(C[t] @ np.asarray(v, dtype=float) for t, v in values_by_task.items()) / N
 
+    rep["router_information"] = _information_replicates(probes, by_task, C, n_boot)
     rep["final_answer_accuracy"] = mean_of({t: g["correct"].astype(bool) for t, g in by_task.items()})
     rep["strategy_match_rate"] = mean_of({t: g["matched_strategies"].map(len).gt(0) for t, g in by_task.items()})
     for m in LOSS_METRICS:
@@ -143,9 +183,6 @@ def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT
         with np.errstate(invalid="ignore"):
             rep[m], rep[f"{m}_corrected"] = stack(accs), stack(corrs)
     rep["matched_router_score"] = rep["within_task_router_probe"] * rep["strategy_match_rate"]
-    rep["chance_corrected_matched_router_score"] = (
-        rep["within_task_router_probe_corrected"] * rep["strategy_match_rate"]
-    )
     shared = sorted(set(per_task["posterior"]) & set(per_task["within_task_router"]))
     rep["posterior_router_probe_gap"] = (
         np.nanmean([per_task["posterior"][t] - per_task["within_task_router"][t] for t in shared], axis=0)
@@ -174,8 +211,10 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     row["strategy_match_rate"] = float(records["matched_strategies"].map(len).gt(0).mean())
     for name in LOSS_METRICS:
         row[name] = float(records[name].astype(float).mean())
+    row.update(_information_summary(probes))
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
+    row["active_units"] = active_units(records)
     row["posterior_router_probe_gap"] = shared_task_gap(probes)
     row["followed_strategy_tv"], row["followed_strategy_tv_max"] = followed_strategy_tv(records)
     row = derive(row)
@@ -205,6 +244,7 @@ def write_cell_metrics(
         raise ValueError(f"probe tables {[str(p) for p in probe_paths]} include cell {other[0]!r}, not {cid!r}")
     for name, task_set in (
         ("within_task_router", set(records["task"])),
+        ("router_information", set(records["task"])),
         ("posterior", set(records["task"])),
         ("global_router", {"global"}),
     ):

@@ -185,15 +185,43 @@ def normalize_settings(s: dict) -> dict:
     return out
 
 
-def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -> list[Cell]:
+def next_seeds(seeds: list[int], n: int) -> list[int]:
+    """`seeds` extended to n values with the next unused integers after the last one."""
+    out = list(seeds)
+    s = max(out) if out else 0
+    while len(out) < n:
+        s += 1
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def arm_seeds(cfg: dict, arm: dict | None = None) -> list[int]:
+    """The seeds of an arm (None: the primary arm): its own `seeds`, or the `seed` of its
+    settings, else the collection's `seeds` (default [cell.seed])."""
+    if arm is not None and "seeds" in arm:
+        return list(arm["seeds"])
+    if arm is not None and "seed" in arm.get("settings", {}):
+        return [int(arm["settings"]["seed"])]
+    return list(cfg.get("seeds") or [cfg["cell"]["seed"]])
+
+
+def _replicated(settings: dict, rep_grid: dict) -> bool:
+    return all(format_value(settings[k]) in {format_value(v) for v in vals} for k, vals in rep_grid.items())
+
+
+def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], replicates: dict | None) -> list[Cell]:
+    """The cells of one arm: the grid's settings x the arm's seeds, plus `replicates.extra_seeds`
+    more seeds (the next integers) for the settings inside `replicates.grid`."""
     axes = [k for k in CELL_KEYS if k in grid and k != "seed"]
+    extra = next_seeds(seeds, len(seeds) + replicates["extra_seeds"])[len(seeds) :] if replicates else []
     cells, seen = [], set()
     for values in itertools.product(*(grid[k] for k in axes)):
-        for seed in seeds:
-            s = dict(base)
-            s.update(zip(axes, values))
-            s["seed"] = seed
-            s = normalize_settings(s)
+        s = dict(base)
+        s.update(zip(axes, values))
+        more = extra if replicates and _replicated(s, replicates.get("grid", {})) else []
+        for seed in [*seeds, *more]:
+            s = normalize_settings({**s, "seed": seed})
             cid = cell_id(s)
             if cid in seen:  # e.g. beta [1, 1.0]
                 continue
@@ -204,16 +232,16 @@ def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int]) -
 
 def expand_cells(cfg: dict) -> list[Cell]:
     """All cells of a validated config (config.load_config / config.validate): the primary arm,
-    then each run-here comparison arm."""
-    seeds = cfg.get("seeds") or [cfg["cell"]["seed"]]
-    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], seeds)
+    then each run-here comparison arm; each arm with its seeds (arm_seeds) and replicates."""
+    rep = cfg.get("replicates")
+    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], arm_seeds(cfg), rep)
     for arm in cfg["comparison_arms"]:
         if "table" in arm:
             continue
         base = {**cfg["cell"], **arm.get("settings", {})}
         grid = {k: v for k, v in cfg["grid"].items() if k not in arm.get("settings", {})}
         grid.update(arm.get("grid", {}))
-        cells += _arm_cells(arm["name"], "comparison", base, grid, seeds)
+        cells += _arm_cells(arm["name"], "comparison", base, grid, arm_seeds(cfg, arm), rep)
     return cells
 
 

@@ -95,8 +95,19 @@ def _check_semantics(cfg: dict) -> None:
             raise ConfigError(
                 f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both"
             )
-        if "table" not in arm and not arm.get("settings") and "grid" not in arm:
-            raise ConfigError(f"config key {where}: needs `settings`/`grid` (run here) or `table` (external)")
+        if "table" not in arm and not arm.get("settings") and "grid" not in arm and "seeds" not in arm:
+            raise ConfigError(f"config key {where}: needs `settings`/`grid`/`seeds` (run here) or `table` (external)")
+        if "seeds" in arm and "seed" in arm.get("settings", {}):
+            raise ConfigError(f"config key {where}: give the arm's seeds once: `seeds` or `settings.seed`, not both")
+        if "table" in arm and "seeds" in arm:
+            raise ConfigError(f"config key {where}: `seeds` is for arms run here, not an external `table`")
+    contrast = cfg["report"]["primary_contrast"]
+    if contrast is not None and contrast not in names[1:]:
+        raise ConfigError(
+            f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
+            f"(comparison arms: {', '.join(names[1:]) or 'none'})"
+        )
+
     cells = expand_cells(cfg)
     if cfg["entangle"]["mode"] == "skip" and any(c.settings["init"] == "entangled" for c in cells):
         raise ConfigError("config key entangle.mode: 'skip' but some cells have init: entangled")

@@ -10,6 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# the version of what the probe and metrics jobs write (probe tables, a cell's metrics row): their
+# rules take it as a param, so a change that makes cached tables unreadable reruns those jobs once
+# (never training); bump it with such a change
+CELL_TABLES_VERSION = 2
+ACTIVE_UNIT_VARIANCE = 0.01  # a latent dimension is active when Var_x(mu_q - mu_r) exceeds this
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -21,11 +27,12 @@ class Metric:
 
 _M = [
     Metric(
-        "chance_corrected_matched_router_score",
-        "chance-corrected matched router score",
+        "router_information",
+        "router information",
         True,
-        "within_task_router_probe_corrected x strategy_match_rate: 0 when router z predicts the followed "
-        "strategy no better than the majority class (a collapsed cell), the ranking metric",
+        "the primary endpoint (docs/design.md): per task, the cross-validated information I_cv(z; s) in bits between "
+        "router-sampled z and the strategy the generation followed, per test example, over the entropy of the data's "
+        "strategy mix; mean over tasks. 0 = z says nothing (or one strategy is followed), 1 = z fixes the strategy",
     ),
     Metric("matched_router_score", "matched router score", True, "within_task_router_probe x strategy_match_rate"),
     Metric(
@@ -99,6 +106,13 @@ _M = [
         "posterior-router probe gap",
         None,
         "mean over the tasks both probes cover of posterior_probe - within_task_router_probe",
+    ),
+    Metric(
+        "active_units",
+        "active units",
+        None,
+        "latent dimensions whose posterior mean minus the router's mean varies across test inputs by more than "
+        f"{ACTIVE_UNIT_VARIANCE} (variance): the dimensions z uses beyond what x decides",
     ),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
@@ -196,9 +210,6 @@ def derive(row: dict) -> dict:
     out["matched_router_score"] = _nan_if_missing(row.get("within_task_router_probe")) * _nan_if_missing(
         row.get("strategy_match_rate")
     )
-    out["chance_corrected_matched_router_score"] = _nan_if_missing(
-        row.get("within_task_router_probe_corrected")
-    ) * _nan_if_missing(row.get("strategy_match_rate"))
     if math.isnan(_nan_if_missing(row.get("posterior_router_probe_gap"))):  # else: computed over shared tasks
         out["posterior_router_probe_gap"] = _nan_if_missing(row.get("posterior_probe")) - _nan_if_missing(
             row.get("within_task_router_probe")
@@ -219,6 +230,7 @@ N_BOOT = 1000  # bootstrap replicates per cell
 BOOT_SEED = 20261201
 # per-cell test metrics that get a 95% bootstrap interval (<metric>_ci_low / _ci_high)
 BOOTSTRAP_METRICS = [
+    "router_information",
     "final_answer_accuracy",
     "strategy_match_rate",
     *LOSS_METRICS,
@@ -227,7 +239,6 @@ BOOTSTRAP_METRICS = [
     "posterior_probe",
     "posterior_probe_corrected",
     "matched_router_score",
-    "chance_corrected_matched_router_score",
     "posterior_router_probe_gap",
 ]
 

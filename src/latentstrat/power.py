@@ -1,17 +1,22 @@
 """Power: the smallest difference a collection could detect, and the follow-up that would settle
 a `cannot tell` (design section 6, docs/design.md).
 
-A verdict comes from a 95% interval of a delta (`aggregate.contrasts.arm_contrasts`). Read as a normal
-interval, its half-width is 1.96 standard errors. A true difference d is found (the interval
-excludes 0) with 80% power when |d| >= (z_0.975 + z_0.8) * SE = 2.80 * SE: that is the
-*detectable difference* printed next to every verdict.
+A verdict comes from a 95% interval of a delta (`aggregate.contrasts.arm_contrasts`) whose
+variance has two parts: the test inputs' (the paired bootstrap, SE_test) and training noise (the
+seed-to-seed variance sigma^2 pooled over replicated settings, divided by each setting's seeds:
+SE_training). A true difference d is found (the interval excludes 0) with 80% power when
+|d| >= (t_0.975 + t_0.8) * SE, about 2.80 * SE: the *detectable difference* printed next to every
+verdict, from the same variance as the interval.
 
-A `cannot tell` whose arms do carry router signal is a matter of power: more replicates shrink
-SE as 1 / sqrt(n). The follow-up adds seeds (each seed retrains and re-evaluates every cell, so
-it averages both the training noise and the test-set noise; the test split is already used as
-configured) until the detectable difference reaches the effect to settle: the observed mean
-delta, or `report.near_zero_delta` when the observed delta is smaller than that (then the
-follow-up tells "no difference larger than near_zero_delta" from "a small one").
+A `cannot tell` whose arms do carry strategy information is a matter of power. More seeds shrink
+the training part only: with n seeds per setting, SE(n)^2 = SE_test^2 + sigma^2 * (2 / n) / cells
+(the test split is already used as configured). The follow-up adds seeds until the detectable
+difference reaches the effect to settle: the observed mean delta, or `report.near_zero_delta`
+when the observed delta is smaller than that (then the follow-up tells "no difference larger than
+near_zero_delta" from "a small one"). When SE_test alone keeps the detectable difference above
+the effect, no number of seeds settles it (more test inputs would): no follow-up is written.
+Without any estimate of training noise, the follow-up asks for two seeds per setting: the fewest
+that measure it.
 """
 
 from __future__ import annotations
@@ -31,56 +36,71 @@ def standard_error(ci_low: float, ci_high: float) -> float:
 
 
 def detectable_difference(ci_low: float, ci_high: float) -> float:
-    """The smallest true difference the interval's precision finds with 80% power at 5% (two-sided)."""
+    """The smallest true difference a normal 95% interval's precision finds with 80% power at 5% (two-sided)."""
     return DETECT * standard_error(ci_low, ci_high)
 
 
-def seeds_to_detect(se: float, n_seeds: int, effect: float) -> int:
-    """Seeds per setting at which the detectable difference falls to `effect` (SE ~ 1/sqrt(n))."""
-    if not (math.isfinite(se) and effect > 0):
-        return n_seeds
-    return max(n_seeds, math.ceil(n_seeds * (DETECT * se / effect) ** 2))
+def se_with_seeds(se_test: float, sd_training: float, cells: int, seeds: int) -> float:
+    """SE of a mean common-cell delta over `cells` settings with `seeds` seeds in both arms."""
+    return math.sqrt(se_test**2 + sd_training**2 * (2 / seeds) / cells)
+
+
+def seeds_to_detect(se_test: float, sd_training: float, cells: int, effect: float, max_n: int = 10_000) -> int | None:
+    """The fewest seeds per setting at which DETECT * SE reaches `effect`; None when the test
+    inputs' SE alone keeps it above (no number of seeds settles it)."""
+    if not (effect > 0) or DETECT * se_test >= effect:
+        return None
+    n = 1
+    while DETECT * se_with_seeds(se_test, sd_training, cells, n) > effect:
+        n += 1
+        if n > max_n:
+            return None
+    return n
 
 
 def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int) -> dict | None:
     """For one arm contrast (an `arm_contrasts` row): None when its verdict decides, when it has
-    no interval, or when its `cannot tell` is not about power (no router signal in either arm:
-    more replicates of noise settle nothing). Else the seeds that would settle it (capped at
-    `max_seeds`) and what they would reach."""
-    if contrast["verdict"] != "cannot tell" or contrast.get("why"):
+    no interval, or when its `cannot tell` is not about power (no cell of either arm carries
+    strategy information: more replicates of noise settle nothing). Else the seeds per setting
+    that would settle it (capped at `max_seeds`) and what they would reach."""
+    if contrast["verdict"] != "cannot tell":
         return None
-    se = standard_error(contrast["ci_low"], contrast["ci_high"])
-    if not math.isfinite(se) or se == 0:
+    why = str(contrast.get("why") or "")
+    known = bool(contrast.get("training_noise_in_interval"))
+    if why and not why.startswith("training noise unknown"):
+        return None
+    se_test = float(contrast.get("se_test", math.nan))
+    if not math.isfinite(se_test):
         return None
     effect = max(abs(float(contrast["mean_delta"])), float(near_zero))
-    need = seeds_to_detect(se, n_seeds, effect)
-    seeds = min(need, max_seeds)
-    if seeds <= n_seeds:
-        return None
-    return {
+    base = {
         "comparison_arm": contrast["comparison_arm"],
         "metric": contrast["metric"],
         "mean_delta": float(contrast["mean_delta"]),
         "ci_low": float(contrast["ci_low"]),
         "ci_high": float(contrast["ci_high"]),
-        "detectable_now": DETECT * se,
+        "detectable_now": float(contrast["detectable_delta"]),
         "effect": effect,
+        "training_noise_known": known,
+    }
+    if not known:  # measure the training noise first: two seeds per setting
+        if n_seeds >= 2:
+            return None
+        return {**base, "seeds_needed": 2, "seeds": 2, "capped": False, "detectable_then": math.nan}
+    sd, cells = float(contrast["training_noise_sd"]), int(contrast["n_cells"])
+    need = seeds_to_detect(se_test, sd, cells, effect)
+    if need is None:  # the test inputs' noise alone: more seeds cannot settle it (analysis.md says so)
+        return None
+    seeds = min(need, max_seeds)
+    if seeds <= n_seeds:
+        return None
+    return {
+        **base,
         "seeds_needed": need,
         "seeds": seeds,
         "capped": need > max_seeds,
-        "detectable_then": DETECT * se * math.sqrt(n_seeds / seeds),
+        "detectable_then": DETECT * se_with_seeds(se_test, sd, cells, seeds),
     }
-
-
-def next_seeds(seeds: list[int], n: int) -> list[int]:
-    """`seeds` extended to n values with the next unused integers after the last one."""
-    out = list(seeds)
-    s = max(out) if out else 0
-    while len(out) < n:
-        s += 1
-        if s not in out:
-            out.append(s)
-    return out
 
 
 def followup_text(plan: dict) -> str:
@@ -89,23 +109,12 @@ def followup_text(plan: dict) -> str:
     rows), cells_now, cells_added, seconds_per_cell, parallel_cells."""
     lines = [
         f"# Follow-up of collection {plan['collection']}: more seeds to settle what it could not tell.",
-        "# Written by its report from the bootstrap variance (latentstrat.power); run it with",
+        "# Written by its report from the variance of its verdicts (latentstrat.power); run it with",
         f"#   snakemake --configfile {plan['path']} --cores 2",
         "# Cells of the collection are reused (same base and cell work); only the new seeds train.",
     ]
     for n in plan["needs"]:
-        lines.append(
-            f"# - {n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, 95% interval "
-            f"{n['ci_low']:+.3f} to {n['ci_high']:+.3f} (detectable now: {n['detectable_now']:.3f}); "
-            f"{n['seeds']} seeds bring the detectable difference to {n['detectable_then']:.3f} "
-            f"(target {n['effect']:.3f}"
-            + (
-                f"; {n['seeds_needed']} seeds would reach it, capped at report.followup_max_seeds"
-                if n["capped"]
-                else ""
-            )
-            + ")"
-        )
+        lines.append(f"# - {need_text(n)}")
     lines += [
         f"# Adds {plan['cells_added']} cells to the {plan['cells_now']} there are: {cost_text(plan)}.",
         f"extends: {plan['extends']}",
@@ -116,6 +125,21 @@ def followup_text(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def need_text(n: dict) -> str:
+    """One follow-up need in words (the follow-up config's comments and analysis.md)."""
+    head = (
+        f"{n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, 95% interval "
+        f"{n['ci_low']:+.3f} to {n['ci_high']:+.3f}"
+    )
+    if not n["training_noise_known"]:
+        return head + " without training noise (unknown): 2 seeds per setting measure it"
+    tail = f"; {n['seeds_needed']} seeds would reach it, capped at report.followup_max_seeds" if n["capped"] else ""
+    return (
+        head + f" (detectable now: {n['detectable_now']:.3f}); {n['seeds']} seeds per setting bring the detectable "
+        f"difference to {n['detectable_then']:.3f} (target {n['effect']:.3f}{tail})"
+    )
+
+
 def cost_text(plan: dict) -> str:
     """'about M min on a machine like the one that ran them (...)', or why there is no estimate."""
     sec = float(plan.get("seconds_per_cell", math.nan))
@@ -123,6 +147,6 @@ def cost_text(plan: dict) -> str:
         return "time unknown (no benchmark files of the collection's cell jobs)"
     mins = plan["cells_added"] * sec / max(1, plan["parallel_cells"]) / 60
     return (
-        f"about {mins:.0f} min on a machine like the one that ran them ({sec:.0f} s of one job slot per cell "
-        f"measured there, {plan['parallel_cells']} cells at a time)"
+        f"about {mins:.0f} min with `--cores 2` on a machine like the one that ran them ({sec:.0f} s of one job "
+        f"slot per cell measured there, {plan['parallel_cells']} cells at a time)"
     )

@@ -1,25 +1,33 @@
 """Linear probes: how much strategy information a latent carries (design sections 5.6 and 6, docs/design.md).
 
-A probe is a logistic regression from a latent to a label, scored by stratified k-fold
-cross-validation. In each fold the features are standardized with the training fold's mean and
-population standard deviation (a constant feature keeps scale 1), and the model is fitted on the
-training fold by L-BFGS, minimizing the summed log-loss plus 0.5 * ||W||^2 on the coefficients
-(inverse regularization strength C = 1; the intercept is not penalized). Two classes get one
-coefficient vector (a sigmoid), more classes one vector each (a softmax). This is scikit-learn's
-`make_pipeline(StandardScaler(), LogisticRegression())` (the tests check it against that), written
-with numpy and scipy so that a probe job does not import scikit-learn. A held-out example is
-predicted as the most probable class, ties to the first label in sorted order.
+Every probe is scikit-learn's `make_pipeline(StandardScaler(), LogisticRegression(...))` (a
+multinomial logistic regression on standardized features; two classes get one coefficient vector)
+scored out of fold over `stratified_folds` (in each fold the scaler and the model see the
+training part only). A class with fewer examples than folds is dropped (named in `dropped`), not
+the whole task, so a probe's task set does not move with one rare class.
 
-Next to every accuracy the probe reports the chance level (majority-class rate of the probed
-examples), a shuffled-label control (the same CV on permuted labels) and the chance-corrected
-accuracy (accuracy - chance) / (1 - chance): 0 at the majority rate, 1 when perfect. A class with
-fewer examples than folds is dropped (named in `dropped`), not the whole task, so a probe's task
-set does not move with one rare class; a probe left with fewer than 2 classes reports status 'na'
-with the reason instead of a number.
+Two kinds of probe:
+- `linear_probe`: cross-validated accuracy (L2 strength C = 1), next to the chance level
+  (majority-class rate of the probed examples), a shuffled-label control (the same CV on permuted
+  labels) and the chance-corrected accuracy (accuracy - chance) / (1 - chance). These describe one
+  cell. The chance level is the cell's own outcome (the mix of strategies *it* followed), so it is
+  no baseline for comparing cells: dividing by 1 - chance rewards a collapsed mix.
+- `information_probe`: the primary endpoint's per-task measurement (docs/design.md, "Primary
+  endpoint"). Per probed example, out of fold, the bits the probe's prediction gains over the
+  training fold's class frequencies: log2 p_probe(s | z) - log2 p_prior(s). Their mean is a
+  cross-validated estimate of the mutual information I(z; s) in bits: about 0 when z says nothing
+  (the probe's L2 strength is chosen by an inner CV on log-loss, so on noise it falls back to the
+  class frequencies), 0 when one strategy is followed (nothing to tell), H(s) when z fixes s.
 
 Probes on the evaluate records of a cell:
 - within_task_router: per task, router-sampled z -> the strategy the generation followed
   (generations that match exactly one strategy);
+- router_information: per task, the same examples, information in bits (`oof_bits` per example);
+  the task's value (`information`) is their sum over the task's test examples (a generation that
+  follows no single strategy carries 0 bits about it) divided by the number of those examples and by
+  the entropy of the data's strategy mix on them (`strategy_entropy`, the true strategies of the same
+  test inputs: one baseline for every cell evaluated on them): 0 = z says nothing, 1 = z fixes the
+  strategy of every generation;
 - posterior: per task, posterior mean mu_q(x, y_true) -> the true strategy (examples whose
   true trace is unambiguous);
 - global_router: over all tasks, router-sampled z -> "task:followed_strategy".
@@ -27,6 +35,8 @@ Probes on the evaluate records of a cell:
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -35,7 +45,7 @@ import pandas as pd
 
 from latentstrat.io import read_parquet, write_parquet
 
-PROBE_NAMES = ("within_task_router", "posterior", "global_router")
+PROBE_NAMES = ("within_task_router", "router_information", "posterior", "global_router")
 PROBE_COLUMNS = [
     "cell_id",
     "task",
@@ -44,6 +54,10 @@ PROBE_COLUMNS = [
     "chance",
     "shuffled_accuracy",
     "corrected",
+    "information",
+    "strategy_entropy",
+    "n_task",
+    "C",
     "n",
     "n_classes",
     "folds",
@@ -54,6 +68,7 @@ PROBE_COLUMNS = [
     "example_ids",
     "labels",
     "oof_correct",
+    "oof_bits",
 ]
 # the record columns the probes read
 PROBE_RECORD_COLUMNS = [
@@ -66,11 +81,14 @@ PROBE_RECORD_COLUMNS = [
     "router_z",
     "posterior_mu",
 ]
+# inverse L2 strengths the information probe chooses from by inner CV on log-loss (1e-4 .. 1e2)
+INFORMATION_CS = tuple(float(c) for c in np.logspace(-4, 2, 13))
+_EPS = 1e-12  # probabilities are clipped here before the log (scikit-learn's log_loss clips likewise)
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    accuracy: float  # mean CV accuracy (nan when na)
+    accuracy: float  # mean CV accuracy (nan when na or an information probe)
     chance: float  # majority-class rate of the probed examples
     shuffled_accuracy: float  # the same CV on permuted labels
     corrected: float  # (accuracy - chance) / (1 - chance)
@@ -80,22 +98,25 @@ class ProbeResult:
     n_dropped: int  # examples of dropped classes
     dropped: str  # "class:count, ..." of classes with fewer examples than folds
     status: str  # ok | na
-    reason: str  # why na ('' when ok)
+    reason: str  # why na, or a note ('' when neither)
     kept: tuple = ()  # positions (in the input) of the probed examples
     labels: tuple = ()  # their labels
     oof_correct: tuple = ()  # out-of-fold prediction correct, per probed example (bootstrap intervals)
+    oof_bits: tuple = ()  # information probe: out-of-fold bits gained over the class frequencies, per probed example
+    bits: float = math.nan  # information probe: mean of oof_bits (I_cv(z; s) over the probed examples)
+    C: float = math.nan  # information probe: median over folds of the L2 strength the inner CV chose
 
     def to_row(self, **keys) -> dict:
         d = asdict(self)
         d.pop("kept")
-        return {**keys, **d, "labels": list(self.labels), "oof_correct": [bool(c) for c in self.oof_correct]}
-
-
-# scikit-learn's LogisticRegression defaults, which the probe reproduces
-_C = 1.0  # inverse L2 strength: minimize C * sum(log-loss) + 0.5 * ||W||^2
-_TOL = 1e-4  # L-BFGS stops when the largest gradient entry of the mean-loss objective is below this
-_FTOL = 64 * np.finfo(np.float64).eps  # ... or when the objective stops decreasing (relative)
-_MAXLS = 50  # line-search steps per iteration
+        d.pop("bits")
+        return {
+            **keys,
+            **d,
+            "labels": list(self.labels),
+            "oof_correct": [bool(c) for c in self.oof_correct],
+            "oof_bits": [float(b) for b in self.oof_bits],
+        }
 
 
 def stratified_folds(y, folds: int, seed: int) -> np.ndarray:
@@ -121,155 +142,95 @@ def stratified_folds(y, folds: int, seed: int) -> np.ndarray:
     return fold
 
 
-def _standardize(X_train: np.ndarray, X_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both sets scaled by the training set's mean and population std, as StandardScaler: a
-    feature whose variance is within rounding error of 0 keeps scale 1 (it is only centred)."""
-    n = len(X_train)
-    mean = X_train.mean(axis=0)
-    var = X_train.var(axis=0)
-    eps = np.finfo(np.float64).eps
-    constant = var <= n * eps * var + (n * mean * eps) ** 2
-    scale = np.where(constant, 1.0, np.sqrt(var))
-    return (X_train - mean) / scale, (X_test - mean) / scale
+def _logistic(max_iter: int):
+    """The accuracy probe's model: scikit-learn's logistic regression (C = 1) on standardized features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
 
 
-def _binary_objective(theta: np.ndarray, X: np.ndarray, t: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
-    """Mean binary log-loss + 0.5 * l2 * ||w||^2 and its gradient; theta = [w (d), intercept],
-    t = 1 for the second class, 0 for the first."""
-    w, b = theta[:-1], theta[-1]
-    z = X @ w + b
-    loss = np.mean(np.logaddexp(0.0, z) - t * z) + 0.5 * l2 * (w @ w)
-    r = (np.exp(-np.logaddexp(0.0, -z)) - t) / len(t)  # (sigmoid(z) - t) / n
-    grad = np.empty_like(theta)
-    grad[:-1] = X.T @ r + l2 * w
-    grad[-1] = r.sum()
-    return float(loss), grad
+def _logistic_cv(folds: int, seed: int, max_iter: int):
+    """The information probe's model: the L2 strength chosen from INFORMATION_CS by an inner
+    stratified CV on log-loss, then refitted on the whole training part."""
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
-
-def _multinomial_objective(theta: np.ndarray, X: np.ndarray, Y: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
-    """Mean softmax log-loss + 0.5 * l2 * ||W||^2 and its gradient; theta is the [K, d + 1] array
-    [W | intercepts] flattened in Fortran order (scikit-learn's layout), Y the one-hot labels [n, K]."""
-    n, k = Y.shape
-    Wb = theta.reshape((k, -1), order="F")
-    W, b = Wb[:, :-1], Wb[:, -1]
-    Z = X @ W.T + b
-    zmax = Z.max(axis=1, keepdims=True)
-    lse = zmax + np.log(np.exp(Z - zmax).sum(axis=1, keepdims=True))
-    loss = np.mean(lse[:, 0] - (Z * Y).sum(axis=1)) + 0.5 * l2 * np.sum(W * W)
-    R = (np.exp(Z - lse) - Y) / n  # (softmax - one-hot) / n
-    grad = np.empty_like(Wb, order="F")
-    grad[:, :-1] = R.T @ X + l2 * W
-    grad[:, -1] = R.sum(axis=0)
-    return float(loss), grad.ravel(order="F")
-
-
-@dataclass(frozen=True, eq=False)
-class _LogisticModel:
-    classes: np.ndarray  # sorted labels
-    coef: np.ndarray  # [1, d] for 2 classes, [K, d] otherwise
-    intercept: np.ndarray  # [1] or [K]
-
-    def decision(self, X: np.ndarray) -> np.ndarray:
-        return X @ self.coef.T + self.intercept
-
-    def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        Z = self.decision(X)
-        if len(self.classes) == 2:
-            p = np.exp(-np.logaddexp(0.0, -Z[:, 0]))
-            return np.stack([1.0 - p, p], axis=1)
-        Z = Z - Z.max(axis=1, keepdims=True)
-        E = np.exp(Z)
-        return E / E.sum(axis=1, keepdims=True)
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        Z = self.decision(X)
-        if len(self.classes) == 2:
-            return self.classes[(Z[:, 0] > 0).astype(np.int64)]
-        return self.classes[np.argmax(Z, axis=1)]  # argmax: ties to the first class
-
-
-def _fit_logistic(X: np.ndarray, y: np.ndarray, max_iter: int) -> _LogisticModel:
-    """L2-penalized logistic regression (scikit-learn's LogisticRegression() objective and
-    L-BFGS settings) on features X [n, d] (already standardized) and labels y [n], >= 2 classes."""
-    # imported here: scipy.optimize takes ~0.2 s to import (after numpy and pandas), and readers of probe tables
-    # (read_probes) never fit
-    from scipy.optimize import minimize
-
-    classes, codes = np.unique(y, return_inverse=True)
-    n, d = X.shape
-    k = len(classes)
-    if k < 2:
-        raise ValueError(f"_fit_logistic: need at least 2 classes, got {k}")
-    l2 = 1.0 / (_C * n)  # the objective is the mean log-loss: penalty 0.5 * ||W||^2 / (C n)
-    if k == 2:
-        fun, target, theta0 = _binary_objective, (codes == 1).astype(np.float64), np.zeros(d + 1)
-    else:
-        fun, target, theta0 = _multinomial_objective, np.eye(k)[codes], np.zeros(k * (d + 1))
-    res = minimize(
-        fun,
-        theta0,
-        args=(X, target, l2),
-        method="L-BFGS-B",
-        jac=True,
-        options={"maxiter": max_iter, "maxls": _MAXLS, "gtol": _TOL, "ftol": _FTOL},
+    inner = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    return make_pipeline(
+        StandardScaler(),
+        LogisticRegressionCV(
+            Cs=list(INFORMATION_CS),
+            l1_ratios=(0.0,),
+            cv=inner,
+            scoring="neg_log_loss",
+            max_iter=max_iter,
+            use_legacy_attributes=False,
+        ),
     )
-    # not converged within max_iter: keep the last iterate, as scikit-learn does (with a warning)
-    if k == 2:
-        return _LogisticModel(classes, res.x[None, :-1], res.x[-1:])
-    Wb = res.x.reshape((k, -1), order="F")
-    return _LogisticModel(classes, Wb[:, :-1].copy(), Wb[:, -1].copy())
+
+
+def _fit(model, X, y):
+    with warnings.catch_warnings():  # a class with fewer members than inner folds, an unconverged fit:
+        warnings.simplefilter("ignore")  # scikit-learn warns and goes on, as do we (the last iterate is kept)
+        return model.fit(X, y)
 
 
 def _cv_accuracy(X: np.ndarray, y: np.ndarray, folds: int, seed: int, max_iter: int) -> tuple[float, np.ndarray]:
-    """(mean fold accuracy, out-of-fold correctness per example) over `stratified_folds`; in each
-    fold the scaler and the model are fitted on the training part only."""
+    """(mean fold accuracy, out-of-fold correctness per example) over `stratified_folds`."""
     fold = stratified_folds(y, folds, seed)
     accs, correct = [], np.zeros(len(y), dtype=bool)
     for f in range(folds):
         te = fold == f
-        X_tr, X_te = _standardize(X[~te], X[te])
-        hit = _fit_logistic(X_tr, y[~te], max_iter).predict(X_te) == y[te]
+        hit = _fit(_logistic(max_iter), X[~te], y[~te]).predict(X[te]) == y[te]
         correct[te] = hit
         accs.append(float(np.mean(hit)))
     return float(np.mean(accs)), correct
+
+
+def _checked(X, y, who: str) -> tuple[np.ndarray, np.ndarray]:
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y).astype(str)
+    if X.ndim != 2 or len(X) != len(y):
+        raise ValueError(f"{who}: features must be [n, d] with n = len(labels); got {X.shape} and {len(y)} labels")
+    if not np.isfinite(X).all():
+        raise ValueError(f"{who}: features contain NaN or inf")
+    return X, y
+
+
+def _drop_rare(X, y, folds: int):
+    """(X, y, kept positions, dropped text, n dropped) without the classes of fewer than `folds` examples."""
+    small = {s: c for s, c in sorted(Counter(y.tolist()).items()) if c < folds}
+    kept = np.arange(len(y))
+    if small:  # too rare to stratify: leave the class out, keep the task
+        keep = ~np.isin(y, list(small))
+        X, y, kept = X[keep], y[keep], kept[keep]
+    return X, y, kept, ", ".join(f"{s}:{c}" for s, c in small.items()), sum(small.values())
 
 
 def linear_probe(
     X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, shuffled_control: bool = True
 ) -> ProbeResult:
     """CV accuracy of the logistic-regression probe (module docstring) from features X [n, d] to
-    labels y [n], over `stratified_folds(labels, folds, seed)`.
+    labels y [n], over `stratified_folds(labels, folds, seed)`; fewer than 2 classes (after dropping
+    rare ones) is status 'na' with the reason.
 
     `shuffled_control=False` skips the permuted-label CV (NaN): the trainer's validation
     tracks probe accuracy over steps and leaves the controls to the evaluate-stage probes.
     """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y).astype(str)
-    if X.ndim != 2 or len(X) != len(y):
-        raise ValueError(
-            f"linear_probe: features must be [n, d] with n = len(labels); got {X.shape} and {len(y)} labels"
-        )
-    if not np.isfinite(X).all():
-        raise ValueError("linear_probe: features contain NaN or inf")
+    X, y = _checked(X, y, "linear_probe")
+    X, y, kept, dropped, n_dropped = _drop_rare(X, y, folds)
     counts = Counter(y.tolist())
-    small = {s: c for s, c in sorted(counts.items()) if c < folds}
-    dropped = ", ".join(f"{s}:{c}" for s, c in small.items())
-    kept = np.arange(len(y))
-    if small:  # too rare to stratify: leave the class out, keep the task
-        keep = ~np.isin(y, list(small))
-        X, y, kept = X[keep], y[keep], kept[keep]
-        counts = Counter(y.tolist())
-    n, k, n_dropped = len(y), len(counts), sum(small.values())
+    n, k = len(y), len(counts)
     chance = max(counts.values()) / n if n else float("nan")
-
-    def na(reason: str) -> ProbeResult:
-        return ProbeResult(
-            float("nan"), chance, float("nan"), float("nan"), n, k, folds, n_dropped, dropped, "na", reason
-        )
-
     if k < 2:
-        why = f" after dropping classes with fewer than folds={folds} examples ({dropped})" if small else ""
-        return na(f"{k} class{'es' if k != 1 else ''} among {n} examples{why} (need at least 2)")
+        why = f" after dropping classes with fewer than folds={folds} examples ({dropped})" if dropped else ""
+        reason = f"{k} class{'es' if k != 1 else ''} among {n} examples{why} (need at least 2)"
+        nan = float("nan")
+        return ProbeResult(nan, chance, nan, nan, n, k, folds, n_dropped, dropped, "na", reason)
     acc, correct = _cv_accuracy(X, y, folds, seed, max_iter)
     shuffled = float("nan")
     if shuffled_control:
@@ -293,10 +254,65 @@ def linear_probe(
     )
 
 
+def information_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000) -> ProbeResult:
+    """Cross-validated information from features X [n, d] to labels y [n] (module docstring):
+    per probed example, out of fold over `stratified_folds`, log2 p(y | x) of the logistic probe
+    (L2 strength by inner CV on log-loss) minus log2 of the training fold's frequency of y.
+    `bits` is their mean. Fewer than 2 classes (after dropping rare ones): every probed example
+    carries 0 bits (status ok: one followed strategy leaves nothing for z to tell)."""
+    X, y = _checked(X, y, "information_probe")
+    X, y, kept, dropped, n_dropped = _drop_rare(X, y, folds)
+    n, k = len(y), len(set(y.tolist()))
+    bits = np.zeros(n)
+    reason, chosen = "", []
+    if k < 2:
+        reason = f"{k} strateg{'ies' if k != 1 else 'y'} followed among {n} probed examples: 0 bits"
+    else:
+        fold = stratified_folds(y, folds, seed)
+        for f in range(folds):
+            te = fold == f
+            classes, counts = np.unique(y[~te], return_counts=True)
+            prior = dict(zip(classes, counts / counts.sum()))
+            model = _fit(_logistic_cv(folds, seed, max_iter), X[~te], y[~te])
+            proba = model.predict_proba(X[te])
+            col = {c: i for i, c in enumerate(model.classes_)}
+            p = np.clip(proba[np.arange(int(te.sum())), [col[s] for s in y[te]]], _EPS, 1.0)
+            bits[te] = np.log2(p) - np.log2([prior[s] for s in y[te]])
+            chosen.append(float(np.ravel(model[-1].C_)[0]))
+    return ProbeResult(
+        float("nan"),
+        max(Counter(y.tolist()).values()) / n if n else float("nan"),
+        float("nan"),
+        float("nan"),
+        n,
+        k,
+        folds,
+        n_dropped,
+        dropped,
+        "ok",
+        reason,
+        tuple(int(i) for i in kept),
+        tuple(y.tolist()),
+        (),
+        tuple(float(b) for b in bits),
+        float(bits.mean()) if n else 0.0,
+        float(np.median(chosen)) if chosen else float("nan"),
+    )
+
+
 def chance_corrected(accuracy: float, chance: float) -> float:
     """(accuracy - chance) / (1 - chance): 0 at the majority-class rate, 1 when perfect; NaN
     when chance is 1 (one class: nothing to predict)."""
     return (accuracy - chance) / (1 - chance) if chance < 1 else float("nan")
+
+
+def entropy_bits(labels) -> float:
+    """Entropy in bits of the labels' empirical distribution (0 for one label, NaN for none)."""
+    counts = np.array(list(Counter(list(labels)).values()), dtype=float)
+    if not len(counts):
+        return float("nan")
+    p = counts / counts.sum()
+    return float(-(p * np.log2(p)).sum()) + 0.0
 
 
 # ----------------------------------------------------------------------------- on records
@@ -313,26 +329,37 @@ def _features(rows: pd.DataFrame, column: str, records_path) -> np.ndarray:
     return np.stack([np.asarray(v, dtype=np.float64) for v in rows[column]])
 
 
+def _empty_result(folds: int, status: str, reason: str) -> ProbeResult:
+    nan = float("nan")
+    return ProbeResult(nan, nan, nan, nan, 0, 0, folds, 0, "", status, reason, bits=0.0)
+
+
 def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
     p = cfg["probes"]
     if len(y) == 0:
-        res = ProbeResult(
-            float("nan"),
-            float("nan"),
-            float("nan"),
-            float("nan"),
-            0,
-            0,
-            p["folds"],
-            0,
-            "",
-            "na",
-            "no eligible examples",
-        )
+        res = _empty_result(p["folds"], "na", "no eligible examples")
     else:
         res = linear_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
     ids = [str(example_ids[i]) for i in res.kept]
     return res.to_row(cell_id=cell_id, task=task, probe=probe, example_ids=ids)
+
+
+def _information_row(cfg, cell_id, task, X, y, example_ids, task_rows: pd.DataFrame) -> dict:
+    """The router_information row of a task: `information` = the probed examples' out-of-fold bits
+    summed, over the task's test examples (`n_task`) and the entropy of their true strategies
+    (`strategy_entropy`, bits)."""
+    p = cfg["probes"]
+    if len(y) == 0:
+        res = _empty_result(p["folds"], "ok", "no generation followed exactly one strategy: 0 bits")
+    else:
+        res = information_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
+    h = entropy_bits(task_rows["strategy"])
+    n_task = len(task_rows)
+    info = float(sum(res.oof_bits)) / n_task / h if h > 0 else float("nan")
+    status, reason = ("ok", res.reason) if h > 0 else ("na", "the task's test inputs have one true strategy")
+    ids = [str(example_ids[i]) for i in res.kept]
+    row = res.to_row(cell_id=cell_id, task=task, probe="router_information", example_ids=ids)
+    return {**row, "information": info, "strategy_entropy": h, "n_task": n_task, "status": status, "reason": reason}
 
 
 def _read_records(records_path) -> pd.DataFrame:
@@ -346,7 +373,7 @@ def _read_records(records_path) -> pd.DataFrame:
 
 
 def router_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Generations that followed exactly one strategy (the within-task router probe's data)."""
+    """Generations that followed exactly one strategy (the within-task router probes' data)."""
     return df[df["followed_strategy"].notna()]
 
 
@@ -356,7 +383,7 @@ def posterior_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
-    """Within-task router probe and posterior probe of one task -> two rows at out_path."""
+    """Within-task router probe, router information and posterior probe of one task -> three rows at out_path."""
     df = _read_records(records_path)
     rows = df[df["task"] == task]
     if rows.empty:
@@ -366,17 +393,15 @@ def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
     cid = df["cell_id"].iloc[0]
     r = router_probe_rows(rows)
     q = posterior_probe_rows(rows)
+    Xr, yr, ids_r = (
+        _features(r, "router_z", records_path),
+        r["followed_strategy"].to_numpy(),
+        r["example_id"].to_numpy(),
+    )
     out = pd.DataFrame(
         [
-            _probe_row(
-                cfg,
-                cid,
-                task,
-                "within_task_router",
-                _features(r, "router_z", records_path),
-                r["followed_strategy"].to_numpy(),
-                r["example_id"].to_numpy(),
-            ),
+            _probe_row(cfg, cid, task, "within_task_router", Xr, yr, ids_r),
+            _information_row(cfg, cid, task, Xr, yr, ids_r, rows),
             _probe_row(
                 cfg,
                 cid,

@@ -11,6 +11,7 @@ from snakemake.logging import logger
 
 from latentstrat.cells import INIT_KEYS, expand_cells, external_arms, init_id
 from latentstrat.config import ConfigError, base_guard, from_snakemake, tokenizer_identity
+from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
 from latentstrat.shipped import MANIFEST, bases_root
 

@@ -19,6 +19,7 @@ rule probe_task:
         **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
+        tables_version=CELL_TABLES_VERSION,
     conda:
         "../../envs/latentstrat.yaml"
     script:
@@ -41,6 +42,7 @@ rule probe_global:
         **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
+        tables_version=CELL_TABLES_VERSION,
     conda:
         "../../envs/latentstrat.yaml"
     script:
@@ -67,6 +69,7 @@ rule metrics:
     params:
         cell=cell_json,
         settings=sections("probes"),
+        tables_version=CELL_TABLES_VERSION,
     conda:
         "../../envs/latentstrat.yaml"
     script:

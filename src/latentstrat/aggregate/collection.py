@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from latentstrat import host
-from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, router_above_chance, scale_table
+from latentstrat.aggregate.columns import DELTA_METRICS
+from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, scale_table, training_noise
 from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
     availability_table,
@@ -43,6 +44,7 @@ from latentstrat.aggregate.settings import (
     setting_rows,
     top_bottom,
 )
+from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS
@@ -72,16 +74,21 @@ def comparison_arm_rows(summary: pd.DataFrame, role: pd.Series, comparisons: dic
 
 
 def contrast_tables(
-    primary_rows: pd.DataFrame, arms: dict, grid_axes, bootstrap: dict | None, summary: pd.DataFrame
+    primary_rows: pd.DataFrame, arms: dict, grid_axes, bootstrap: dict | None, states: pd.DataFrame
 ) -> tuple[dict, dict, dict]:
     """(tables common_cells, arm_contrasts, unmatched_rows, reference_scale; common rows and
-    unmatched primary rows per comparison arm)."""
-    commons, unmatched = {}, {}
+    unmatched primary rows per comparison arm). Each contrast's training noise is pooled over the
+    setting rows of its two arms (contrasts.training_noise)."""
+    commons, unmatched, noises = {}, {}, {}
+    state_of = dict(zip(states.cell_id, states.state)) if len(states) else None
     for arm, rows in arms.items():
-        commons[arm], unmatched[arm] = common_cells(primary_rows, rows, grid_axes, arm, bootstrap=bootstrap)
+        noises[arm] = {m: training_noise([primary_rows, rows], m) for m in DELTA_METRICS}
+        commons[arm], unmatched[arm] = common_cells(
+            primary_rows, rows, grid_axes, arm, bootstrap=bootstrap, noise=noises[arm], states=state_of
+        )
     t = {
         "common_cells": concat_tables(commons.values()),
-        "arm_contrasts": arm_contrasts(commons, bootstrap, above=router_above_chance(summary)),
+        "arm_contrasts": arm_contrasts(commons, bootstrap, noises),
         "unmatched_rows": concat_tables(unmatched.values()),
         "reference_scale": scale_table(primary_rows, arms, commons),
     }  # the z-free reference scale per arm
@@ -105,7 +112,7 @@ def aggregate_tables(
     history: pd.DataFrame,
     out_dir: str | Path,
     top_k: int = 5,
-    primary_metric: str = "chance_corrected_matched_router_score",
+    primary_metric: str = "router_information",
     meta: dict | None = None,
     entangle_quality: dict | None = None,
     bootstrap: dict | None = None,
@@ -129,8 +136,11 @@ def aggregate_tables(
     }
     primary_rows = setting_rows(primary_cells, bootstrap)
     t["metric_distributions"] = metric_distributions(primary_rows)
+    settings = report_settings((meta or {}).get("report"))
+    t["cell_states"] = cell_states(summary, settings)
+    t["cell_state_counts"] = state_counts(t["cell_states"])
     arms = comparison_arm_rows(summary, role, comparisons, bootstrap)
-    contrasts, commons, unmatched = contrast_tables(primary_rows, arms, grid_axes, bootstrap, summary)
+    contrasts, commons, unmatched = contrast_tables(primary_rows, arms, grid_axes, bootstrap, t["cell_states"])
     t.update(contrasts)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)
     primary_metric, ranking_note = ranking_metric(primary_rows, primary_metric)
@@ -139,9 +149,7 @@ def aggregate_tables(
     h_all, h_task = t["history_long"], t["history_per_task_long"]
     t["collection_metadata"] = collection_metadata(summary, state, host.code_version()["code_version"])
     t["cell_costs"] = costs if costs is not None else cell_costs(None, [])
-    t["cell_sanity"] = cell_sanity(
-        summary, h_all, entangled_model_quality(entangle_quality), report_settings((meta or {}).get("report"))
-    )
+    t["cell_sanity"] = cell_sanity(summary, h_all, entangled_model_quality(entangle_quality), settings)
     t["fairness"] = fairness_table(
         primary_cells, state, primary_rows, grid_axes, arms, commons, unmatched, h_all, h_task, t["cell_sanity"]
     )
@@ -244,7 +252,7 @@ def aggregate_from_tables(
     history_path=None,
     out_dir=".",
     top_k: int = 5,
-    primary_metric: str = "chance_corrected_matched_router_score",
+    primary_metric: str = "router_information",
     config_path=None,
 ) -> dict:
     """Aggregate tables from a summary table (+ comparison tables, + long history) alone.

@@ -5,10 +5,10 @@ FAMILY_COL = "reconstruction_loss_family_label"
 CELL_CHECK_COL = "cell_check"  # "ok" / "FAIL" / "" (not checked) in every table that names cells
 # metrics compared between the primary arm and each comparison arm (common cells, arm contrasts)
 DELTA_METRICS = [
-    "chance_corrected_matched_router_score",
+    "router_information",
     "matched_router_score",
     "final_answer_accuracy",
     "active_reconstruction_objective",
 ]
-FALLBACK_METRIC = "matched_router_score"  # for summary tables that have no chance-corrected score
+FALLBACK_METRIC = "matched_router_score"  # for external summary tables that have no router information
 SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]

@@ -1,6 +1,7 @@
 """Setting rows of the primary arm against each comparison arm: common cells (paired settings
-with deltas and their 95% intervals), the arm contrasts with their verdicts, and the inferred
-z-free reference scale of each arm on those cells (`scale_table`).
+with deltas and their 95% intervals), the arm contrasts with their verdicts (training noise in
+every interval: `training_noise`), and the inferred z-free reference scale of each arm on those
+cells (`scale_table`).
 
 A comparison arm is run here or read from an external comparison summary table (columns in
 docs/comparison-table.md). Deltas are primary minus comparison arm.
@@ -20,7 +21,9 @@ from latentstrat.cells import CELL_KEYS, format_value
 from latentstrat.metrics import interval
 
 Z95 = 1.959963984540054
-ROUTER_SCORES = ("matched_router_score", "chance_corrected_matched_router_score")
+# the primary endpoint and the seeds' router score: a delta of these between cells that carry no
+# strategy information compares noise with noise
+ROUTER_SCORES = ("router_information", "matched_router_score")
 CONTRAST_COLUMNS = [
     "comparison_arm",
     "metric",
@@ -31,7 +34,18 @@ CONTRAST_COLUMNS = [
     "verdict",
     "why",
     "detectable_delta",
-    "router_signal_cells",
+    "training_noise_in_interval",
+    "se_test",
+    "se_training",
+    "training_noise_sd",
+    "training_noise_df",
+    "training_noise_settings",
+    "test_ci_low",
+    "test_ci_high",
+    "seeds_min",
+    "seeds_max",
+    "strategy_cells",
+    "both_empty_cells",
     "cells_negative",
     "cells_positive",
     "cells_cannot_tell",
@@ -57,30 +71,87 @@ def arm_prefix(primary: pd.DataFrame, comparison: pd.DataFrame) -> tuple[str, st
 
 
 def row_se(row, m: str) -> float:
-    """A row's standard error of metric m when no replicates are at hand: from its 95% interval
-    (`<m>_ci_low/_ci_high`, normal approximation), else from its seeds (`<m>_std` / sqrt(n));
-    NaN when the row carries neither."""
+    """A row's standard error of metric m over test inputs when no replicates are at hand: from its
+    95% interval (`<m>_ci_low/_ci_high`, normal approximation); NaN when it has none."""
     lo, hi = row.get(f"{m}_ci_low", math.nan), row.get(f"{m}_ci_high", math.nan)
     if pd.notna(lo) and pd.notna(hi):
         return (float(hi) - float(lo)) / (2 * Z95)
-    n, sd = row.get("n_seeds", 1), row.get(f"{m}_std", math.nan)
-    if pd.notna(sd) and pd.notna(n) and n >= 2:
-        return float(sd) / math.sqrt(float(n))
     return math.nan
 
 
-def delta_interval(p, c, m: str, pr, cr) -> tuple[float, float]:
-    """95% interval of primary row p minus comparison row c in metric m: paired bootstrap from
-    their replicates (pr, cr: setting_replicates) when both have them, else from each side's own
-    interval or its seeds (row_se); NaN when neither."""
+def n_seeds(row) -> int:
+    n = row.get("n_seeds", 1)
+    return int(n) if pd.notna(n) else 1
+
+
+# ----------------------------------------------------------------------------- training noise
+
+
+def training_noise(rows, m: str) -> dict | None:
+    """The seed-to-seed (training) variance of metric m, pooled over every setting row of `rows`
+    (DataFrames of setting rows: the two arms of a contrast) that has two or more seeds:
+    sum (n - 1) sd^2 / sum (n - 1). Returns {var, df, settings}, or None when no setting has two
+    seeds (training noise unknown). Assumes one training variance for every cell of both arms
+    (stated in the report); the seeds share the test inputs, so the spread also carries the part
+    of test-input noise that differs between two models: the estimate errs on the wide side."""
+    num = df = settings = 0.0
+    for r in rows:
+        if r is None or r.empty or f"{m}_std" not in r.columns or "n_seeds" not in r.columns:
+            continue
+        ok = r[(r.n_seeds >= 2) & r[f"{m}_std"].notna()]
+        num += float(((ok.n_seeds - 1) * ok[f"{m}_std"].astype(float) ** 2).sum())
+        df += float((ok.n_seeds - 1).sum())
+        settings += len(ok)
+    return {"var": num / df, "df": df, "settings": int(settings)} if df else None
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Student's t quantile (the normal one for infinite df)."""
+    from scipy import stats
+
+    return float(stats.norm.ppf(q) if not math.isfinite(df) else stats.t.ppf(q, df))
+
+
+def combine(se_test: float, var_training: float, df_training: float) -> tuple[float, float]:
+    """(SE, df) of an estimate whose test-input variance se_test^2 is known (infinite df) and
+    whose training variance var_training rests on df_training seed degrees of freedom
+    (Welch-Satterthwaite)."""
+    v = se_test**2 + var_training
+    df = v**2 / (var_training**2 / df_training) if var_training > 0 else math.inf
+    return math.sqrt(v), df
+
+
+def interval_with_noise(d: float, se_test: float, var_training: float, df_training: float):
+    """(low, high, SE, df) of the 95% t interval of estimate d with both noises."""
+    se, df = combine(se_test, var_training, df_training)
+    half = t_quantile(0.975, df) * se
+    return d - half, d + half, se, df
+
+
+# ----------------------------------------------------------------------------- common cells
+
+
+def delta_test(p, c, m: str, pr, cr) -> tuple[float, float, float]:
+    """(low, high, SE) over test inputs of primary row p minus comparison row c in metric m: the
+    paired bootstrap of their replicates (pr, cr: setting_replicates) when both have them, else
+    each side's own interval (row_se); NaN when neither."""
     pv, cv = float(p.get(m, math.nan)), float(c.get(m, math.nan))
-    if pr is not None and cr is not None and m in pr[1]:
-        k = pr[1].index(m)
-        return interval(pr[0][:, k] - cr[0][:, k])
+    if pr is not None and cr is not None and m in pr[1] and m in cr[1]:
+        reps = pr[0][:, pr[1].index(m)] - cr[0][:, cr[1].index(m)]
+        lo, hi = interval(reps)
+        return lo, hi, float(np.nanstd(reps, ddof=1))
     se = math.hypot(row_se(p, m), row_se(c, m))
     if math.isfinite(se):
-        return pv - cv - Z95 * se, pv - cv + Z95 * se
-    return math.nan, math.nan
+        return pv - cv - Z95 * se, pv - cv + Z95 * se, se
+    return math.nan, math.nan, math.nan
+
+
+def _states_of(row, states: dict | None) -> str:
+    """The states of a setting row's cells ('strategy', or 'empty,strategy' when its seeds differ)."""
+    if not states:
+        return ""
+    ids = [i for i in str(row.get("cell_ids", row.get("cell_id", ""))).split(",") if i]
+    return ",".join(sorted({states[i] for i in ids if i in states}))
 
 
 def common_cells(
@@ -90,12 +161,15 @@ def common_cells(
     arm: str,
     metrics=DELTA_METRICS,
     bootstrap: dict | None = None,
+    noise: dict | None = None,
+    states: dict | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(common rows with comparison/primary values and deltas, primary rows without a match).
 
-    Rows are setting-level (seed means). Delta = primary - comparison, with a 95% paired
-    bootstrap interval (`delta_<m>_ci_low/_ci_high`) when both cells have replicates: the
-    replicates resample the same test examples in both cells (metrics.resample_counts).
+    Rows are setting-level (seed means). Delta = primary - comparison with its 95% interval
+    (`delta_<m>_ci_low/_ci_high`): the paired bootstrap over test inputs (the replicates resample
+    the same test examples in both cells, metrics.resample_counts), widened by the training noise
+    `noise[m]` (training_noise) when known. `states`: cell id -> cell state, shown per side.
     """
     keys = pair_keys(primary, comparison, grid_axes)
     p_pre, c_pre = arm_prefix(primary, comparison)
@@ -117,12 +191,21 @@ def common_cells(
             )
             continue
         row = {"comparison_arm": arm, **ident}
+        if states:
+            row["primary_state"], row["comparison_state"] = _states_of(p, states), _states_of(c, states)
+        row["primary_n_seeds"], row["comparison_n_seeds"] = n_seeds(p), n_seeds(c)
         pr, cr = setting_replicates(p, bootstrap), setting_replicates(c, bootstrap)
         for m in metrics:
             cv, pv = float(c.get(m, math.nan)), float(p.get(m, math.nan))
             row[f"{c_pre}_{m}"], row[f"{p_pre}_{m}"], row[f"delta_{m}"] = cv, pv, pv - cv
-            row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = delta_interval(p, c, m, pr, cr)
-            if f"{m}_std" in p.index and p.get("n_seeds", 1) > 1:
+            lo, hi, se_test = delta_test(p, c, m, pr, cr)
+            nz = (noise or {}).get(m)
+            if nz and math.isfinite(se_test):
+                var = nz["var"] * (1 / n_seeds(p) + 1 / n_seeds(c))
+                lo, hi, _, _ = interval_with_noise(pv - cv, se_test, var, nz["df"])
+            row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = lo, hi
+            row[f"delta_{m}_se_test"] = se_test
+            if f"{m}_std" in p.index and n_seeds(p) > 1:
                 row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
         row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
         row["comparison_cell"] = c.get("cell_ids", c.get("cell_id"))
@@ -130,6 +213,9 @@ def common_cells(
     return pd.DataFrame(rows), pd.DataFrame(
         unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"]
     )
+
+
+# ----------------------------------------------------------------------------- arm contrasts
 
 
 def verdict(lo: float, hi: float) -> str:
@@ -140,82 +226,110 @@ def verdict(lo: float, hi: float) -> str:
     return "negative" if hi < 0 else ("positive" if lo > 0 else "cannot tell")
 
 
-def router_signal(row, above: dict | None) -> bool | None:
-    """Does either cell of a common-cell row carry router structure above chance (its
-    chance-corrected within-task router probe's 95% interval above 0)? None when unknown."""
-    if above is None:
-        return None
-    ids = [i for col in ("primary_cell", "comparison_cell") for i in str(row.get(col, "")).split(",") if i]
-    known = [above[i] for i in ids if i in above]
-    return any(known) if known else None
-
-
-def mean_delta_interval(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[float, float]:
-    """95% interval of the mean over common cells c of delta m: from the cells' paired replicates
-    (replicate by replicate) when every cell has them, else, the cells being independent, the
-    mean's SE from each delta's interval; NaN when neither."""
+def mean_delta_test(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[float, float, float]:
+    """(low, high, SE) over test inputs of the mean over common cells c of delta m: from the
+    cells' paired replicates (replicate by replicate) when every cell has them, else, the cells
+    being independent, from each delta's SE; NaN when neither."""
     col = f"delta_{m}"
     reps = []
     for _, r in c.iterrows():
         pr = setting_replicates({"cell_ids": r.get("primary_cell", "")}, bootstrap)
         cr = setting_replicates({"cell_ids": r.get("comparison_cell", "")}, bootstrap)
-        if pr is None or cr is None or m not in pr[1]:
+        if pr is None or cr is None or m not in pr[1] or m not in cr[1]:
             reps = None
             break
         reps.append(pr[0][:, pr[1].index(m)] - cr[0][:, cr[1].index(m)])
     if reps:
-        return interval(np.nanmean(np.stack(reps), axis=0))
-    ses = ((c[f"{col}_ci_high"] - c[f"{col}_ci_low"]) / (2 * Z95)).dropna()
-    ok = c[col].notna() & c[f"{col}_ci_high"].notna()
-    if ok.any() and len(ses) == int(ok.sum()):
+        mean = np.nanmean(np.stack(reps), axis=0)
+        return *interval(mean), float(np.nanstd(mean, ddof=1))
+    ok = c[col].notna() if col in c.columns else pd.Series(dtype=bool)
+    ses = c.loc[ok, f"{col}_se_test"] if f"{col}_se_test" in c.columns else pd.Series(dtype=float)
+    if ok.any() and ses.notna().all():
         se = math.sqrt(float((ses**2).sum())) / len(ses)
         mu = float(c.loc[ok, col].mean())
-        return mu - Z95 * se, mu + Z95 * se
-    return math.nan, math.nan
+        return mu - Z95 * se, mu + Z95 * se, se
+    return math.nan, math.nan, math.nan
 
 
-def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, above: dict | None) -> dict:
+def _cell_verdicts(c: pd.DataFrame, m: str, noise_known: bool) -> list[str]:
+    col = f"delta_{m}"
+    if not noise_known:
+        return ["cannot tell"] * int(c[col].notna().sum())
+    return [verdict(a, b) for a, b, d in zip(c[f"{col}_ci_low"], c[f"{col}_ci_high"], c[col]) if pd.notna(d)]
+
+
+def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, noise: dict | None) -> dict:
     """One arm contrast: comparison arm `arm`, its common cells c, metric m (see arm_contrasts)."""
     col = f"delta_{m}"
-    lo, hi = mean_delta_interval(c, m, bootstrap)
-    signal = [router_signal(r, above) for _, r in c.iterrows()] if m in ROUTER_SCORES else [None] * len(c)
-    each = [
-        verdict(a, b) if s is not False else "cannot tell"
-        for a, b, s in zip(
-            c.get(f"{col}_ci_low", pd.Series(dtype=float)), c.get(f"{col}_ci_high", pd.Series(dtype=float)), signal
+    ok = c[c[col].notna()]
+    mean = float(ok[col].mean()) if len(ok) else math.nan
+    t_lo, t_hi, se_test = mean_delta_test(c, m, bootstrap)
+    n = len(ok)
+    seeds = pd.concat([ok.primary_n_seeds, ok.comparison_n_seeds]) if n else pd.Series([1])
+    known = noise is not None and n > 0 and math.isfinite(se_test)
+    if known:
+        var = noise["var"] * float((1 / ok.primary_n_seeds + 1 / ok.comparison_n_seeds).sum()) / n**2
+        lo, hi, se, df = interval_with_noise(mean, se_test, var, noise["df"])
+        detect = (t_quantile(0.975, df) + t_quantile(0.8, df)) * se
+        v, why = verdict(lo, hi), ""
+    else:
+        var, (lo, hi), detect = math.nan, (t_lo, t_hi), power.DETECT * se_test
+        v = "cannot tell"
+        why = (
+            "training noise unknown: no setting of either arm has two seeds (add `replicates:` or seeds)"
+            if n
+            else "no common cell with a value on both sides"
         )
-    ]
-    v, why = verdict(lo, hi), ""
-    if m in ROUTER_SCORES and signal and all(s is False for s in signal):
-        v, why = "cannot tell", "no cell of either arm has a router probe above chance"
+    states = [str(s) for col_s in ("primary_state", "comparison_state") if col_s in ok.columns for s in ok[col_s]]
+    all_known = bool(states) and all(s and "unknown" not in s for s in states)
+    strategy_cells = sum("strategy" in s for s in states) if all_known else None
+    both_empty = (
+        int(((ok.primary_state == "empty") & (ok.comparison_state == "empty")).sum())
+        if "primary_state" in ok.columns
+        else None
+    )
+    if m in ROUTER_SCORES and strategy_cells == 0 and n:
+        v, why = "cannot tell", "no cell of either arm carries strategy information (no cell in state `strategy`)"
+    each = _cell_verdicts(c, m, known)
     return {
         "comparison_arm": arm,
         "metric": m,
-        "n_cells": int(c[col].notna().sum()),
-        "mean_delta": float(c[col].mean()),
+        "n_cells": n,
+        "mean_delta": mean,
         "ci_low": lo,
         "ci_high": hi,
         "verdict": v,
         "why": why,
-        "detectable_delta": power.detectable_difference(lo, hi),
-        "router_signal_cells": sum(bool(s) for s in signal) if m in ROUTER_SCORES else None,
+        "detectable_delta": detect,
+        "training_noise_in_interval": bool(known),
+        "se_test": se_test,
+        "se_training": math.sqrt(var) if known else math.nan,
+        "training_noise_sd": math.sqrt(noise["var"]) if noise else math.nan,
+        "training_noise_df": noise["df"] if noise else 0.0,
+        "training_noise_settings": noise["settings"] if noise else 0,
+        "test_ci_low": t_lo,
+        "test_ci_high": t_hi,
+        "seeds_min": int(seeds.min()),
+        "seeds_max": int(seeds.max()),
+        "strategy_cells": strategy_cells,
+        "both_empty_cells": both_empty,
         "cells_negative": each.count("negative"),
         "cells_positive": each.count("positive"),
         "cells_cannot_tell": each.count("cannot tell"),
     }
 
 
-def arm_contrasts(
-    commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, above: dict | None = None
-) -> pd.DataFrame:
-    """Per comparison arm and metric: the mean common-cell delta (primary - arm), its 95% paired
-    bootstrap interval (replicates of the mean over cells), the verdict from it and the smallest
-    difference that interval could detect (power.detectable_difference); plus how
-    many single-cell deltas are negative / positive / cannot tell. A router-score delta between
-    cells none of which has a router probe above chance (`above`: cell id -> bool) compares
-    noise with noise: cannot tell, whatever its interval."""
+def arm_contrasts(commons: dict, bootstrap: dict | None, noises: dict, metrics=DELTA_METRICS) -> pd.DataFrame:
+    """Per comparison arm and metric: the mean common-cell delta (primary - arm) and its 95%
+    interval with training noise (the paired bootstrap over test inputs, widened by the pooled
+    seed-to-seed variance `noises[arm][m]`, a t interval with Welch-Satterthwaite df), the
+    verdict from it and the smallest difference it could detect (80% power at 5%). Without an
+    estimate of training noise the verdict is `cannot tell` and the interval shown is the test
+    inputs' alone. A router-score contrast in which no cell of either arm is in state `strategy`
+    compares noise with noise: cannot tell, whatever its interval. Also how many single-cell
+    deltas are negative / positive / cannot tell."""
     rows = [
-        contrast_row(arm, c, m, bootstrap, above)
+        contrast_row(arm, c, m, bootstrap, (noises.get(arm) or {}).get(m))
         for arm, c in commons.items()
         if c is not None and not c.empty
         for m in metrics
@@ -278,11 +392,3 @@ def scale_table(primary: pd.DataFrame, comparisons: dict, commons: dict) -> pd.D
                 }
             )
     return pd.DataFrame(rows, columns=["aggregation_mode", "source", "n", "min", "mean", "max", "std"])
-
-
-def router_above_chance(summary: pd.DataFrame) -> dict | None:
-    """cell id -> is its chance-corrected within-task router probe's 95% interval above 0
-    (arm_contrasts' `above`); None when the cells record no such interval."""
-    if "within_task_router_probe_corrected_ci_low" not in summary.columns:
-        return None
-    return dict(zip(summary.cell_id, summary.within_task_router_probe_corrected_ci_low.astype(float) > 0))

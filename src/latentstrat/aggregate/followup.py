@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
 
 from latentstrat import power
 from latentstrat.aggregate.columns import FALLBACK_METRIC
-from latentstrat.cells import expand_cells
+from latentstrat.cells import expand_cells, next_seeds
 from latentstrat.io import write_text
 
 FOLLOWUP_FILE = "followup.json"
@@ -47,15 +46,15 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     return df[df.total_s.notna()].reset_index(drop=True)
 
 
-def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> dict:
-    """{"needed": False} when the main contrast (the ranking metric against each comparison arm)
-    decides or is not a matter of power; else the seeds that settle it (power.followup_need) and
-    what they cost: cells added and seconds of one job slot per cell (mean of `costs`)."""
+def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores: int = 2) -> dict:
+    """{"needed": False} when the headline contrast (the primary metric against each comparison
+    arm) decides or is not a matter of power; else the seeds that settle it (power.followup_need)
+    and what they cost: cells added and seconds of one job slot per cell (mean of `costs`), for
+    the command the follow-up config prints (`--cores 2`: `cores` // resources.threads cells at a time)."""
     metric = cfg["report"]["primary_metric"]
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
-        metric = FALLBACK_METRIC  # tables without the chance-corrected score (as settings.ranking_metric)
+        metric = FALLBACK_METRIC  # external tables without the primary metric (as settings.ranking_metric)
     seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
-    n_cells = len(expand_cells(cfg))
     rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
     needs = [
         n
@@ -68,7 +67,8 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> di
     if not needs:
         return {"needed": False, "metric": metric}
     n = max(x["seeds"] for x in needs)
-    per_seed = n_cells // len(seeds)
+    new_seeds = next_seeds(seeds, n)
+    n_now, n_then = len(expand_cells(cfg)), len(expand_cells({**cfg, "seeds": new_seeds}))
     seconds = float(costs.total_s.mean()) if len(costs) else math.nan
     threads = int(cfg["resources"]["threads"]) or 1
     return {
@@ -76,11 +76,11 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame) -> di
         "metric": metric,
         "collection": cfg["collection"],
         "needs": needs,
-        "seeds": power.next_seeds(seeds, n),
-        "cells_now": n_cells,
-        "cells_added": per_seed * (n - len(seeds)),
+        "seeds": new_seeds,
+        "cells_now": n_now,
+        "cells_added": n_then - n_now,
         "seconds_per_cell": seconds,
-        "parallel_cells": max(1, (os.cpu_count() or 1) // threads),
+        "parallel_cells": max(1, cores // threads),
     }
 
 

@@ -60,7 +60,6 @@ def fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     rows = [derive(r) for r in df.to_dict("records")]
     for name in [
         "matched_router_score",
-        "chance_corrected_matched_router_score",
         "posterior_router_probe_gap",
         "kl_over_active_reconstruction",
         "inferred_zfree_reference_scale",

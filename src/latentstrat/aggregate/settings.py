@@ -54,8 +54,15 @@ def seed_means(df: pd.DataFrame) -> pd.DataFrame:
         g["seed"].apply(lambda s: ",".join(format_value(v) for v in s)).values if "seed" in df.columns else ""
     )
     out["cell_ids"] = g["cell_id"].apply(lambda s: ",".join(s)).values
-    for c in ci:  # exact for one seed; replaced from the replicates (setting_intervals) for several
-        out[c] = np.where(out["n_seeds"] == 1, g[c].first().values, np.nan)
+    for c in ci:  # exact for one seed; for several, the seeds' mean half-width around the seed mean (the
+        # seeds share the test inputs, so their test noise is not averaged away), replaced from the
+        # replicates when the cells have them (setting_intervals)
+        m = c[: -len("_ci_low")] if c.endswith("_ci_low") else c[: -len("_ci_high")]
+        if m not in df.columns:
+            out[c] = np.where(out["n_seeds"] == 1, g[c].first().values, np.nan)
+            continue
+        half = (df[m] - df[c]).abs().groupby([df[k] for k in keys], sort=False, dropna=False).mean().values
+        out[c] = out[m] - half if c.endswith("_ci_low") else out[m] + half
     out["family_label"] = [family_label(f) for f in out["reconstruction_family"]]
     out["beta_label"] = [beta_label(b) for b in out["beta"]]
     return out
@@ -165,7 +172,7 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
 
 def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     cols = [
-        "chance_corrected_matched_router_score",
+        "router_information",
         "matched_router_score",
         "within_task_router_probe",
         "within_task_router_probe_chance",

@@ -23,6 +23,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     `figures=False`). Returns {findings, figures, skipped, seconds}."""
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
+    from latentstrat.report.headline import headline
     from latentstrat.report.markdown import analysis_md, results_md
     from latentstrat.report.tables import load_aggregate
 
@@ -36,7 +37,8 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     findings = compute_findings(tables, thresholds)
     meta["followup"] = write_followup(Path(aggregate_dir), out_dir, meta.get("configfile"))
     write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
-    write_text(analysis_md(tables, meta, findings, thresholds), out_dir / "analysis.md")
+    head = headline(tables, meta)
+    write_text(analysis_md(tables, meta, findings, thresholds, head), out_dir / "analysis.md")
     write_text(
         json.dumps(
             {"collection": meta.get("collection"), "thresholds": thresholds, "findings": findings},
@@ -51,6 +53,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
         "collection": meta.get("collection"),
         "title": meta.get("title") or meta.get("collection"),
         "description": meta.get("description", ""),
+        **{k: v for k, v in head.items() if k != "attribution_evidence"},
         "cells": {
             "expected": len(st),
             "complete": int((st.status == "complete").sum()) if len(st) else 0,

@@ -115,7 +115,7 @@ Z = 1.959963984540054
 
 def _ranking_metric(t) -> str:
     c = t["common_cells"]
-    for m in ("chance_corrected_matched_router_score", "matched_router_score"):
+    for m in ("router_information", "matched_router_score"):
         if f"delta_{m}" in c.columns and c[f"delta_{m}"].notna().any():
             return m
     return "matched_router_score"

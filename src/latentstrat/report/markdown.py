@@ -7,6 +7,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
 from latentstrat.quality import quality_table
+from latentstrat.report.headline import headline_md, states_md
 from latentstrat.report.tables import fmt, md_table
 
 ID = [FAMILY_COL, "beta_label"]
@@ -95,11 +96,12 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
 
 def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
-    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
+    metric = meta.get("primary_metric", "router_information")
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
     if meta.get("description"):
         out.append(meta["description"].strip() + "\n")
     out += cell_sanity_md(t, thr)
+    out += states_md(t, thr)
     out += entangle_quality_md(meta.get("entangle_quality"))
     out += _state_md(t)
     out += _aggregate_metrics_md(t, meta, metric)
@@ -307,74 +309,50 @@ def _dominance_md(t: dict) -> list[str]:
 
 
 def sign_sentences(t: dict, meta: dict) -> list[str]:
-    """Per comparison arm: the sign of the mean common-cell delta of the ranking metric, decided
-    by its 95% paired bootstrap interval (negative / positive / cannot tell), and the per-cell
-    verdicts."""
+    """Per comparison arm and compared metric: the mean common-cell delta, its 95% interval (with
+    training noise when the collection measured it), the verdict and the per-cell verdicts."""
     c, a = t["common_cells"], t.get("arm_contrasts", pd.DataFrame())
-    metric = meta.get("primary_metric", "chance_corrected_matched_router_score")
     out = []
     for arm, g in c.groupby("comparison_arm", sort=False) if not c.empty else []:
-        col = f"delta_{metric}" if f"delta_{metric}" in g.columns else "delta_matched_router_score"
-        m = col[len("delta_") :]
-        d = g[col].dropna() if col in g.columns else pd.Series(dtype=float)
-        if d.empty:
-            out.append(
-                f"Against `{arm}`, the {len(g)} common-cell {label(m)} deltas are NA: no common cell has a "
-                "router probe score on both sides (a within-task router probe needs generations that follow "
-                "a strategy, and enough of each; see the Cell Sanity Check in results.md).\n"
+        rows = a[a.comparison_arm == arm] if not a.empty else a
+        for r in rows.itertuples():
+            m = r.metric
+            if r.n_cells == 0:
+                out.append(
+                    f"Against `{arm}`, the {len(g)} common-cell {label(m)} deltas are NA: no common cell has a value "
+                    "on both sides (see the Cell Sanity Check in results.md).\n"
+                )
+                continue
+            na = f"; {len(g) - r.n_cells} more are NA" if r.n_cells < len(g) else ""
+            why = f" ({r.why})" if r.why else ""
+            noise = (
+                f"test inputs and training noise (seed-to-seed SD {fmt(r.training_noise_sd)} from "
+                f"{r.training_noise_settings} replicated settings, {fmt(r.training_noise_df)} df)"
+                if r.training_noise_in_interval
+                else "test inputs only"
             )
-            continue
-        row = a[(a.comparison_arm == arm) & (a.metric == m)] if not a.empty else a
-        if row.empty or pd.isna(row.ci_low.iloc[0]):
             out.append(
-                f"Against `{arm}`, the mean of {len(d)} common-cell {label(m)} deltas is {fmt(d.mean())}: "
-                "cannot tell its sign (no bootstrap interval: the cells have no replicates).\n"
+                f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) over {r.n_cells} cells is "
+                f"{fmt(r.mean_delta)} (95% interval {fmt(r.ci_low)} to {fmt(r.ci_high)}, {noise}): "
+                f"**{r.verdict}**{why}. Detectable (80% power, 5% two-sided): {fmt(r.detectable_delta)}. Per cell: "
+                f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
+                f"{clip_sentence(t) if m == meta.get('primary_metric') else ''}\n"
             )
-            continue
-        r = row.iloc[0]
-        na = f"; {len(g) - len(d)} more are NA (probes NA)" if len(d) < len(g) else ""
-        why = (
-            f" ({r.why}: the router scores of both arms are noise, and so is their difference)" if r.get("why") else ""
-        )
-        detect = (
-            f" The smallest difference this collection could detect (80% power, 5% two-sided): "
-            f"{fmt(r.detectable_delta)}."
-            if pd.notna(r.get("detectable_delta"))
-            else ""
-        )
-        if _max_seeds(t) == 1:
-            detect += " With one seed per setting the interval covers the test inputs, not training noise."
-        out.append(
-            f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) is {fmt(r.mean_delta)} "
-            f"(95% paired bootstrap interval {fmt(r.ci_low)} to {fmt(r.ci_high)}): **{r.verdict}**{why}. Per cell: "
-            f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
-            f"{detect}{clip_sentence(t)}\n"
-        )
     return out
-
-
-def _max_seeds(t: dict) -> int:
-    s = t.get("summary_by_setting", pd.DataFrame())
-    return int(s.n_seeds.max()) if not s.empty and "n_seeds" in s.columns else 1
 
 
 def followup_sentences(plan: dict) -> list[str]:
     """What more seeds would settle (the aggregate's follow-up plan, written as followup.yaml)."""
-    from latentstrat.power import cost_text
+    from latentstrat.power import cost_text, need_text
 
     if not plan.get("needed"):
         return []
     out = ["## Follow-Up\n"]
-    for n in plan["needs"]:
-        out.append(
-            f"Against `{n['comparison_arm']}`, {label(n['metric'])} cannot be told at this precision "
-            f"(detectable now: {fmt(n['detectable_now'])}, effect to settle: {fmt(n['effect'])}). "
-            f"`followup.yaml` runs {n['seeds']} seeds per setting, which bring the detectable difference "
-            f"to about {fmt(n['detectable_then'])}"
-            + (f" (it would take {n['seeds_needed']} seeds to reach the target; capped)" if n["capped"] else "")
-            + "."
-        )
-    out.append(f"It adds {plan['cells_added']} cells: {cost_text(plan)}.\n")
+    out += [f"- {need_text(n)}." for n in plan["needs"]]
+    out.append(
+        f"\n`followup.yaml` (beside this file) runs {len(plan['seeds'])} seeds per setting and adds "
+        f"{plan['cells_added']} cells: {cost_text(plan)}.\n"
+    )
     return out
 
 
@@ -388,10 +366,12 @@ def clip_sentence(t: dict) -> str:
     return " Training steps whose gradient was clipped: " + ", ".join(parts) + " (results.md, Token-Count Dominance)."
 
 
-def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict) -> str:
+def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, head: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
-    out = [
-        f"# {title}: Analysis\n",
+    out = [f"# {title}: Analysis\n"]
+    out += headline_md(t, meta, head)
+    out += [
+        "## Every Contrast\n",
         "Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = "
         f"{thresholds['near_zero_delta']}, "
         f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n",

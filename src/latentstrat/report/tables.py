@@ -29,6 +29,8 @@ TABLES = [
     "token_dominance_sums",
     "gradient_clipping",
     "cell_sanity",
+    "cell_states",
+    "cell_state_counts",
     "collection_metadata",
     "fairness",
     "data_availability",

@@ -1,0 +1,99 @@
+"""Cell states, decided before any contrast by rules declared in docs/design.md ("Cell states"):
+
+- `empty`: z is not used: KL to the router below `report.empty_kl` and base-relative
+  reconstruction at least 1 - `report.base_relative_near_one` (the generator is the entangled
+  model, whatever z is);
+- `strategy`: z is used and the router's z carries strategy information: the primary endpoint's
+  (router_information) 95% interval lies above 0;
+- `other`: z is used (KL or reconstruction say so) but its router information interval reaches
+  0: the original study's "wrong latent factor" (z carries something, not the strategy);
+- `unknown`: a measurement the rules need is missing (an external summary table without it).
+
+The empty rule comes first: a probe can read a little information from an unused z (the router's
+mean depends on x, and greedy decoding from an unused z follows each input's most likely
+strategy), which is x speaking, not a latent strategy. States describe cells; no cell is left out
+of a contrast because of its state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from latentstrat.aggregate.columns import FAMILY_COL
+
+STATES = ("empty", "strategy", "other", "unknown")
+STATE_COLUMNS = [
+    "cell_id",
+    "arm",
+    FAMILY_COL,
+    "beta_label",
+    "seed",
+    "kl_prior_loss",
+    "base_relative_reconstruction",
+    "active_units",
+    "router_information",
+    "router_information_ci_low",
+    "router_information_ci_high",
+    "state",
+    "why",
+]
+
+
+def _num(row, key) -> float:
+    try:
+        v = float(row.get(key, math.nan))
+    except (TypeError, ValueError):
+        return math.nan
+    return v
+
+
+def cell_state(row, empty_kl: float, near_one: float) -> tuple[str, str]:
+    """(state, the numbers and rule that decided it) of one cell's metrics row."""
+    kl, br = _num(row, "kl_prior_loss"), _num(row, "base_relative_reconstruction")
+    info, lo, hi = (_num(row, f"router_information{s}") for s in ("", "_ci_low", "_ci_high"))
+    if math.isnan(kl) or math.isnan(br):
+        return "unknown", "no KL or base-relative reconstruction recorded"
+    if kl < empty_kl and br >= 1 - near_one:
+        return "empty", f"KL {kl:.3g} < {empty_kl:g} and base-relative reconstruction {br:.3g} >= {1 - near_one:g}"
+    if math.isnan(lo):
+        return "unknown", "z is used, but no router information interval is recorded"
+    used = f"KL {kl:.3g}, base-relative reconstruction {br:.3g}"
+    interval = f"router information {info:.3g} (95% interval {lo:.3g} to {hi:.3g})"
+    if lo > 0:
+        return "strategy", f"{interval} above 0; {used}"
+    return "other", f"z is used ({used}) but {interval} reaches 0"
+
+
+def cell_states(summary: pd.DataFrame, thr: dict) -> pd.DataFrame:
+    """One row per complete cell: its state and why (STATE_COLUMNS)."""
+    rows = []
+    for _, r in summary.iterrows():
+        state, why = cell_state(r, thr["empty_kl"], thr["base_relative_near_one"])
+        rows.append(
+            {**{c: r.get(c) for c in STATE_COLUMNS[:-2]}, FAMILY_COL: r.get("family_label"), "state": state, "why": why}
+        )
+    return pd.DataFrame(rows, columns=STATE_COLUMNS)
+
+
+def state_counts(states: pd.DataFrame) -> pd.DataFrame:
+    """Cells per arm, beta and state (one column per state, and the total)."""
+    cols = ["arm", "beta_label", *STATES, "cells"]
+    if states.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for (arm, beta), g in states.groupby(["arm", "beta_label"], sort=False):
+        counts = g.state.value_counts()
+        out.append({"arm": arm, "beta_label": beta, **{s: int(counts.get(s, 0)) for s in STATES}, "cells": len(g)})
+    return pd.DataFrame(out, columns=cols)
+
+
+def states_by_arm(states: pd.DataFrame) -> dict:
+    """arm -> state -> count (brief.yaml's `cell_states`; states with no cell left out)."""
+    if states.empty:
+        return {}
+    return {
+        str(arm): {s: int(n) for s, n in g.state.value_counts().reindex(STATES).dropna().items() if n}
+        for arm, g in states.groupby("arm", sort=False)
+    }

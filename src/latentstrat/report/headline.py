@@ -1,0 +1,230 @@
+"""The headline: the primary endpoint's verdict on the primary contrast, declared before the data
+(docs/design.md, "Primary endpoint" and "Verdicts"), with its interval, the detectable
+difference, the seeds behind it, whether training noise is in the interval, and the cell states
+per arm. analysis.md opens with it and brief.yaml carries it (`headline`); every number is read
+off the aggregate tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from latentstrat.aggregate.states import STATES, states_by_arm
+from latentstrat.metrics import label
+from latentstrat.report.tables import fmt, md_table
+
+SECONDARY = "matched_router_score"  # the original study's router score, kept in every table
+
+
+def _primary_arm(t: dict) -> str:
+    st = t["collection_state"]
+    arms = st.loc[st.role == "primary", "arm"].unique() if not st.empty else []
+    return str(arms[0]) if len(arms) else "primary"
+
+
+def primary_contrast_arm(t: dict, meta: dict) -> str | None:
+    """The comparison arm of the headline: `report.primary_contrast`, else the first comparison arm."""
+    declared = (meta.get("report") or {}).get("primary_contrast")
+    arms = list(meta.get("comparison_arms") or [])
+    a = t.get("arm_contrasts", pd.DataFrame())
+    if not arms and not a.empty:
+        arms = list(dict.fromkeys(a.comparison_arm))
+    return declared or (arms[0] if arms else None)
+
+
+def _contrast(t: dict, arm: str | None, metric: str):
+    a = t.get("arm_contrasts", pd.DataFrame())
+    if arm is None or a.empty:
+        return None
+    row = a[(a.comparison_arm == arm) & (a.metric == metric)]
+    return row.iloc[0] if len(row) else None
+
+
+def _num(v):
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _attribution(t: dict, arm: str | None) -> tuple[str | None, str]:
+    f = t.get("fairness", pd.DataFrame())
+    if arm is None or f.empty:
+        return None, ""
+    row = f[f.claim == f"aggregation-only causal attribution ({arm})"]
+    return (row.status.iloc[0], row.evidence.iloc[0]) if len(row) else (None, "")
+
+
+def headline(t: dict, meta: dict) -> dict:
+    """brief.yaml's headline keys (and what analysis.md says about them)."""
+    metric = meta.get("primary_metric") or "router_information"
+    arm = primary_contrast_arm(t, meta)
+    r = _contrast(t, arm, metric)
+    states = t.get("cell_states", pd.DataFrame())
+    out = {
+        "primary_endpoint": metric,
+        "primary_contrast": {"primary_arm": _primary_arm(t), "comparison_arm": arm},
+        "verdict": "cannot tell",
+        "why": "",
+        "delta": None,
+        "ci_low": None,
+        "ci_high": None,
+        "detectable_delta": None,
+        "seeds_per_cell": {"min": None, "max": None},
+        "training_noise_in_interval": False,
+        "common_cells": 0,
+        "cell_states": states_by_arm(states),
+        "attribution": None,
+    }
+    if r is None:
+        out["why"] = "no common cells with a comparison arm" if arm else "no comparison arm"
+        return out
+    out.update(
+        verdict=str(r.verdict),
+        why=str(r.why or ""),
+        delta=_num(r.mean_delta),
+        ci_low=_num(r.ci_low),
+        ci_high=_num(r.ci_high),
+        detectable_delta=_num(r.detectable_delta),
+        seeds_per_cell={"min": int(r.seeds_min), "max": int(r.seeds_max)},
+        training_noise_in_interval=bool(r.training_noise_in_interval),
+        common_cells=int(r.n_cells),
+    )
+    out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
+    sec = _contrast(t, arm, SECONDARY) if metric != SECONDARY else None
+    if sec is not None and _num(sec.mean_delta) is not None and out["delta"] is not None:
+        if sec.mean_delta * out["delta"] < 0:
+            out["secondary_disagrees"] = {
+                "metric": SECONDARY,
+                "delta": _num(sec.mean_delta),
+                "verdict": str(sec.verdict),
+            }
+    return out
+
+
+def _mix_numbers(t: dict, arms: list[str]) -> str:
+    """The arms' followed-strategy mixes: mean total variation to the data's mix and the accuracy
+    probe's chance level (the cells' own majority rate), over the common cells."""
+    s = t.get("summary_by_setting", pd.DataFrame())
+    if s.empty or "arm" not in s.columns:
+        return ""
+    parts = []
+    for a in arms:
+        g = s[s.arm == a]
+        tv, ch = g.get("followed_strategy_tv"), g.get("within_task_router_probe_chance")
+        if tv is None or ch is None or g.empty:
+            continue
+        parts.append(f"`{a}`: total variation {fmt(tv.mean())}, chance level {fmt(ch.mean())}")
+    return "; ".join(parts)
+
+
+def state_sentence(states: pd.DataFrame) -> str:
+    counts = states_by_arm(states)
+    if not counts:
+        return "No cell states (no complete cell)."
+    return (
+        "Cell states: "
+        + "; ".join(f"`{a}` " + ", ".join(f"{n} {s}" for s, n in c.items()) for a, c in counts.items())
+        + "."
+    )
+
+
+def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
+    """analysis.md's opening section."""
+    metric, arm = h["primary_endpoint"], h["primary_contrast"]["comparison_arm"]
+    out = ["## Headline\n"]
+    if h["delta"] is None:
+        return out + [
+            f"Primary endpoint {label(metric)} (declared before the data, docs/design.md): **cannot tell** "
+            f"({h['why']}). {state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
+        ]
+    noise = (
+        "test inputs and training noise"
+        if h["training_noise_in_interval"]
+        else "test inputs only: training noise unknown"
+    )
+    seeds = h["seeds_per_cell"]
+    seeds_txt = f"{seeds['min']}" if seeds["min"] == seeds["max"] else f"{seeds['min']} to {seeds['max']}"
+    why = f" ({h['why']})" if h["why"] else ""
+    primary = h["primary_contrast"]["primary_arm"]
+    out.append(
+        f"Primary endpoint {label(metric)} (declared before the data, docs/design.md), `{primary}` "
+        f"minus `{arm}` over {h['common_cells']} common cells: {fmt(h['delta'])} (95% interval {fmt(h['ci_low'])} to "
+        f"{fmt(h['ci_high'])}, {noise}; {seeds_txt} seed(s) per cell): **{h['verdict']}**{why}. The smallest "
+        f"difference this collection could detect (80% power, 5% two-sided, the same variance): "
+        f"{fmt(h['detectable_delta'])}. {state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
+    )
+    if h.get("attribution") and h["attribution"] != "supported":
+        evidence = h.get("attribution_evidence") or "the paired cells differ in more than token aggregation"
+        out.append(
+            f"**This contrast is confounded**: {evidence}. Its verdict is not about token aggregation alone "
+            "(Fairness Assessment below).\n"
+        )
+    sec = h.get("secondary_disagrees")
+    if sec:
+        mix = _mix_numbers(t, [h["primary_contrast"]["primary_arm"], arm])
+        out.append(
+            f"The original study's {label(sec['metric'])} moves the other way ({fmt(sec['delta'])}, "
+            f"**{sec['verdict']}**). It is an accuracy (times the strategy-match rate): a cell whose generations "
+            "follow fewer strategies is predicted more often by the majority alone, so an arm with a more "
+            "collapsed strategy mix gains accuracy without its z telling more; router information measures what "
+            "z tells beyond the followed mix itself."
+            + (f" The arms' followed-strategy mixes: {mix}." if mix else "")
+            + "\n"
+        )
+    both = _both_empty(t, arm)
+    if both:
+        out.append(
+            f"{both} common cell(s) are `empty` in both arms (z unused on either side): a finding in itself; they "
+            "enter the contrast with their near-zero values.\n"
+        )
+    return out
+
+
+def _both_empty(t: dict, arm: str) -> int:
+    a = t.get("arm_contrasts", pd.DataFrame())
+    if a.empty or "both_empty_cells" not in a.columns:
+        return 0
+    row = a[(a.comparison_arm == arm) & a.both_empty_cells.notna()]
+    return int(row.both_empty_cells.iloc[0]) if len(row) else 0
+
+
+def states_md(t: dict, thr: dict) -> list[str]:
+    """results.md's cell-state section: the declared rules and the counts per arm and beta."""
+    states, counts = t.get("cell_states", pd.DataFrame()), t.get("cell_state_counts", pd.DataFrame())
+    out = ["## Cell States\n"]
+    if states.empty:
+        return out + ["NA: no complete cell.\n"]
+    out.append(
+        f'Declared before the data (docs/design.md, "Cell states"): `empty` when the test KL to the router is below '
+        f"{thr['empty_kl']} and base-relative reconstruction is at least {1 - thr['base_relative_near_one']:g} (z "
+        "unused); else `strategy` when the router information's 95% interval lies above 0; else `other` (z used, "
+        'no strategy information: the original study\'s "wrong latent factor"). Active units (latent dimensions '
+        "whose posterior-minus-router mean varies across test inputs) stand next to KL.\n"
+    )
+    out.append(md_table_counts(counts))
+    out.append(
+        md_table(
+            states,
+            [
+                "cell_id",
+                "arm",
+                "state",
+                "kl_prior_loss",
+                "base_relative_reconstruction",
+                "active_units",
+                "router_information",
+                "router_information_ci_low",
+                "router_information_ci_high",
+            ],
+        )
+    )
+    return out
+
+
+def md_table_counts(counts: pd.DataFrame) -> str:
+    cols = ["arm", "beta_label", *[s for s in STATES if s in counts.columns and counts[s].sum() > 0], "cells"]
+    return md_table(counts, cols)
