@@ -1,18 +1,21 @@
-"""Cell states, decided before any contrast by rules declared in docs/design.md ("Cell states"):
+"""Cell states, decided before any contrast by rules declared in docs/design.md ("Cell states").
 
-- `empty`: z is not used: KL to the router below `report.empty_kl` and base-relative
-  reconstruction at least 1 - `report.base_relative_near_one` (the generator is the entangled
-  model, whatever z is);
+z is *used* when the posterior departs from the router (test KL at least `report.empty_kl`) AND
+the generator gains from it (base-relative reconstruction below 1 - `report.base_relative_near_one`).
+Then:
+- `empty`: z is not used: the generator is the entangled model whatever z is, or z carries
+  nothing the router does not (a cell a few steps in has a large KL between two random heads and
+  a generator that still ignores z: empty);
 - `strategy`: z is used and the router's z carries strategy information: the primary endpoint's
   (router_information) 95% interval lies above 0;
-- `other`: z is used (KL or reconstruction say so) but its router information interval reaches
-  0: the original study's "wrong latent factor" (z carries something, not the strategy);
+- `other`: z is used but its router information interval reaches 0: the original study's
+  "wrong latent factor" (z carries something, not the strategy);
 - `unknown`: a measurement the rules need is missing (an external summary table without it).
 
-The empty rule comes first: a probe can read a little information from an unused z (the router's
-mean depends on x, and greedy decoding from an unused z follows each input's most likely
-strategy), which is x speaking, not a latent strategy. States describe cells; no cell is left out
-of a contrast because of its state.
+An empty cell whose router information reads above 0 stays empty (its `why` says so): a probe can
+read a little from an unused z (the router's mean depends on x, and greedy decoding from an
+unused z follows each input's most likely strategy), which is x speaking, not a latent strategy.
+States describe cells; no cell is left out of a contrast because of its state.
 """
 
 from __future__ import annotations
@@ -55,15 +58,17 @@ def cell_state(row, empty_kl: float, near_one: float) -> tuple[str, str]:
     info, lo, hi = (_num(row, f"router_information{s}") for s in ("", "_ci_low", "_ci_high"))
     if math.isnan(kl) or math.isnan(br):
         return "unknown", "no KL or base-relative reconstruction recorded"
-    if kl < empty_kl and br >= 1 - near_one:
-        return "empty", f"KL {kl:.3g} < {empty_kl:g} and base-relative reconstruction {br:.3g} >= {1 - near_one:g}"
-    if math.isnan(lo):
-        return "unknown", "z is used, but no router information interval is recorded"
-    used = f"KL {kl:.3g}, base-relative reconstruction {br:.3g}"
+    measured = f"KL {kl:.3g}, base-relative reconstruction {br:.3g}"
     interval = f"router information {info:.3g} (95% interval {lo:.3g} to {hi:.3g})"
+    if kl < empty_kl or br >= 1 - near_one:
+        rule = f"KL < {empty_kl:g}" if kl < empty_kl else f"base-relative reconstruction >= {1 - near_one:g}"
+        note = f"; {interval} above 0 is x speaking through the router, not a used z" if lo > 0 else ""
+        return "empty", f"z unused ({rule}): {measured}{note}"
+    if math.isnan(lo):
+        return "unknown", f"z is used ({measured}), but no router information interval is recorded"
     if lo > 0:
-        return "strategy", f"{interval} above 0; {used}"
-    return "other", f"z is used ({used}) but {interval} reaches 0"
+        return "strategy", f"{interval} above 0; z is used ({measured})"
+    return "other", f"z is used ({measured}) but {interval} reaches 0"
 
 
 def cell_states(summary: pd.DataFrame, thr: dict) -> pd.DataFrame:

@@ -199,11 +199,11 @@ def states_md(t: dict, thr: dict) -> list[str]:
     if states.empty:
         return out + ["NA: no complete cell.\n"]
     out.append(
-        f'Declared before the data (docs/design.md, "Cell states"): `empty` when the test KL to the router is below '
-        f"{thr['empty_kl']} and base-relative reconstruction is at least {1 - thr['base_relative_near_one']:g} (z "
-        "unused); else `strategy` when the router information's 95% interval lies above 0; else `other` (z used, "
-        'no strategy information: the original study\'s "wrong latent factor"). Active units (latent dimensions '
-        "whose posterior-minus-router mean varies across test inputs) stand next to KL.\n"
+        'Declared before the data (docs/design.md, "Cell states"): z is used when the test KL to the router is at '
+        f"least {thr['empty_kl']} and base-relative reconstruction is below {1 - thr['base_relative_near_one']:g}. "
+        "`empty`: z not used; `strategy`: z used and the router information's 95% interval lies above 0; "
+        '`other`: z used, no strategy information (the original study\'s "wrong latent factor"). Active units '
+        "(latent dimensions whose posterior-minus-router mean varies across test inputs) stand next to KL.\n"
     )
     out.append(md_table_counts(counts))
     out.append(
@@ -228,3 +228,36 @@ def states_md(t: dict, thr: dict) -> list[str]:
 def md_table_counts(counts: pd.DataFrame) -> str:
     cols = ["arm", "beta_label", *[s for s in STATES if s in counts.columns and counts[s].sum() > 0], "cells"]
     return md_table(counts, cols)
+
+
+def empty_groups_md(t: dict, thr: dict) -> list[str]:
+    """Where every cell of an arm at a beta is `empty`: what their validation histories show (KL
+    and base-relative reconstruction after step 0), and where the longer learning curves are."""
+    states, h = t.get("cell_states", pd.DataFrame()), t.get("history_long", pd.DataFrame())
+    if states.empty:
+        return []
+    groups = [
+        (arm, beta, g)
+        for (arm, beta), g in states.groupby(["arm", "beta_label"], sort=False)
+        if (g.state == "empty").all()
+    ]
+    if not groups:
+        return []
+    out = ["### Empty Cells\n"]
+    for arm, beta, g in groups:
+        hist = h[h.cell_id.isin(g.cell_id) & (h.step > 0)] if not h.empty else h
+        kl = hist[hist.metric == "kl_prior_loss"].value if len(hist) else pd.Series(dtype=float)
+        br = hist[hist.metric == "base_relative_reconstruction"].value if len(hist) else pd.Series(dtype=float)
+        seen = (
+            f" Over their validation checkpoints after step 0, KL stays between {fmt(kl.min())} and {fmt(kl.max())} "
+            f"({int((kl < thr['empty_kl']).sum())} of {len(kl)} checkpoints below {thr['empty_kl']}) and base-relative "
+            f"reconstruction between {fmt(br.min())} and {fmt(br.max())}."
+            if len(kl) and len(br)
+            else ""
+        )
+        out.append(f"Every `{arm}` cell at {beta} is `empty` ({len(g)} cells).{seen}")
+    out.append(
+        "\nWhether a longer budget would change these states is measured by learning curves at 3x the budget "
+        '(docs/learning-curves.md, "Empty betas"), not by this collection.\n'
+    )
+    return out

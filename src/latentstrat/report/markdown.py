@@ -7,7 +7,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
 from latentstrat.quality import quality_table
-from latentstrat.report.headline import headline_md, states_md
+from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.tables import fmt, md_table
 
 ID = [FAMILY_COL, "beta_label"]
@@ -370,6 +370,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, hea
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Analysis\n"]
     out += headline_md(t, meta, head)
+    out += empty_groups_md(t, thresholds)
     out += [
         "## Every Contrast\n",
         "Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = "

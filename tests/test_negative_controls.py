@@ -1,0 +1,60 @@
+"""Negative controls through the workflow: an A/A collection (the comparison arm is the primary
+arm's settings with another seed, written as a user would: `settings: {seed: ...}`) whose cells
+trained a handful of steps. Its headline must read `cannot tell`, with training noise measured
+(replicates) and every cell `empty`; brief.yaml carries every headline key."""
+
+import pytest
+import yaml
+
+from workflow_helpers import copy_workflow, snakemake
+
+HEADLINE_KEYS = {
+    "primary_endpoint",
+    "primary_contrast",
+    "verdict",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "detectable_delta",
+    "seeds_per_cell",
+    "training_noise_in_interval",
+    "cell_states",
+}
+
+
+@pytest.mark.slow
+def test_an_aa_collection_of_few_step_cells_reads_cannot_tell_with_every_cell_empty(tmp_path):
+    wd = copy_workflow(tmp_path)
+    raw = {
+        "extends": "smoke.yaml",
+        "collection": "aa-few-steps",
+        "results_dir": str(wd / "results"),
+        "data": {
+            "tasks": ["grid_pathfinding", "multidigit_addition"],
+            "train_per_task": 6,
+            "validation_per_task": 3,
+            "test_per_task": 10,
+        },
+        "evaluate": {"max_new_tokens": 32},
+        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
+        "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
+        "grid": {"reconstruction_family": ["dist_norm"], "beta": [0.01]},
+        "comparison_arms": [{"name": "aa", "settings": {"token_aggregation": "sum", "seed": 271828}}],
+        "replicates": {"extra_seeds": 1},
+    }
+    (wd / "config" / "aa.yaml").write_text(yaml.safe_dump(raw))
+    r = snakemake(wd, "--cores", "2", "-q", configfile="config/aa.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    report = wd / "results" / "aa-few-steps" / "report"
+    brief = yaml.safe_load((report / "brief.yaml").read_text())
+    assert HEADLINE_KEYS <= set(brief)
+    assert brief["primary_endpoint"] == "router_information"
+    assert brief["primary_contrast"] == {"primary_arm": "sum", "comparison_arm": "aa"}
+    assert brief["verdict"] == "cannot tell"
+    assert brief["training_noise_in_interval"] is True and brief["seeds_per_cell"] == {"min": 2, "max": 2}
+    assert brief["cell_states"] == {"sum": {"empty": 2}, "aa": {"empty": 2}}
+    assert brief["ci_low"] <= brief["delta"] <= brief["ci_high"]
+    analysis = (report / "analysis.md").read_text()
+    assert analysis.index("## Headline") < analysis.index("## Every Contrast")
+    assert "**positive**" not in analysis and "**negative**" not in analysis
+    assert "empty` in both arms" in analysis
