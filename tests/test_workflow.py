@@ -169,7 +169,7 @@ def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     rc, jobs, out = dry_run(done, config=extra)
     assert rc == 0, out[-3000:]
     trained = {c for r, c, _ in jobs if r == "train"}
-    assert trained and all(c.startswith("agg-mean_") and "sched-" not in c for c in trained), trained
+    assert trained and all(c.startswith("agg-mean_") and "sched-lin100" in c for c in trained), trained
     assert not {"data", "entangle", "reference"} & set(rules(jobs))
     n_cells = len({c for r, c, _ in jobs if r == "metrics"})
     assert n_cells == len(trained) + rules(dry_run(done, "--forceall")[1])["metrics"]  # every row, new + shared
@@ -237,7 +237,7 @@ def test_report_config_edit_reruns_only_aggregate_and_report(done):
 def test_train_setting_edit_reruns_every_cell(done):  # control: params do reach the cell rules
     rc, jobs, out = dry_run(done, config=["train={steps: 7}"])
     assert rc == 0, out[-3000:]
-    assert rules(jobs)["train"] == 20 and rules(jobs)["data"] == 0
+    assert rules(jobs)["train"] == 24 and rules(jobs)["data"] == 0
 
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
@@ -245,9 +245,11 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     rc, jobs, out = dry_run(done, config=["grid={beta: [0.01, 0.1, 1, 10]}"])
     assert rc == 0, out[-3000:]
     cells = {c for r, c, _ in jobs if r in CELL_RULES}
-    assert len(cells) == 4 and all("_beta-10_" in c and c.startswith("agg-sum_") for c in cells)
+    # 4 families at the new beta, in both arms (the matched arm takes the primary grid's betas)
+    assert len(cells) == 8 and all("_beta-10_" in c for c in cells)
+    assert sum(c.startswith("agg-sum_") for c in cells) == 4
     assert rules(jobs) == Counter(
-        train=4, evaluate=4, probe_task=4 * N_TASKS, probe_global=4, metrics=4, aggregate=1, report=1, all=1
+        train=8, evaluate=8, probe_task=8 * N_TASKS, probe_global=8, metrics=8, aggregate=1, report=1, all=1
     )
 
 
@@ -298,7 +300,7 @@ def test_one_changed_byte_of_the_data_reruns_every_cell(done):
         _restore(saved)
     assert rc == 0, out[-3000:]
     n = rules(jobs)
-    assert n["entangle"] == n["reference"] == 1 and n["train"] == n["evaluate"] == n["metrics"] == 20, n
+    assert n["entangle"] == n["reference"] == 1 and n["train"] == n["evaluate"] == n["metrics"] == 24, n
     assert dry_run(done)[1] == []  # the original bytes back: nothing to do again
 
 

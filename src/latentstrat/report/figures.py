@@ -345,8 +345,46 @@ def token_dominance(t):
     return fig
 
 
+def router_information_by_cell(t):
+    """The primary endpoint per cell: one panel per beta, families along x, arms side by side,
+    95% intervals (test inputs), the marker naming the cell's state."""
+    s, st = t.get("summary", pd.DataFrame()), t.get("cell_states", pd.DataFrame())
+    if not _need(s, "router_information") or "arm" not in s.columns:
+        return None
+    df = s.merge(st[["cell_id", "state"]], on="cell_id", how="left") if not st.empty else s.assign(state="unknown")
+    betas = list(dict.fromkeys(df.beta_label))
+    fams = list(dict.fromkeys(df.family_label))
+    arms = list(dict.fromkeys(df.arm))
+    markers = {"empty": "o", "strategy": "D", "other": "X", "unknown": "s"}
+    fig, axes = plt.subplots(1, len(betas), figsize=(3.6 * len(betas) + 1.5, 3.8), sharey=True, squeeze=False)
+    colors = dict(zip(arms, sns.color_palette(n_colors=len(arms))))
+    for ax, beta in zip(axes[0], betas):
+        g = df[df.beta_label == beta]
+        for j, arm in enumerate(arms):
+            a = g[g.arm == arm]
+            x = np.array([fams.index(f) for f in a.family_label]) + (j - (len(arms) - 1) / 2) * 0.25
+            x = x + 0.04 * a.groupby("family_label").cumcount().to_numpy()  # seeds side by side
+            err = _err(a, "router_information")
+            ax.errorbar(x, a.router_information, yerr=err, fmt="none", ecolor=colors[arm], elinewidth=0.8, capsize=2)
+            for state, m in markers.items():
+                sel = (a.state == state).to_numpy()
+                if sel.any():
+                    ax.scatter(x[sel], a.router_information[sel], marker=m, color=colors[arm], s=36)
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set_xticks(range(len(fams)), fams, rotation=30, ha="right", fontsize=8)
+        ax.set(title=beta, xlabel="", xlim=(-0.6, len(fams) - 0.4))
+    axes[0][0].set_ylabel(label("router_information"))
+    handles = [plt.Line2D([], [], color=colors[a], marker="o", ls="", label=a) for a in arms]
+    handles += [plt.Line2D([], [], color="0.3", marker=m, ls="", label=s) for s, m in markers.items()]
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle("Router information per cell (primary endpoint; 95% intervals over test inputs)")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    return fig
+
+
 # file name -> (title, maker)
 FIGURES = {
+    "router_information_by_cell": ("Router information per cell (primary endpoint)", router_information_by_cell),
     "objective_scale_heatmap": ("Mean-versus-sum objective scale", objective_scale_heatmap),
     "kl_vs_reconstruction": ("KL-to-reconstruction trade-off", kl_vs_reconstruction),
     "kl_reconstruction_ratio": ("KL/reconstruction ratio", kl_recon_ratio),

@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from latentstrat.aggregate.states import STATES, states_by_arm
+from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import label
 from latentstrat.report.tables import fmt, md_table
 
@@ -206,22 +206,13 @@ def states_md(t: dict, thr: dict) -> list[str]:
         "(latent dimensions whose posterior-minus-router mean varies across test inputs) stand next to KL.\n"
     )
     out.append(md_table_counts(counts))
-    out.append(
-        md_table(
-            states,
-            [
-                "cell_id",
-                "arm",
-                "state",
-                "kl_prior_loss",
-                "base_relative_reconstruction",
-                "active_units",
-                "router_information",
-                "router_information_ci_low",
-                "router_information_ci_high",
-            ],
-        )
-    )
+    shown = [
+        "cell_id",
+        "arm",
+        "state",
+        *[c for c in STATE_COLUMNS if c.startswith(("kl_", "base_", "active", "router"))],
+    ]
+    out.append(md_table(states, shown))
     return out
 
 

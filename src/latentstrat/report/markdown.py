@@ -81,7 +81,8 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
             f" {len(collapsed)} cell(s) collapsed onto fewer strategies than the data has (followed-strategy "
             f"total variation >= {thr['collapse_tv']} on some task): "
             + ", ".join(f"`{c}`" for c in collapsed.cell_id)
-            + "; their raw probe accuracies sit near chance by construction, read the chance-corrected ones."
+            + "; their probe accuracies sit near their (high) chance level by construction; router information, "
+            "0 for a collapsed mix, is the number to read."
         )
     out += [rule + " " + verdict + "\n"]
     if len(bad):
