@@ -515,3 +515,22 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     # an explicit setting is kept, not tried
     pinned = {**cfg["entangle"], "autocast": "none"}
     assert all(c["autocast"] == "none" for c in E.step_candidates(pinned, cpu))
+
+
+def test_cpu_capability_names_the_vector_width_and_bf16(monkeypatch):
+    """Two CPUs that both read `AMD EPYC` differ by 2.4x on the same cell: every speed number is
+    named with the capability, from the flags torch reports."""
+    from latentstrat import host
+
+    def flags(*names):
+        monkeypatch.setattr(host, "cpu_flags", lambda: frozenset(names))
+
+    flags("avx2", "avx512_f", "avx512_bf16")
+    assert host.cpu_capability() == "AVX-512 + native bf16"
+    flags("avx2")
+    assert host.cpu_capability() == "AVX2, no native bf16"
+    flags("avx2", "avx512_f")
+    assert host.cpu_capability() == "AVX-512, no native bf16"
+    monkeypatch.setattr(host, "cpu_model", lambda: "AMD EPYC")
+    assert host.cpu_label() == "AMD EPYC (AVX-512, no native bf16)"
+    assert host.provenance("cpu")["cpu_capability"] == "AVX-512, no native bf16"

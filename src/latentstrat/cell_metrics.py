@@ -49,7 +49,19 @@ METRIC_RECORD_COLUMNS = [
     "posterior_mu",
     *LOSS_METRICS,
 ]
-PROVENANCE = ["code_version", "code_commit", "code_dirty", "started_at", "finished_at", "host", "device"]
+PROVENANCE = [
+    "code_version",
+    "code_commit",
+    "code_dirty",
+    "started_at",
+    "finished_at",
+    "host",
+    "cpu",
+    "cpu_capability",
+    "device",
+    "wall_time_s",
+    "tokens_per_s",
+]
 
 
 def _probe_summary(probes, name: str) -> dict:

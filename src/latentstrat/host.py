@@ -38,6 +38,34 @@ def cpu_model() -> str:
     return str(capabilities().get("cpu_name") or platform.processor() or platform.machine())
 
 
+def vector_isa() -> str:
+    """The widest SIMD the CPU offers for float32 matmuls: AVX-512, AVX2, NEON/SVE, or the
+    kernel level ATen picked (`torch.backends.cpu.get_cpu_capability()`) when the flags say nothing."""
+    flags = cpu_flags()
+    if "avx512_f" in flags:
+        return "AVX-512"
+    if "avx2" in flags:
+        return "AVX2"
+    if "sve" in flags:
+        return "SVE"
+    if "asimd" in flags or "neon" in flags:
+        return "NEON"
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def cpu_capability() -> str:
+    """The CPU's capability in words, named next to every speed number: machines that share a
+    model name differ by 2.4x on the same cell (`AVX-512 + native bf16`, `AVX2, no native bf16`)."""
+    return f"{vector_isa()} + native bf16" if native_bf16() else f"{vector_isa()}, no native bf16"
+
+
+def cpu_label() -> str:
+    """`AMD EPYC (AVX-512 + native bf16)`: the model name with its capability."""
+    return f"{cpu_model()} ({cpu_capability()})"
+
+
 def native_bf16() -> bool:
     """bf16 matmuls in hardware (AVX512_BF16, AMX-BF16, or ARM's BF16)."""
     return any(f in cpu_flags() for f in BF16_FLAGS)
@@ -62,6 +90,7 @@ def describe() -> dict:
     """The host facts recorded next to every step-speed choice and benchmark number."""
     return {
         "cpu": cpu_model(),
+        "cpu_capability": cpu_capability(),
         "native_bf16": native_bf16(),
         "bf16_flags": sorted(f for f in BF16_FLAGS if f in cpu_flags()),
     }
@@ -101,5 +130,11 @@ def code_version() -> dict:
 
 
 def provenance(device: str | None = None) -> dict:
-    """Who ran a job where: code version, host, CPU, device (recorded in a cell's summary)."""
-    return {**code_version(), "host": platform.node(), "cpu": cpu_model(), "device": device}
+    """Who ran a job where: code version, host, CPU and its capability, device (recorded in a cell's summary)."""
+    return {
+        **code_version(),
+        "host": platform.node(),
+        "cpu": cpu_model(),
+        "cpu_capability": cpu_capability(),
+        "device": device,
+    }

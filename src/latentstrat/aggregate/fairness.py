@@ -54,12 +54,28 @@ def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: st
     rows += [
         ("code versions", counts("train_code_version")),
         ("hosts", counts("train_host")),
+        ("CPUs (capability)", cpu_counts(summary)),
         ("devices", counts("train_device")),
     ]
     if code_now and "train_code_version" in summary.columns:
         other = summary[summary.train_code_version.notna() & (summary.train_code_version != code_now)]
         rows.append(("cells trained with other code than now", f"{len(other)} (now: {code_now})"))
     return pd.DataFrame(rows, columns=["field", "value"])
+
+
+def cpu_counts(summary: pd.DataFrame) -> str:
+    """The CPUs the cells trained on, each with its capability and the mean training speed there
+    (machines of one model name differ by 2.4x on the same cell)."""
+    if "train_cpu" not in summary.columns or summary.train_cpu.isna().all():
+        return "NA (not recorded)"
+    cap = summary.get("train_cpu_capability", pd.Series("capability not recorded", index=summary.index))
+    label = summary.train_cpu.fillna("NA").astype(str) + " (" + cap.fillna("capability not recorded").astype(str) + ")"
+    speed = summary.get("train_tokens_per_s", pd.Series(float("nan"), index=summary.index)).astype(float)
+    parts = []
+    for name, g in speed.groupby(label, sort=False):
+        rate = f", {g.mean():,.0f} training tokens/s per job" if g.notna().any() else ""
+        parts.append(f"{name}: {len(g)} cells{rate}")
+    return "; ".join(parts)
 
 
 def sanity_claim(sanity: pd.DataFrame | None) -> list[dict]:

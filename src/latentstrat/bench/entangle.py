@@ -147,7 +147,8 @@ def main(argv=None) -> int:
         return 0
     p, f = res["plain"], res["fast"]
     flags = ", ".join(res["host"]["bf16_flags"]) or "no bf16 flags"
-    print(f"host: {res['host']['cpu']}, native bf16: {res['host']['native_bf16']} ({flags})")
+    h = res["host"]
+    print(f"host: {h['cpu']} ({h['cpu_capability']}), native bf16: {h['native_bf16']} ({flags})")
     print(
         f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
         f"batch {res['batch_size']}, {res['steps']} timed steps"

@@ -304,7 +304,7 @@ def main(argv=None) -> int:
         return 0
     h = res["host"]
     flags = f" ({', '.join(h['bf16_flags'])})" if h["bf16_flags"] else ""
-    print(f"host: {h['cpu']}, native bf16: {h['native_bf16']}{flags}")
+    print(f"host: {h['cpu']} ({h['cpu_capability']}), native bf16: {h['native_bf16']}{flags}")
     print(
         f"backbone: {res['params'] / 1e6:.2f}M params, {res['device']}, {res['threads']} threads, "
         f"batch {res['batch_size']}"
