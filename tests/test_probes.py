@@ -319,3 +319,21 @@ def test_separable_two_classes_are_probed_perfectly():
     y_random = rng.permutation(np.repeat(["a", "b", "c"], 100))
     res = linear_probe(rng.standard_normal((300, 16)), y_random, folds=5, seed=0)
     assert abs(res.accuracy - 1 / 3) <= 0.08 and abs(res.corrected) <= 0.12
+
+
+def test_probe_cell_writes_every_task_and_the_global_probe_equal_to_one_at_a_time(tmp_path):
+    """The probe job: one process per cell, the records read once; each file equal to the one the
+    task's own probe writes."""
+    rng = np.random.default_rng(24)
+    rec = tmp_path / "records.parquet"
+    write_parquet(_records(rng), rec)
+    outs = [tmp_path / "cell" / f"{n}.parquet" for n in ("addition", "sorting", "global")]
+    probes.probe_cell(CFG, rec, ["addition", "sorting"], outs)
+    for task, path in zip(("addition", "sorting"), outs):
+        one = probes.probe_task(CFG, rec, task, tmp_path / f"{task}.parquet")
+        pd.testing.assert_frame_equal(read_parquet(path), read_parquet(tmp_path / f"{task}.parquet"))
+        assert len(one) == 3
+    probes.probe_global(CFG, rec, tmp_path / "g.parquet")
+    pd.testing.assert_frame_equal(read_parquet(outs[-1]), read_parquet(tmp_path / "g.parquet"))
+    with pytest.raises(ValueError, match="2 tasks need 3 output paths"):
+        probes.probe_cell(CFG, rec, ["addition", "sorting"], outs[:2])

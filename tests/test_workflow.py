@@ -18,8 +18,7 @@ from latentstrat.config import base_settings, load_config
 from latentstrat.io import dump_json
 from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake
 
-CELL_RULES = {"train", "evaluate", "probe_task", "probe_global", "metrics"}
-N_TASKS = 6  # smoke.yaml's tasks (the schema default list)
+CELL_RULES = {"train", "evaluate", "probes", "metrics"}
 
 
 # ----------------------------------------------------------------------------- grid
@@ -41,7 +40,7 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     assert "agg-sum_fam-raw_beta-1_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probe_task"] == 32 * N_TASKS and n["probe_global"] == n["metrics"] == n["evaluate"] == 32
+    assert n["probes"] == n["metrics"] == n["evaluate"] == 32  # one probe job per cell, every task in it
     # each cell's probes + metrics form one group job (one Slurm submission per cell)
     assert out.count("Group job probe") == 32
 
@@ -151,9 +150,7 @@ def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
             shutil.move(a, d)
     assert rc == 0, out[-3000:]
     assert {c for r, c, _ in jobs if r in CELL_RULES} == {CELL}
-    assert rules(jobs) == Counter(
-        train=1, evaluate=1, probe_task=N_TASKS, probe_global=1, metrics=1, aggregate=1, report=1, all=1
-    )
+    assert rules(jobs) == Counter(train=1, evaluate=1, probes=1, metrics=1, aggregate=1, report=1, all=1)
 
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
@@ -248,9 +245,7 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     # 4 families at the new beta, in both arms (the matched arm takes the primary grid's betas)
     assert len(cells) == 8 and all("_beta-10_" in c for c in cells)
     assert sum(c.startswith("agg-sum_") for c in cells) == 4
-    assert rules(jobs) == Counter(
-        train=8, evaluate=8, probe_task=8 * N_TASKS, probe_global=8, metrics=8, aggregate=1, report=1, all=1
-    )
+    assert rules(jobs) == Counter(train=8, evaluate=8, probes=8, metrics=8, aggregate=1, report=1, all=1)
 
 
 def _recreate(files, content=None):

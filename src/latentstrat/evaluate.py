@@ -10,7 +10,7 @@ mu_q(x, y_true), and the
 test-split losses of every reconstruction family and the KL are computed per example exactly
 as training computes them (objective.forward_losses, z ~ q with seeded noise). The per-cell
 metrics are means of these columns (cell_metrics.write_cell_metrics); the probes read router_z and
-posterior_mu (probes.probe_task / probe_global).
+posterior_mu (probes.probe_cell).
 
 Record columns (RECORD_COLUMNS, one parquet row per example):
 

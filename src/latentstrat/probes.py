@@ -382,9 +382,8 @@ def posterior_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df["ambiguous"].astype(bool)]
 
 
-def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
-    """Within-task router probe, router information and posterior probe of one task -> three rows at out_path."""
-    df = _read_records(records_path)
+def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataFrame:
+    """Within-task router probe, router information and posterior probe of one task: three rows."""
     rows = df[df["task"] == task]
     if rows.empty:
         raise ValueError(
@@ -398,47 +397,52 @@ def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
         r["followed_strategy"].to_numpy(),
         r["example_id"].to_numpy(),
     )
-    out = pd.DataFrame(
+    Xq, yq, ids_q = _features(q, "posterior_mu", records_path), q["strategy"].to_numpy(), q["example_id"].to_numpy()
+    return pd.DataFrame(
         [
             _probe_row(cfg, cid, task, "within_task_router", Xr, yr, ids_r),
             _information_row(cfg, cid, task, Xr, yr, ids_r, rows),
-            _probe_row(
-                cfg,
-                cid,
-                task,
-                "posterior",
-                _features(q, "posterior_mu", records_path),
-                q["strategy"].to_numpy(),
-                q["example_id"].to_numpy(),
-            ),
+            _probe_row(cfg, cid, task, "posterior", Xq, yq, ids_q),
         ],
         columns=PROBE_COLUMNS,
     )
+
+
+def global_table(cfg: dict, df: pd.DataFrame, records_path) -> pd.DataFrame:
+    """One router probe over all tasks: z -> "task:followed_strategy": one row."""
+    r = router_probe_rows(df)
+    labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
+    X = _features(r, "router_z", records_path)
+    row = _probe_row(cfg, df["cell_id"].iloc[0], "global", "global_router", X, labels, r["example_id"].to_numpy())
+    return pd.DataFrame([row], columns=PROBE_COLUMNS)
+
+
+def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
+    """One task's probes (task_table) from a cell's evaluate records, written to out_path."""
+    out = task_table(cfg, _read_records(records_path), task, records_path)
     write_parquet(out, out_path)
     return out
 
 
 def probe_global(cfg: dict, records_path, out_path) -> pd.DataFrame:
-    """One router probe over all tasks: z -> "task:followed_strategy" -> one row at out_path."""
-    df = _read_records(records_path)
-    r = router_probe_rows(df)
-    labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
-    out = pd.DataFrame(
-        [
-            _probe_row(
-                cfg,
-                df["cell_id"].iloc[0],
-                "global",
-                "global_router",
-                _features(r, "router_z", records_path),
-                labels,
-                r["example_id"].to_numpy(),
-            )
-        ],
-        columns=PROBE_COLUMNS,
-    )
+    """The global router probe (global_table) from a cell's evaluate records, written to out_path."""
+    out = global_table(cfg, _read_records(records_path), records_path)
     write_parquet(out, out_path)
     return out
+
+
+def probe_cell(cfg: dict, records_path, tasks, out_paths) -> pd.DataFrame:
+    """Every probe of one cell, the probe job: per task (task_table) and the global one, each
+    written to its file (`out_paths`: one per task in the order of `tasks`, then the global one;
+    paths.Paths.probe_files). The records are read once and the libraries imported once."""
+    tasks, out_paths = list(tasks), list(out_paths)
+    if len(out_paths) != len(tasks) + 1:
+        raise ValueError(f"probe_cell: {len(tasks)} tasks need {len(tasks) + 1} output paths, got {len(out_paths)}")
+    df = _read_records(records_path)
+    tables = [task_table(cfg, df, t, records_path) for t in tasks] + [global_table(cfg, df, records_path)]
+    for table, path in zip(tables, out_paths):
+        write_parquet(table, path)
+    return pd.concat(tables, ignore_index=True)
 
 
 def read_probes(paths) -> pd.DataFrame:

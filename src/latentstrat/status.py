@@ -39,7 +39,7 @@ BASE_STAGES = ("data", "entangle", "reference", "step0")
 SLURM_RULES = {
     "train": ("train",),
     "evaluate": ("evaluate",),
-    "probes": ("probe_task", "probe_global"),
+    "probes": ("probes",),
     "metrics": ("metrics",),
     "data": ("data",),
     "entangle": ("entangle",),

@@ -1,17 +1,17 @@
-# Stage 6 (per cell x task) and the cell's metrics row. The probe jobs and the metrics job of
-# one cell are connected through `metrics`, so the group "probe" makes them ONE submission per
-# cell on Slurm (the jobs of a group run together in one allocation).
+# Stage 6 (per cell: every task's probes and the global one in one job, the libraries imported
+# once) and the cell's metrics row. The probe job and the metrics job of one cell form the group
+# "probe": ONE submission per cell on Slurm (the jobs of a group run together in one allocation).
 
 
-rule probe_task:
+rule probes:
     input:
         records=str(P.records_path("{cell}")),
     output:
-        str(P.probe_path("{cell}", "{task}")),
+        P.probe_files("{cell}", TASKS),
     log:
-        str(P.logs_dir / "probe" / "{cell}" / "{task}.log"),
+        str(P.logs_dir / "probe" / "{cell}.log"),
     benchmark:
-        str(P.bench_dir / "probe" / "{cell}" / "{task}.tsv")
+        str(P.bench_dir / "probe" / "{cell}.tsv")
     group:
         "probe"
     threads: 1
@@ -19,34 +19,12 @@ rule probe_task:
         **job_resources("cpu", 2000, 15),
     params:
         settings=sections("probes"),
+        tasks=TASKS,
         tables_version=CELL_TABLES_VERSION,
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/probe_task.py"
-
-
-rule probe_global:
-    input:
-        records=str(P.records_path("{cell}")),
-    output:
-        str(P.probe_path("{cell}", "global")),
-    log:
-        str(P.logs_dir / "probe" / "{cell}" / "global.log"),
-    benchmark:
-        str(P.bench_dir / "probe" / "{cell}" / "global.tsv")
-    group:
-        "probe"
-    threads: 1
-    resources:
-        **job_resources("cpu", 2000, 15),
-    params:
-        settings=sections("probes"),
-        tables_version=CELL_TABLES_VERSION,
-    conda:
-        "../../envs/latentstrat.yaml"
-    script:
-        "../scripts/probe_global.py"
+        "../scripts/probes.py"
 
 
 rule metrics:

@@ -22,10 +22,9 @@ COST_PARTS = {"train": "train", "evaluate": "evaluate", "probe": "probes", "metr
 
 
 def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
-    """Per cell: the seconds of its train, evaluate, probe (summed over its probe jobs) and
-    metrics jobs from Snakemake's benchmark files, and their total; cells whose work was done
-    by another collection (shared cell work) have none here and are left out (all of them
-    without a `bench_dir`)."""
+    """Per cell: the seconds of its train, evaluate, probe and metrics jobs from Snakemake's
+    benchmark files, and their total; cells whose work was done by another collection (shared
+    cell work) have none here and are left out (all of them without a `bench_dir`)."""
     columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"]
     if not bench_dir:
         return pd.DataFrame(columns=columns)
@@ -33,11 +32,7 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     for cid in cells:
         row = {"cell_id": cid}
         for folder, part in COST_PARTS.items():
-            files = (
-                [bench_dir / folder / f"{cid}.tsv"]
-                if folder != "probe"
-                else sorted((bench_dir / folder / cid).glob("*.tsv"))
-            )
+            files = [bench_dir / folder / f"{cid}.tsv"]
             secs = [float(pd.read_csv(f, sep="\t")["s"].iloc[-1]) for f in files if f.is_file()]
             row[f"{part}_s"] = sum(secs) if secs else math.nan
         row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())

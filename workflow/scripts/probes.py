@@ -4,4 +4,4 @@ from latentstrat import probes
 
 with logged(snakemake):
     cfg = stage_config(snakemake)
-    probes.probe_task(cfg, snakemake.input.records, snakemake.wildcards.task, snakemake.output[0])
+    probes.probe_cell(cfg, snakemake.input.records, snakemake.params.tasks, list(snakemake.output))

@@ -1,7 +1,0 @@
-from _stage import logged, stage_config
-
-from latentstrat import probes
-
-with logged(snakemake):
-    cfg = stage_config(snakemake)
-    probes.probe_global(cfg, snakemake.input.records, snakemake.output[0])
