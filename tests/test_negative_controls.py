@@ -6,7 +6,7 @@ trained a handful of steps. Its headline must read `cannot tell`, with training 
 import pytest
 import yaml
 
-from workflow_helpers import copy_workflow, snakemake
+from workflow_helpers import copy_workflow, snakemake, tiny_collection
 
 HEADLINE_KEYS = {
     "primary_endpoint",
@@ -25,24 +25,15 @@ HEADLINE_KEYS = {
 @pytest.mark.slow
 def test_an_aa_collection_of_few_step_cells_reads_cannot_tell_with_every_cell_empty(tmp_path):
     wd = copy_workflow(tmp_path)
-    raw = {
-        "extends": "smoke.yaml",
-        "collection": "aa-few-steps",
-        "results_dir": str(wd / "results"),
-        "data": {
-            "tasks": ["grid_pathfinding", "multidigit_addition"],
-            "train_per_task": 6,
-            "validation_per_task": 3,
-            "test_per_task": 10,
-        },
-        "evaluate": {"max_new_tokens": 32},
-        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
-        "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
-        "grid": {"reconstruction_family": ["dist_norm"], "beta": [0.01]},
-        "comparison_arms": [{"name": "aa", "settings": {"token_aggregation": "sum", "seed": 271828}}],
-        "replicates": {"extra_seeds": 1},
-    }
-    (wd / "config" / "aa.yaml").write_text(yaml.safe_dump(raw))
+    tiny_collection(
+        wd,
+        "aa",
+        {"reconstruction_family": ["dist_norm"], "beta": [0.01]},
+        test_per_task=10,
+        collection="aa-few-steps",
+        comparison_arms=[{"name": "aa", "settings": {"token_aggregation": "sum", "seed": 271828}}],
+        replicates={"extra_seeds": 1},
+    )
     r = snakemake(wd, "--cores", "2", "-q", configfile="config/aa.yaml")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     report = wd / "results" / "aa-few-steps" / "report"

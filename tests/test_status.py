@@ -133,29 +133,11 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     import sys
 
     import pandas as pd
-    import yaml
 
-    from workflow_helpers import copy_workflow, snakemake
+    from workflow_helpers import copy_workflow, snakemake, tiny_collection
 
     wd = copy_workflow(tmp_path)
-    raw = {
-        "extends": "smoke.yaml",
-        "collection": "corrupt",
-        "results_dir": str(wd / "results"),
-        "data": {
-            "tasks": ["grid_pathfinding", "multidigit_addition"],
-            "train_per_task": 6,
-            "validation_per_task": 3,
-            "test_per_task": 3,
-        },
-        "evaluate": {"max_new_tokens": 32},
-        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
-        "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
-        "grid": {"reconstruction_family": ["raw"], "beta": [0.1]},
-        "comparison_arms": [],
-    }
-    cfg_path = wd / "config" / "corrupt.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg_path = tiny_collection(wd, "corrupt", {"reconstruction_family": ["raw"], "beta": [0.1]})
     r = snakemake(wd, "--cores", "2", "-q", configfile="config/corrupt.yaml")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     cfg = load_config(cfg_path)

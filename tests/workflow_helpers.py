@@ -8,6 +8,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
 from latentstrat.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +23,32 @@ def smoke_cfg(**entangle):
         "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2, **entangle},
     }
     return load_config(ROOT / "config" / "smoke.yaml", overrides=over)
+
+
+def tiny_collection(wd: Path, name: str, grid: dict, test_per_task: int = 3, **sections) -> Path:
+    """config/<name>.yaml in the copied workflow `wd`: smoke.yaml on two tasks with tiny splits,
+    a 3-step entangle stage and 2-step cells over `grid`, results under wd/results; `sections`
+    are further top-level keys (comparison_arms defaults to none). Returns its path."""
+    raw = {
+        "extends": "smoke.yaml",
+        "collection": name,
+        "results_dir": str(wd / "results"),
+        "data": {
+            "tasks": ["grid_pathfinding", "multidigit_addition"],
+            "train_per_task": 6,
+            "validation_per_task": 3,
+            "test_per_task": test_per_task,
+        },
+        "evaluate": {"max_new_tokens": 32},
+        "entangle": {"steps": 3, "batch_size": 8, "warmup_steps": 1, "quality_samples_per_task": 2},
+        "train": {"steps": 2, "eval_every": 2, "checkpoint_every": 2},
+        "grid": grid,
+        "comparison_arms": [],
+        **sections,
+    }
+    path = wd / "config" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 def copy_workflow(dst: Path) -> Path:

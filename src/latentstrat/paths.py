@@ -17,6 +17,22 @@ WORK_KEY_SECTIONS = ("lora", "train", "evaluate", "probes")
 # how a cell's training is run, not what it computes: left out of the work key
 RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
 
+# the folder of a per-cell (or per-init) job's log and benchmark, by rule
+CELL_JOB_FOLDER = {"step0": "step0", "train": "train", "evaluate": "evaluate", "probes": "probe", "metrics": "metrics"}
+# every rule that writes a benchmark file, in pipeline order
+BENCH_RULES = (
+    "data",
+    "entangle",
+    "reference",
+    "step0",
+    "train",
+    "evaluate",
+    "probes",
+    "metrics",
+    "aggregate",
+    "report",
+)
+
 
 def work_key(cfg: dict) -> str:
     """`w` + 10 hex digits of the hash of WORK_KEY_SECTIONS (validated, defaults filled)."""
@@ -140,7 +156,7 @@ class Paths:
     def train_dir(self, cid: str) -> Path:
         return self.cell_dir(cid) / "train"
 
-    # the step-0 validation shared by the cells that start from one model (config.init_id)
+    # the step-0 validation shared by the cells that start from one model (cells.init_id)
     def step0_dir(self, iid: str) -> Path:
         return self.base_dir / "step0" / self.work_key / iid
 
@@ -185,13 +201,18 @@ class Paths:
         return self.collection_dir / "benchmarks"
 
     def log_path(self, stage: str, cid: str) -> Path:
-        """A cell stage's job log (probes: the global probe's)."""
-        return {
-            "train": self.logs_dir / "train" / f"{cid}.log",
-            "evaluate": self.logs_dir / "evaluate" / f"{cid}.log",
-            "probes": self.logs_dir / "probe" / cid / "global.log",
-            "metrics": self.logs_dir / "metrics" / f"{cid}.log",
-        }[stage]
+        """A cell stage's job log (`cid` may be a wildcard, "{cell}")."""
+        return self.logs_dir / CELL_JOB_FOLDER[stage] / f"{cid}.log"
+
+    def bench_path(self, rule: str, key: str = "") -> Path:
+        """The Snakemake benchmark file of one job of `rule` (BENCH_RULES): the base stages' in
+        the base folder, the collection's one per collection, the others one per cell (`key`:
+        the cell id) or per step-0 init; `key` may be a wildcard ("{cell}") or a glob ("*")."""
+        if rule in ("data", "entangle", "reference"):
+            return self.base_bench_dir / f"{rule}.tsv"
+        if rule in ("aggregate", "report"):
+            return self.bench_dir / f"{rule}.tsv"
+        return self.bench_dir / CELL_JOB_FOLDER[rule] / f"{key}.tsv"
 
     @property
     def aggregate_dir(self) -> Path:

@@ -4,6 +4,7 @@ the Slurm queue (no workflow graph is built).
 
     python -m latentstrat.status --configfile config/config.yaml [--json]
     python -m latentstrat.status --configfile config/config.yaml --rerun-corrupt [-- snakemake args]
+    python -m latentstrat.status --configfile config/config.yaml --requests [--margin 1.5]
 
 - done: the stage's outputs exist and read (parquet, safetensors, json) (stale: done, but the
   cell was trained with other code than the working tree's; see the Collection Metadata section
@@ -16,6 +17,10 @@ the Slurm queue (no workflow graph is built).
 - failed: its Slurm job ended in a failed state, or its log ends in an error (the last line is
   shown);
 - missing: none of these.
+
+`--requests` reads the benchmark file every job writes and prints, per rule, the largest
+measured wall time and peak memory and the `mem_mb` / `runtime` a Slurm job of that rule should
+request (latentstrat.sizing).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from latentstrat import host
+from latentstrat import host, sizing
 from latentstrat.cells import expand_cells, init_id
 from latentstrat.config import ConfigError, load_config
 from latentstrat.io import unreadable
@@ -243,6 +248,13 @@ def main(argv=None) -> int:
         help="rerun the jobs whose outputs do not read, and what depends on them (arguments after -- go "
         "to snakemake; default --cores 2)",
     )
+    ap.add_argument(
+        "--requests",
+        action="store_true",
+        help="per rule, the measured wall time and peak memory of the jobs run so far and the Slurm "
+        "mem_mb / runtime they call for, as a set-resources block for the profile (latentstrat.sizing)",
+    )
+    ap.add_argument("--margin", type=float, default=1.5, help="with --requests: requested / measured (default 1.5)")
     ap.add_argument("snakemake_args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     try:
@@ -250,6 +262,16 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.requests:
+        table = sizing.measured(Paths.from_config(cfg))
+        if not table.jobs.any():
+            print(
+                f"error: no benchmark file under {Paths.from_config(cfg).bench_dir} yet: run some jobs first",
+                file=sys.stderr,
+            )
+            return 2
+        print(sizing.render(table, sizing.requests(table, a.margin), a.margin))
+        return 0
     st = collection_status(cfg)
     if not a.rerun_corrupt:
         print(json.dumps(st, indent=2) if a.json else render(st))

@@ -1,5 +1,5 @@
 """The shared step-0 validation: cells that start from the same model (the same
-config.INIT_KEYS: init, adaptation, latent_dim, z_slots, seed) share its measurements at step 0
+cells.INIT_KEYS: init, adaptation, latent_dim, z_slots, seed) share its measurements at step 0
 (validation.measure_model: the validation passes, probes and decodes), taken once per init by
 the step0 job (`step0_validation`). Each cell's trainer checks that its own weights, validation
 split and settings hash to the measurement's fingerprint (`load_step0`: an error otherwise) and
@@ -90,7 +90,7 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
 
 
 def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, threads: int | None = None) -> str:
-    """The step-0 validation that every cell starting from the model `init` (config.INIT_KEYS:
+    """The step-0 validation that every cell starting from the model `init` (cells.INIT_KEYS:
     the settings that decide a cell's model as built) shares: measured once here, read by each
     cell's trainer after it checks that its own model is this one. Returns the fingerprint."""
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))

@@ -16,7 +16,7 @@ rule aggregate:
     log:
         str(P.logs_dir / "aggregate.log"),
     benchmark:
-        str(P.bench_dir / "aggregate.tsv")
+        str(P.bench_path("aggregate"))
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -9,7 +9,7 @@ rule data:
     log:
         str(P.base_logs_dir / "data.log"),
     benchmark:
-        str(P.base_bench_dir / "data.tsv")
+        str(P.bench_path("data"))
     threads: 1
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),

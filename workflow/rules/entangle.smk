@@ -11,7 +11,7 @@ rule entangle:
     log:
         str(P.base_logs_dir / "entangle.log"),
     benchmark:
-        str(P.base_bench_dir / "entangle.tsv")
+        str(P.bench_path("entangle"))
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),

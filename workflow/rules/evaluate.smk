@@ -9,9 +9,9 @@ rule evaluate:
     output:
         records=str(P.records_path("{cell}")),
     log:
-        str(P.logs_dir / "evaluate" / "{cell}.log"),
+        str(P.log_path("evaluate", "{cell}")),
     benchmark:
-        str(P.bench_dir / "evaluate" / "{cell}.tsv")
+        str(P.bench_path("evaluate", "{cell}"))
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

@@ -9,9 +9,9 @@ rule probes:
     output:
         P.probe_files("{cell}", TASKS),
     log:
-        str(P.logs_dir / "probe" / "{cell}.log"),
+        str(P.log_path("probes", "{cell}")),
     benchmark:
-        str(P.bench_dir / "probe" / "{cell}.tsv")
+        str(P.bench_path("probes", "{cell}"))
     group:
         "probe"
     threads: 1
@@ -36,9 +36,9 @@ rule metrics:
         metrics=str(P.metrics_path("{cell}")),
         bootstrap=str(P.bootstrap_path("{cell}")),
     log:
-        str(P.logs_dir / "metrics" / "{cell}.log"),
+        str(P.log_path("metrics", "{cell}")),
     benchmark:
-        str(P.bench_dir / "metrics" / "{cell}.tsv")
+        str(P.bench_path("metrics", "{cell}"))
     group:
         "probe"
     threads: 1

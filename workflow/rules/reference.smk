@@ -10,7 +10,7 @@ rule reference:
     log:
         str(P.base_logs_dir / "reference.log"),
     benchmark:
-        str(P.base_bench_dir / "reference.tsv")
+        str(P.bench_path("reference"))
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

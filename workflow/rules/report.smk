@@ -19,7 +19,7 @@ rule report:
     log:
         str(P.logs_dir / "report.log"),
     benchmark:
-        str(P.bench_dir / "report.tsv")
+        str(P.bench_path("report"))
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -10,9 +10,9 @@ rule step0:
     output:
         **P.step0_files("{init}"),
     log:
-        str(P.logs_dir / "step0" / "{init}.log"),
+        str(P.log_path("step0", "{init}")),
     benchmark:
-        str(P.bench_dir / "step0" / "{init}.tsv")
+        str(P.bench_path("step0", "{init}"))
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
@@ -32,9 +32,9 @@ rule train:
     output:
         **P.train_files("{cell}"),
     log:
-        str(P.logs_dir / "train" / "{cell}.log"),
+        str(P.log_path("train", "{cell}")),
     benchmark:
-        str(P.bench_dir / "train" / "{cell}.tsv")
+        str(P.bench_path("train", "{cell}"))
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),

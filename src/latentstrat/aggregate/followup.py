@@ -14,28 +14,29 @@ from latentstrat import power
 from latentstrat.aggregate.columns import FALLBACK_METRIC
 from latentstrat.cells import expand_cells, next_seeds
 from latentstrat.io import write_text
+from latentstrat.paths import CELL_JOB_FOLDER
 
 FOLLOWUP_FILE = "followup.json"
 
-# benchmark folder (per cell job) -> part of a cell's cost
-COST_PARTS = {"train": "train", "evaluate": "evaluate", "probe": "probes", "metrics": "metrics"}
+# the cell jobs whose benchmark seconds make a cell's cost
+COST_PARTS = ("train", "evaluate", "probes", "metrics")
 
 
 def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     """Per cell: the seconds of its train, evaluate, probe and metrics jobs from Snakemake's
     benchmark files, and their total; cells whose work was done by another collection (shared
     cell work) have none here and are left out (all of them without a `bench_dir`)."""
-    columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS.values()), "total_s"]
+    columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS), "total_s"]
     if not bench_dir:
         return pd.DataFrame(columns=columns)
     bench_dir, rows = Path(bench_dir), []
     for cid in cells:
         row = {"cell_id": cid}
-        for folder, part in COST_PARTS.items():
-            files = [bench_dir / folder / f"{cid}.tsv"]
+        for part in COST_PARTS:
+            files = [bench_dir / CELL_JOB_FOLDER[part] / f"{cid}.tsv"]
             secs = [float(pd.read_csv(f, sep="\t")["s"].iloc[-1]) for f in files if f.is_file()]
             row[f"{part}_s"] = sum(secs) if secs else math.nan
-        row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS.values())
+        row["total_s"] = sum(row[f"{p}_s"] for p in COST_PARTS)
         rows.append(row)
     df = pd.DataFrame(rows, columns=columns)
     return df[df.total_s.notna()].reset_index(drop=True)
