@@ -16,7 +16,8 @@ import pytest
 
 from latentstrat.config import base_settings, load_config
 from latentstrat.io import dump_json
-from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake
+from latentstrat.paths import Paths
+from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake, tiny_collection
 
 CELL_RULES = {"train", "evaluate", "probes", "metrics"}
 
@@ -283,6 +284,42 @@ def test_base_outputs_recreated_with_the_same_bytes_rerun_no_cell(done):
         _restore(saved)
     assert rc == 0, out[-3000:]
     assert rules(jobs) == Counter(aggregate=1, report=1, all=1), out[-3000:]
+
+
+@pytest.mark.slow  # a real tiny collection, then four one-stage reruns
+def test_a_lost_base_folder_is_recreated_in_one_run_without_rerunning_the_cells(tmp_path):
+    """On a finished collection, delete each base folder in turn (data, entangle, reference,
+    step0) and run `snakemake` once: the lost stage runs, Snakemake decides again after it
+    (the base stages are checkpoints), and no later job runs, because the files came back with
+    the same bytes. The entangle stage's quality record differs on every run (its timings):
+    aggregate and report, which read it, rerun after a lost entangle folder."""
+    wd = copy_workflow(tmp_path)
+    tiny_collection(wd, "lost-base", {"reconstruction_family": ["raw"], "beta": [0.1]})
+    r = snakemake(wd, "--cores", "2", "-q", configfile="config/lost-base.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    base = wd / "results" / "base" / "smoke-v2"
+    # what the later jobs read (the entangle stage's records carry timings: not compared)
+    p = Paths.from_config(load_config(wd / "config" / "lost-base.yaml"))
+    read = {**p.data_files(), **p.entangled_model_files(), **p.reference_files()}
+    read = [Path(f) for f in read.values()] + [f for f in (base / "step0").rglob("*") if f.is_file()]
+    before = {f: f.read_bytes() for f in read}
+    for stage, reran in [
+        ("data", set()),
+        ("entangle", {"aggregate", "report"}),
+        ("reference", set()),
+        ("step0", set()),
+    ]:
+        shutil.rmtree(base / stage)
+        r = snakemake(wd, "--cores", "2", configfile="config/lost-base.yaml")
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-3000:]
+        assert "lost while later work exists" in out, out[-3000:]
+        ran = set(re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):$", out, flags=re.M)) - {"all"}
+        assert ran == {stage} | reran, (stage, ran)
+        for f, data in before.items():
+            if stage in f.relative_to(base).parts:
+                assert f.read_bytes() == data, f
+    assert dry_run(wd, configfile="config/lost-base.yaml")[1] == []
 
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection

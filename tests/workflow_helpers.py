@@ -83,7 +83,7 @@ def dry_run(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
     out = r.stdout + r.stderr
     jobs, rule = [], None
     for line in out.splitlines():
-        m = re.match(r"^\s*(?:local)?rule (\w+):$", line)
+        m = re.match(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):$", line)
         if m:
             rule = m[1]
             jobs.append((rule, None, None))

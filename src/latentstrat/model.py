@@ -34,6 +34,8 @@ import torch.nn as nn
 from latentstrat.backbone import build_backbone, load_entangled, packable, packed_hidden
 
 ADAPTERS = ("generator", "posterior")
+# the parameters new to the latent model (not in the causal LM): its heads and the z projection
+HEAD_PREFIXES = ("router_head.", "posterior_head.", "z_proj.")
 # the cells' CPU passes run packed (`packed_hidden`) where the backbone allows it; False: always
 # transformers' padded pass (the benchmark's baseline)
 PACKED = True
@@ -151,10 +153,9 @@ class LatentStrategyModel(nn.Module):
     # -------------------------------------------------------------- adapters
 
     def _trainable_names(self) -> list[str]:
-        heads = ("router_head.", "posterior_head.", "z_proj.")
         names = []
         for n, p in self.named_parameters():  # tied weights appear once
-            if n.startswith(heads):
+            if n.startswith(HEAD_PREFIXES):
                 names.append(n)
             elif self.adaptation == "lora" and ".lora_" in n:
                 names.append(n)
@@ -296,7 +297,7 @@ class LatentStrategyModel(nn.Module):
         return {
             n: t
             for n, t in self.trainable_state_dict().items()
-            if n.startswith(("router_head.", "posterior_head.", "z_proj."))
+            if n.startswith(HEAD_PREFIXES)
         }
 
     def save_trained(self, out_dir: str | Path) -> None:

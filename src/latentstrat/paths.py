@@ -96,6 +96,10 @@ class Paths:
         return self.data_dir / "base_config.json"
 
     @property
+    def data_card(self) -> Path:
+        return self.data_dir / "data_card.parquet"
+
+    @property
     def entangle_dir(self) -> Path:
         return self.base_dir / "entangle"
 

@@ -5,12 +5,19 @@
 
 rule aggregate:
     input:
-        metrics=[str(P.metrics_path(c)) for c in CELLS],
-        bootstrap=[str(P.bootstrap_path(c)) for c in CELLS],
-        history=[P.train_files(c)["history"] for c in CELLS],
-        comparison_tables=comparison_tables(),
-        quality=P.entangle_files(MODE)["quality"],
-        code=code_files("aggregate", "metrics.py"),
+        unpack(
+            after_base(
+                "cell",
+                lambda w: {
+                    "metrics": [str(P.metrics_path(c)) for c in CELLS],
+                    "bootstrap": [str(P.bootstrap_path(c)) for c in CELLS],
+                    "history": [P.train_files(c)["history"] for c in CELLS],
+                    "comparison_tables": comparison_tables(),
+                    "quality": P.entangle_files(MODE)["quality"],
+                    "code": code_files("aggregate", "metrics.py"),
+                },
+            )
+        ),
     output:
         directory(str(P.aggregate_dir)),
     log:

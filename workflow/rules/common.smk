@@ -129,12 +129,13 @@ def shipped_files():
     return {"shipped": str(SHIPPED / MANIFEST)} if MODE == "shipped" else {}
 
 
-def entangle_dir(wildcards, input):
+def entangle_dir(wildcards):
     """The entangle stage's folder, from the model files a job reads (with `entangle.mode: skip`,
     from the quality record standing for the backbone)."""
-    if hasattr(input, "entangle_config"):
-        return str(Path(input.entangle_config).parent.parent)
-    return str(Path(input.quality).parent)
+    files = P.entangled_model_files(MODE)
+    if "entangle_config" in files:
+        return str(Path(files["entangle_config"]).parent.parent)
+    return str(Path(files["quality"]).parent)
 
 
 def base_files():
@@ -150,6 +151,55 @@ def step0_files(cid):
 def train_inputs(wildcards):
     """What a cell's train job reads: the base and its init's step-0 validation."""
     return {**base_files(), **step0_files(_cell(wildcards).cell_id)}
+
+
+# ----------------------------------------------------------------------------- a lost base
+# The base stages (data, entangle, reference, step0) are checkpoints. When one of their folders
+# is lost while work downstream of it exists, every later job asks for its inputs only once the
+# base stages are back: Snakemake then decides again which jobs need to run, and inputs that
+# came back with the same bytes rerun nothing (docs/rerun-policy.md). Otherwise (a fresh or an
+# intact base) the whole DAG is built at once and `snakemake -n` shows every job.
+BASE_STAGE_FILES = {
+    "data": [*P.data_files().values(), str(P.data_card), str(P.base_config)],
+    "entangle": list(P.entangle_files(MODE).values()),
+    "reference": list(P.reference_files().values()),
+    "step0": [f for iid in INITS for f in P.step0_files(iid).values()],
+}
+# the base stages each stage reads ("cell": every job after the base)
+UPSTREAM = {"entangle": ("data",), "reference": ("data", "entangle"), "step0": ("data", "entangle"),
+            "cell": tuple(BASE_STAGE_FILES)}
+
+
+def lost_base_stages():
+    """The base stages with a missing output while a later stage's output (or a cell's trained
+    model) exists: a lost base folder, not a base still to be built."""
+    stages = list(BASE_STAGE_FILES)
+    later = {s: [f for t in stages[i + 1:] for f in BASE_STAGE_FILES[t]] for i, s in enumerate(stages)}
+    trained = [P.train_files(cid)["summary"] for cid in CELLS]
+    return [s for s in stages if any(not Path(f).exists() for f in BASE_STAGE_FILES[s])
+            and any(Path(f).exists() for f in later[s] + trained)]
+
+
+LOST_BASE = lost_base_stages()
+if LOST_BASE:
+    logger.info(
+        f"base stage(s) {', '.join(LOST_BASE)} lost while later work exists: they run first, then "
+        "Snakemake decides again which later jobs need to run (same bytes: none)"
+    )
+
+
+def after_base(stage, files):
+    """An input function for `stage`'s rule ("cell": every rule after the base): `files(wildcards)`,
+    asked for after the base stages it reads are complete when a base stage was lost."""
+
+    def inputs(wildcards):
+        if LOST_BASE:
+            for s in UPSTREAM[stage]:
+                for init in (INITS if s == "step0" else [None]):
+                    getattr(checkpoints, s).get(**({"init": init} if init else {}))
+        return files(wildcards)
+
+    return inputs
 
 
 def code_files(*relpaths):
@@ -171,9 +221,7 @@ def all_targets():
     """Every declared output of the collection, not only the report: Snakemake checks missing
     outputs only for target jobs, so a deleted (or removed, corrupt) cell file reruns its job
     and everything downstream of it, and nothing else."""
-    files = list({**base_files(), **P.entangle_files(MODE)}.values())
-    for iid in INITS:
-        files += list(P.step0_files(iid).values())
+    files = [f for stage_files in BASE_STAGE_FILES.values() for f in stage_files]
     for cid in CELLS:
         files += [*P.train_files(cid).values(), str(P.records_path(cid)), *P.probe_files(cid, TASKS),
                   str(P.metrics_path(cid))]

@@ -1,10 +1,10 @@
 # Stage 1: synthetic tasks -> parquet splits, tokenizer, data card (shared by the base).
 
 
-rule data:
+checkpoint data:
     output:
         **P.data_files(),
-        card=str(P.data_dir / "data_card.parquet"),
+        card=str(P.data_card),
         base_config=str(P.base_config),
     log:
         str(P.base_logs_dir / "data.log"),

@@ -2,10 +2,9 @@
 # Trained here (entangle.mode train) or installed from the repository (shipped).
 
 
-rule entangle:
+checkpoint entangle:
     input:
-        **P.data_files(),
-        **shipped_files(),
+        unpack(after_base("entangle", lambda w: {**P.data_files(), **shipped_files()})),
     output:
         **P.entangle_files(MODE),
     log:

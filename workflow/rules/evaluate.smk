@@ -4,8 +4,7 @@
 
 rule evaluate:
     input:
-        **base_files(),
-        **P.train_files("{cell}"),
+        unpack(after_base("cell", lambda w: {**base_files(), **P.train_files(w.cell)})),
     output:
         records=str(P.records_path("{cell}")),
     log:

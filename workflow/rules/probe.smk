@@ -5,7 +5,7 @@
 
 rule probes:
     input:
-        records=str(P.records_path("{cell}")),
+        unpack(after_base("cell", lambda w: {"records": str(P.records_path(w.cell))})),
     output:
         P.probe_files("{cell}", TASKS),
     log:
@@ -29,9 +29,16 @@ rule probes:
 
 rule metrics:
     input:
-        records=str(P.records_path("{cell}")),
-        probes=lambda w: P.probe_files(w.cell, TASKS),
-        summary=lambda w: P.train_files(w.cell)["summary"],
+        unpack(
+            after_base(
+                "cell",
+                lambda w: {
+                    "records": str(P.records_path(w.cell)),
+                    "probes": P.probe_files(w.cell, TASKS),
+                    "summary": P.train_files(w.cell)["summary"],
+                },
+            )
+        ),
     output:
         metrics=str(P.metrics_path("{cell}")),
         bootstrap=str(P.bootstrap_path("{cell}")),

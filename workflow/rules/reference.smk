@@ -1,10 +1,9 @@
 # Stage 3: per-token z-free NLL b_it for every example, S_ref / T_ref scales, token counts.
 
 
-rule reference:
+checkpoint reference:
     input:
-        **P.data_files(),
-        **P.entangled_model_files(MODE),
+        unpack(after_base("reference", lambda w: {**P.data_files(), **P.entangled_model_files(MODE)})),
     output:
         **P.reference_files(),
     log:

@@ -4,9 +4,16 @@
 
 rule report:
     input:
-        aggregate=str(P.aggregate_dir),
-        quality=P.entangle_files(MODE)["quality"],
-        code=code_files("report"),
+        unpack(
+            after_base(
+                "cell",
+                lambda w: {
+                    "aggregate": str(P.aggregate_dir),
+                    "quality": P.entangle_files(MODE)["quality"],
+                    "code": code_files("report"),
+                },
+            )
+        ),
     output:
         **P.report_files(),
         figures=report(

@@ -3,10 +3,9 @@
 # The cells that start from one model (same init settings) share its step-0 validation.
 
 
-rule step0:
+checkpoint step0:
     input:
-        **P.data_files(),
-        **P.entangled_model_files(MODE),
+        unpack(after_base("step0", lambda w: {**P.data_files(), **P.entangled_model_files(MODE)})),
     output:
         **P.step0_files("{init}"),
     log:
@@ -28,7 +27,7 @@ rule step0:
 
 rule train:
     input:
-        unpack(train_inputs),
+        unpack(after_base("cell", train_inputs)),
     output:
         **P.train_files("{cell}"),
     log:

@@ -1,4 +1,4 @@
-"""python -m latentstrat.bench train|decode|entangle|curve [options]"""
+"""python -m latentstrat.bench train|decode|entangle|curve|seedscale [options]"""
 
 import importlib
 import sys
@@ -8,6 +8,7 @@ COMMANDS = {
     "decode": "latentstrat.bench.decode",
     "entangle": "latentstrat.bench.entangle",
     "curve": "latentstrat.bench.curve",
+    "seedscale": "latentstrat.bench.seedscale",
 }
 
 
