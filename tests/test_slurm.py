@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from workflow_helpers import copy_workflow, dry_run, rules
+from latentstrat.cells import expand_cells
+from latentstrat.config import load_config
+from latentstrat.paths import Paths
+from workflow_helpers import copy_workflow, dry_run, rules, tiny_collection
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,3 +155,85 @@ def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tm
     out, _ = p.communicate(timeout=1800)
     assert p.returncode == 0, out[-4000:]
     assert CELL not in (report / "brief.yaml").read_text().split("incomplete:")[1].split("\n")[0]
+
+
+def test_a_requeued_train_job_resumes_from_its_checkpoint_and_ends_equal(slurm_env, tmp_path):
+    """`scontrol requeue` of a running train job after its first checkpoint (what preemption does):
+    the job checkpoints on SIGTERM, goes back to the queue (the profile's slurm-requeue), runs
+    again, resumes from that step, and the cell ends with the adapters and heads of an
+    uninterrupted run (the same cell retrained locally)."""
+    wd = copy_workflow(tmp_path)
+    env = {**slurm_env, "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+    cfg = tiny_collection(
+        wd,
+        "requeue",
+        {"reconstruction_family": ["raw"], "beta": [0.1]},
+        train={"steps": 60, "eval_every": 60, "checkpoint_every": 5},
+    )
+    p = Paths.from_config(load_config(cfg))
+    (cid,) = [c.cell_id for c in expand_cells(load_config(cfg))]
+    train_dir = p.train_dir(cid)
+    summary = str(train_dir / "summary.json")
+    # the base stages locally (what this test is not about), then the cell's train job on Slurm
+    r = subprocess.run(
+        [SNAKEMAKE, summary, "--omit-from", "train", "--cores", "2", "--configfile", str(cfg)],
+        cwd=wd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    cmd = [
+        SNAKEMAKE,
+        summary,
+        "--profile",
+        "slurm",
+        "--cores",
+        "2",
+        "--slurm-status-command",
+        "squeue",
+        "--slurm-init-seconds-before-status-checks",
+        "4",
+        "--configfile",
+        str(cfg),
+    ]
+    run = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    requeued, released, seen, deadline = None, False, [], time.time() + 900
+    while time.time() < deadline and not released and run.poll() is None:
+        for jid, state in jobs_of(env, "train", cid):
+            seen.append(state)
+            if requeued is None and state == "RUNNING" and (train_dir / "checkpoints" / "last.pt").exists():
+                subprocess.run(["scontrol", "requeue", jid], env=env, check=True)
+                requeued = jid
+            elif requeued == jid and state in ("PENDING", "REQUEUED", "REQUEUE_FED"):
+                # Slurm holds a requeued job for a while (BeginTime); the test releases it at once
+                r = subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now"], env=env)
+                released = r.returncode == 0
+        time.sleep(0.5)
+    out, _ = run.communicate(timeout=1200)
+    states = " ".join(dict.fromkeys(seen))
+    assert requeued and released, f"train job states seen: {states}\n" + out[-3000:]
+    assert run.returncode == 0, out[-4000:]
+    log = p.log_path("train", cid).read_text()
+    assert "resumed from step" in log, log[-2000:]
+    assert int(log.split("resumed from step")[1].split()[0]) >= 5
+    files = [
+        "adapters/generator/adapter_model.safetensors",
+        "adapters/posterior/adapter_model.safetensors",
+        "heads/heads.safetensors",
+    ]
+    requeued_bytes = {f: (train_dir / f).read_bytes() for f in files}
+    shutil.rmtree(train_dir)  # checkpoints too: the local run trains from step 0, uninterrupted
+    r = subprocess.run(
+        [SNAKEMAKE, summary, "--cores", "2", "--configfile", str(cfg)],
+        cwd=wd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "resumed from step" not in p.log_path("train", cid).read_text()
+    for f in files:
+        assert (train_dir / f).read_bytes() == requeued_bytes[f], f
