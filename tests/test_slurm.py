@@ -54,10 +54,17 @@ def slurm_env():
     subprocess.run([str(ROOT / ".ci/slurm/stop.sh")], capture_output=True, timeout=120)
 
 
-def slurm_run(wd, env, *args):
+def slurm_run(wd, env, *args, configfile=None):
+    """`snakemake --profile slurm` in `wd`: the cut smoke collection (GRID, results under wd),
+    or the collection config `configfile`; `args` (targets, options) follow."""
     # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct;
     # its jobs take 10-15 s, so the first status check comes after 4 s, not the profile's 10 (the
     # plugin adds 10 s to the interval after each round that finds no job finished)
+    collection = (
+        ["--configfile", configfile]
+        if configfile
+        else ["--configfile", "config/smoke.yaml", "--config", f"results_dir={wd / 'results'}", *GRID]
+    )
     cmd = [
         SNAKEMAKE,
         "--profile",
@@ -68,11 +75,7 @@ def slurm_run(wd, env, *args):
         "squeue",
         "--slurm-init-seconds-before-status-checks",
         "4",
-        "--configfile",
-        "config/smoke.yaml",
-        "--config",
-        f"results_dir={wd / 'results'}",
-        *GRID,
+        *collection,
         *args,
     ]
     return subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -174,31 +177,21 @@ def test_a_requeued_train_job_resumes_from_its_checkpoint_and_ends_equal(slurm_e
     (cid,) = [c.cell_id for c in expand_cells(load_config(cfg))]
     train_dir = p.train_dir(cid)
     summary = str(train_dir / "summary.json")
+
+    def local(*args):  # the same collection, run here (not on Slurm)
+        r = subprocess.run(
+            [SNAKEMAKE, *args, "--cores", "2", "--configfile", str(cfg)],
+            cwd=wd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
     # the base stages locally (what this test is not about), then the cell's train job on Slurm
-    r = subprocess.run(
-        [SNAKEMAKE, summary, "--omit-from", "train", "--cores", "2", "--configfile", str(cfg)],
-        cwd=wd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    cmd = [
-        SNAKEMAKE,
-        summary,
-        "--profile",
-        "slurm",
-        "--cores",
-        "2",
-        "--slurm-status-command",
-        "squeue",
-        "--slurm-init-seconds-before-status-checks",
-        "4",
-        "--configfile",
-        str(cfg),
-    ]
-    run = subprocess.Popen(cmd, cwd=wd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    local(summary, "--omit-from", "train")
+    run = slurm_run(wd, env, summary, configfile=str(cfg))
     requeued, released, seen, deadline = None, False, [], time.time() + 900
     while time.time() < deadline and not released and run.poll() is None:
         for jid, state in jobs_of(env, "train", cid):
@@ -225,15 +218,7 @@ def test_a_requeued_train_job_resumes_from_its_checkpoint_and_ends_equal(slurm_e
     ]
     requeued_bytes = {f: (train_dir / f).read_bytes() for f in files}
     shutil.rmtree(train_dir)  # checkpoints too: the local run trains from step 0, uninterrupted
-    r = subprocess.run(
-        [SNAKEMAKE, summary, "--cores", "2", "--configfile", str(cfg)],
-        cwd=wd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    local(summary)
     assert "resumed from step" not in p.log_path("train", cid).read_text()
     for f in files:
         assert (train_dir / f).read_bytes() == requeued_bytes[f], f
