@@ -54,7 +54,7 @@ def test_every_rule_names_the_one_environment():
     rules = 0
     for r in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
         text = r.read_text()
-        n_rules = len(re.findall(r"^rule \w+:", text, re.M))
+        n_rules = len(re.findall(r"^(?:rule|checkpoint) \w+:", text, re.M))
         envs = re.findall(r"^    conda:\n\s+\"([^\"]+)\"", text, re.M)
         assert len(envs) == n_rules, f"{r.name}: {n_rules} rules, {len(envs)} conda directives"
         for env in envs:
