@@ -3,8 +3,9 @@
 import pandas as pd
 
 import latentstrat.tasks as tasks_mod
-from latentstrat.cells import CELL_KEYS, beta_label, expand_cells, family_label
+from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
 from latentstrat.config import validate
+from latentstrat.families import family_label
 from latentstrat.metrics import METRICS, derive
 
 TASKS = ["short_task", "long_task"]

@@ -17,7 +17,7 @@ from latentstrat.config import load_config
 from latentstrat.entangle import run_entangle
 from latentstrat.model import build_model
 from latentstrat.objective import forward_losses
-from latentstrat.reference import load_b, run_reference, scales_for
+from latentstrat.reference import cell_objective, load_b, run_reference
 from latentstrat.train import train_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,11 +87,10 @@ def test_step0_base_relative_losses_are_one_for_every_family(base, family, aggre
     cfg = cfg_for(token_aggregation=aggregation)
     cell = next(c.to_json() for c in expand_cells(cfg) if c.settings["reconstruction_family"] == family)
     _, _, _, batch = step0_token_nll(cfg, cell, base)
-    alpha = 0.25
-    scales = scales_for(base / "reference", aggregation, alpha)
+    objective = cell_objective(base / "reference", cell)
     model = build_model(cfg, cell, data.load_tokenizer(base / "data"), base / "entangle").eval()
     with torch.no_grad():
-        out = forward_losses(model, batch, cell, scales, 0, torch.randn(len(batch), 4))
+        out = forward_losses(model, batch, objective, 0, torch.randn(len(batch), 4))
     # S_ref and T_ref are the reference model's values on exactly these (validation) rows
     assert out["dist_norm"].mean().item() == pytest.approx(1.0, abs=1e-5)
     assert out["tokcc"].mean().item() == pytest.approx(1.0, abs=1e-5)

@@ -8,6 +8,7 @@ from peft.tuners.lora import LoraLayer
 from latentstrat import data
 from latentstrat.backbone import build_backbone, load_entangled
 from latentstrat.model import LatentStrategyModel
+from latentstrat.objective import Objective
 
 EMB = {
     "hidden_size": 32,
@@ -44,9 +45,9 @@ def three_rows(tok):
     return ROWS, b
 
 
-def objective_cell(**over) -> dict:
-    """The cell settings the objective reads: raw, sum, beta 0.1, unless overridden."""
-    return {
+def objective_of(**over) -> Objective:
+    """J of a cell with raw, sum, beta 0.1 unless overridden, and fixed scales."""
+    cell = {
         "reconstruction_family": "raw",
         "token_aggregation": "sum",
         "beta": 0.1,
@@ -55,6 +56,7 @@ def objective_cell(**over) -> dict:
         "router_marginal_kl_weight": 0.0,
         **over,
     }
+    return Objective.for_cell(cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0})
 
 
 def model(tok, adaptation="lora", P=1, seed=0):
@@ -122,8 +124,7 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
     b = batch(tok, [y for y, _ in rows], xs=[x for _, x in rows])
     b.b = torch.rand(b.sup_ids.shape)
     assert b.gen_ids.numel() > 1.5 * int(b.gen_mask.sum())  # mostly padding
-    cell = objective_cell(reconstruction_family="dist_tokcc_0.05_0.95")
-    scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
+    objective = objective_of(reconstruction_family="dist_tokcc_0.05_0.95")
     eps = torch.randn(len(rows), 4)
 
     def run(packed):
@@ -133,7 +134,7 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
         calls = []
         inner = m.lm.model.forward
         m.lm.model.forward = lambda *a, **k: calls.append(k["attention_mask"].shape) or inner(*a, **k)
-        out = forward_losses(m, b, cell, scales, 3, eps)
+        out = forward_losses(m, b, objective, 3, eps)
         out["total"].backward()
         grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
         return out, grads, calls
@@ -338,15 +339,14 @@ def test_merged_passes_equal_the_lora_passes(tok):
     from latentstrat.objective import forward_losses
 
     rows, b = three_rows(tok)
-    cell = objective_cell()
-    scales = {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}
+    objective = objective_of()
     eps = torch.randn(len(rows), 4)
     keys = ("raw", "kl", "mu_q", "mu_r", "logvar_r")
     m = model(tok).eval()
 
     def run():
         with torch.no_grad():
-            out = forward_losses(m, b, cell, scales, 0, eps)
+            out = forward_losses(m, b, objective, 0, eps)
         return {k: out[k].clone() for k in keys}
 
     at_init = run()
@@ -400,7 +400,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
     monkeypatch.setattr(model_module, "PACKED", False)
     b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
     b.b = torch.rand(b.sup_ids.shape)
-    cell = objective_cell()
+    objective = objective_of()
     eps = torch.randn(2, 4)
 
     def grads(checkpointing):
@@ -411,7 +411,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
         m.train()
         calls = []
         m.lm.model.layers[0].mlp.down_proj.base_layer.register_forward_pre_hook(lambda *_: calls.append(1))
-        out = forward_losses(m, b, cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}, 1, eps)
+        out = forward_losses(m, b, objective, 1, eps)
         out["total"].backward()
         return out["total"].detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}, len(calls)
 
@@ -436,7 +436,7 @@ def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
             p.normal_(0, 0.3) if p.dim() > 1 else None
     bb.save_pretrained(tmp_path / "m")
     rows, b = three_rows(tok)
-    cell = objective_cell(token_aggregation="mean")
+    objective = objective_of(token_aggregation="mean")
     eps = torch.randn(len(rows), 4)
     out = {}
     for dtype in ("float32", "bfloat16"):
@@ -445,7 +445,7 @@ def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
         _move_from_init(m)
         assert next(m.lm.parameters()).dtype == getattr(torch, dtype)
         assert all(p.dtype == torch.float32 for p in m.trainable_parameters())
-        losses = forward_losses(m, b, cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0}, 1, eps)
+        losses = forward_losses(m, b, objective, 1, eps)
         losses["total"].backward()
         assert all(torch.isfinite(p.grad).all() for p in m.trainable_parameters() if p.grad is not None)
         m.eval()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentstrat import objective as obj
+from latentstrat.families import parse_family
 
 L = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
 M = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
@@ -39,21 +40,25 @@ def test_families_hand_computed():
     b = torch.tensor([[1.0, 1.0, 0.0, 9.0], [3.0, 9.0, 9.0, 9.0]])
     s_ref, t_ref = 4.0, 2.0
     sc = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": 2.0}
-    r = obj.reconstruction_per_example(L, b, M, "raw", "sum", sc)
+    r = obj.reconstruction_per_example(L, b, M, parse_family("raw"), "sum", sc)
     assert r["raw"].tolist() == [6.0, 4.0]
     assert torch.allclose(r["dist_norm"], torch.tensor([6.0, 4.0]) / s_ref)  # dist_norm = raw / S_ref
     w = (b + 1e-3) ** 0.25
     expect = torch.stack([(w[0, :3] * L[0, :3]).sum(), w[1, 0] * 4.0]) / t_ref
     assert torch.allclose(r["tokcc"], expect)
     assert torch.equal(r["active"], r["raw"])
-    assert torch.equal(obj.reconstruction_per_example(L, b, M, "dist_norm", "sum", sc)["active"], r["dist_norm"])
-    assert torch.equal(obj.reconstruction_per_example(L, b, M, "tokcc_a0.25", "sum", sc)["active"], r["tokcc"])
-    mixed = obj.reconstruction_per_example(L, b, M, "dist_tokcc_0.05_0.95", "sum", sc)["active"]
+    assert torch.equal(
+        obj.reconstruction_per_example(L, b, M, parse_family("dist_norm"), "sum", sc)["active"], r["dist_norm"]
+    )
+    assert torch.equal(
+        obj.reconstruction_per_example(L, b, M, parse_family("tokcc_a0.25"), "sum", sc)["active"], r["tokcc"]
+    )
+    mixed = obj.reconstruction_per_example(L, b, M, parse_family("dist_tokcc_0.05_0.95"), "sum", sc)["active"]
     assert torch.allclose(mixed, 0.05 * r["dist_norm"] + 0.95 * r["tokcc"])
     # alpha from the family name
-    r5 = obj.reconstruction_per_example(L, b, M, "tokcc_a0.5", "sum", sc)
+    r5 = obj.reconstruction_per_example(L, b, M, parse_family("tokcc_a0.5"), "sum", sc)
     assert r5["tokcc"][1].item() == pytest.approx((3.001**0.5) * 4.0 / t_ref, rel=1e-6)
-    batch = obj.reconstruction(L, b, M, "raw", "sum", sc)
+    batch = obj.reconstruction(L, b, M, parse_family("raw"), "sum", sc)
     assert batch["raw"].item() == 5.0
 
 
@@ -65,11 +70,15 @@ def test_tokcc_is_one_when_l_equals_b(agg):
     m[:, 0] = 1
     b_lists = [b[i][m[i].bool()].tolist() for i in range(6)]
     s_ref, t_ref = obj.reference_scales(b_lists, agg, 0.25, n_bar=5.0)
-    r = obj.reconstruction(b.clone(), b, m, "tokcc_a0.25", agg, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": 5.0})
+    r = obj.reconstruction(
+        b.clone(), b, m, parse_family("tokcc_a0.25"), agg, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": 5.0}
+    )
     assert r["tokcc"].item() == pytest.approx(1.0, rel=1e-5)
     assert r["dist_norm"].item() == pytest.approx(1.0, rel=1e-5)
     # a model twice as bad is at 2
-    r2 = obj.reconstruction(2 * b, b, m, "tokcc_a0.25", agg, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": 5.0})
+    r2 = obj.reconstruction(
+        2 * b, b, m, parse_family("tokcc_a0.25"), agg, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": 5.0}
+    )
     assert r2["tokcc"].item() == pytest.approx(2.0, rel=1e-5)
 
 
@@ -142,7 +151,9 @@ def test_sum_scaled_equals_sum_for_normalized_families_but_not_raw(family):
     out = {}
     for agg in ("sum", "sum_scaled"):
         s, t = reference_scales(b_val, agg, 0.25, n_bar)
-        out[agg] = reconstruction_per_example(l, b, mask, family, agg, {"S_ref": s, "T_ref": t, "n_bar": n_bar})
+        out[agg] = reconstruction_per_example(
+            l, b, mask, parse_family(family), agg, {"S_ref": s, "T_ref": t, "n_bar": n_bar}
+        )
     assert torch.allclose(out["sum"]["active"], out["sum_scaled"]["active"], rtol=1e-6)
     # raw is not normalized: sum_scaled is sum / n_bar
     assert torch.allclose(out["sum"]["raw"] / n_bar, out["sum_scaled"]["raw"])

@@ -140,11 +140,11 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
         "from latentstrat import train\n"
         "cfg, cell, base, out, marker = json.load(open(sys.argv[1]))\n"
         "orig = train.forward_losses\n"
-        "def slow(model, batch, cell_, scales, step, eps):\n"
+        "def slow(model, batch, objective, step, eps):\n"
         "    if model.training and step >= 2:\n"
         "        pathlib.Path(marker).touch()\n"
         "        time.sleep(0.5)\n"
-        "    return orig(model, batch, cell_, scales, step, eps)\n"
+        "    return orig(model, batch, objective, step, eps)\n"
         "train.forward_losses = slow\n"
         "train.train_cell(cfg, cell, base['data_dir'], base['entangle_dir'], base['reference_dir'], out, threads=1)\n"
     )
@@ -179,11 +179,11 @@ def test_nan_loss_names_cell_step_term_and_keeps_checkpoint(base, tmp_path, monk
     out = tmp_path / "nan"
     real_kl, real_step = objective.gaussian_kl, train.forward_losses
 
-    def fl(model, batch, cell_, scales, step, eps):
+    def fl(model, batch, objective_, step, eps):
         poison = model.training and step == 2  # the 3rd optimizer step
         objective.gaussian_kl = (lambda *a: real_kl(*a) * float("nan")) if poison else real_kl
         try:
-            return real_step(model, batch, cell_, scales, step, eps)
+            return real_step(model, batch, objective_, step, eps)
         finally:
             objective.gaussian_kl = real_kl
 
@@ -298,21 +298,32 @@ def test_checkpoint_of_another_model_layer_is_not_resumed(base, tmp_path, capsys
 
 
 def test_grad_clip_per_aggregation_is_explicit():
+    from latentstrat.objective import Objective
     from latentstrat.train import grad_clip_for
 
-    scales = {"S_ref": 26.0, "T_ref": 3.0}
+    def o(aggregation, family):
+        cell = {
+            "reconstruction_family": family,
+            "token_aggregation": aggregation,
+            "beta": 0.01,
+            "beta_schedule": "constant",
+            "posterior_variance_weight": 0.0,
+            "router_marginal_kl_weight": 0.0,
+        }
+        return Objective.for_cell(cell, {"S_ref": 26.0, "T_ref": 3.0})
+
     absolute = {"grad_clip_unit": "absolute"}
-    assert grad_clip_for({"grad_clip": 1.0, **absolute}, "sum", "raw", scales) == 1.0
-    assert grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, "sum", "raw", scales) == 26.0
+    assert grad_clip_for({"grad_clip": 1.0, **absolute}, o("sum", "raw")) == 1.0
+    assert grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, o("sum", "raw")) == 26.0
     with pytest.raises(ValueError, match="no threshold for token aggregation 'sum_scaled'"):
-        grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, "sum_scaled", "raw", scales)
+        grad_clip_for({"grad_clip": {"mean": 1.0, "sum": 26.0}, **absolute}, o("sum_scaled", "raw"))
     # in units of the z-free objective: S_ref for raw, 1 for the normalized families, p + q for the mix
     rel = {"grad_clip": 2.0, "grad_clip_unit": "zfree_objective"}
-    assert grad_clip_for(rel, "sum", "raw", scales) == 52.0
-    assert grad_clip_for(rel, "sum", "dist_norm", scales) == 2.0
-    assert grad_clip_for(rel, "sum", "tokcc_a0.25", scales) == 2.0
-    assert grad_clip_for(rel, "mean", "dist_tokcc_0.05_0.95", scales) == pytest.approx(2.0)
-    assert grad_clip_for({**rel, "grad_clip": 0}, "sum", "raw", scales) == 0.0  # none stays none
+    assert grad_clip_for(rel, o("sum", "raw")) == 52.0
+    assert grad_clip_for(rel, o("sum", "dist_norm")) == 2.0
+    assert grad_clip_for(rel, o("sum", "tokcc_a0.25")) == 2.0
+    assert grad_clip_for(rel, o("mean", "dist_tokcc_0.05_0.95")) == pytest.approx(2.0)
+    assert grad_clip_for({**rel, "grad_clip": 0}, o("sum", "raw")) == 0.0  # none stays none
     cfg, _ = tiny_cfg(grad_clip={"mean": 1.0, "sum": 30.0})
     assert cfg["train"]["grad_clip"] == {"mean": 1.0, "sum": 30.0}
 

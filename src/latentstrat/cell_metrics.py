@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.cells import CELL_KEYS, beta_label, family_label
+from latentstrat.cells import CELL_KEYS, beta_label
+from latentstrat.families import family_label
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import (
     ACTIVE_UNIT_VARIANCE,

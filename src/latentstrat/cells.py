@@ -1,5 +1,5 @@
-"""Cells and the grid: the reconstruction families and their labels, canonical cell ids, and the
-expansion of a validated collection config into its cells.
+"""Cells and the grid: canonical cell ids and the expansion of a validated collection config
+into its cells (reconstruction families: latentstrat.families).
 
 A collection config (see config/config.yaml) holds fixed cell settings (`cell`), the primary
 arm's grid axes (`grid`), an optional `seeds` axis, and comparison arms. This module is the one
@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from latentstrat.families import short_number
 from latentstrat.schema import parsed_schema
 
 # cell setting -> short id key, in id order. agg, fam, beta and seed always appear.
@@ -39,59 +40,6 @@ ALWAYS_IN_ID = ("token_aggregation", "reconstruction_family", "beta", "seed")
 
 
 CELL_KEYS = tuple(ID_KEYS)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A reconstruction family: kind in raw|dist_norm|tokcc|dist_tokcc, with its parameters."""
-
-    name: str
-    kind: str
-    alpha: float = 0.25  # tokcc exponent a
-    p: float = 0.0  # dist_tokcc weight on dist_norm
-    q: float = 0.0  # dist_tokcc weight on tokcc
-
-
-_FAMILY_RE = re.compile(
-    r"^(?:(?P<raw>raw)|(?P<dist>dist_norm)|tokcc_a(?P<a>[0-9.]+)|dist_tokcc_(?P<p>[0-9.]+)_(?P<q>[0-9.]+)(?:_a(?P<a2>[0-9.]+))?)$"
-)
-
-
-def parse_family(name: str) -> Family:
-    m = _FAMILY_RE.match(str(name))
-    if not m:
-        raise ValueError(
-            f"unknown reconstruction family {name!r} (expected raw, dist_norm, tokcc_a<alpha>, "
-            "dist_tokcc_<p>_<q>[_a<alpha>])"
-        )
-    try:
-        if m["raw"]:
-            return Family(name, "raw")
-        if m["dist"]:
-            return Family(name, "dist_norm")
-        if m["a"] is not None:
-            return Family(name, "tokcc", alpha=float(m["a"]))
-        return Family(name, "dist_tokcc", alpha=float(m["a2"]) if m["a2"] else 0.25, p=float(m["p"]), q=float(m["q"]))
-    except ValueError:
-        raise ValueError(f"unknown reconstruction family {name!r}: malformed number") from None
-
-
-def family_label(name: str) -> str:
-    """Human label used by tables and figures: `tokcc a.25`, `dist+tokcc 0.05/0.95`."""
-    f = parse_family(name)
-    if f.kind == "raw":
-        return "raw"
-    if f.kind == "dist_norm":
-        return "dist norm"
-    a = _short(f.alpha)
-    if f.kind == "tokcc":
-        return f"tokcc a{a}"
-    return f"dist+tokcc {f.p:g}/{f.q:g}" + ("" if f.alpha == 0.25 else f" a{a}")
-
-
-def _short(x: float) -> str:
-    s = f"{x:g}"
-    return s[1:] if s.startswith("0.") else s
 
 
 def schedule_warmup(schedule: str) -> int:
@@ -118,7 +66,7 @@ def format_value(v: Any) -> str:
 
 def beta_label(beta: float) -> str:
     """Label as the original study writes it: beta=.01, beta=1."""
-    return "beta=" + _short(float(beta))
+    return "beta=" + short_number(float(beta))
 
 
 def schema_cell_defaults() -> dict:

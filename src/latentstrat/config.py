@@ -16,7 +16,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from latentstrat.cells import expand_cells, parse_family
+from latentstrat.cells import expand_cells
+from latentstrat.families import accepted_names, name_pattern, parse_family
 from latentstrat.schema import fill_defaults, parsed_schema
 
 
@@ -45,11 +46,8 @@ def _schema_error_message(err: jsonschema.ValidationError) -> str:
         return f"config key {where}: {err.message}"
     if err.validator in ("minItems", "minProperties") and not err.instance:
         return f"config key {where}: must not be empty"
-    if err.validator == "pattern" and "tokcc" in str(err.schema.get("pattern", "")):
-        return (
-            f"config key {where}: unknown reconstruction family {err.instance!r} "
-            "(expected raw, dist_norm, tokcc_a<alpha>, dist_tokcc_<p>_<q>[_a<alpha>])"
-        )
+    if err.validator == "pattern" and err.schema.get("pattern") == name_pattern():
+        return f"config key {where}: unknown reconstruction family {err.instance!r} (expected {accepted_names()})"
     if err.validator == "pattern" and "lin" in str(err.schema.get("pattern", "")):
         return f"config key {where}: unknown beta schedule {err.instance!r} (expected constant or lin<N>)"
     return f"config key {where}: {err.message}"

@@ -40,13 +40,12 @@ import torch
 
 from latentstrat import data, decode
 from latentstrat.backbone import device_for
-from latentstrat.cells import parse_family
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.model import build_model
-from latentstrat.objective import forward_losses
+from latentstrat.objective import Objective, forward_losses
 from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
-from latentstrat.reference import load_b, scales_for
+from latentstrat.reference import cell_objective, load_b
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
@@ -97,9 +96,10 @@ def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, n
 
 @torch.no_grad()
 def example_losses(
-    model, encoded: data.Encoded, b, cell: dict, scales: dict, batch_size: int, seed: int, step: int
+    model, encoded: data.Encoded, b, objective: Objective, batch_size: int, seed: int, step: int
 ) -> dict[str, np.ndarray]:
-    """Per-example losses of every family + KL, mu_q, with z ~ q (noise seeded per example)."""
+    """Per-example reconstruction terms, active objective and KL, and mu_q, with z ~ q (noise
+    seeded per example)."""
     n = len(encoded)
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
     out = {k: np.zeros(n) for k in LOSS_METRIC_OF}
@@ -107,7 +107,7 @@ def example_losses(
     dev = next(model.parameters()).device
     for idx in data.length_batches(encoded.lengths, batch_size):
         batch = data.collate(encoded, idx, b).to(dev)
-        o = forward_losses(model, batch, cell, scales, step, eps[idx])
+        o = forward_losses(model, batch, objective, step, eps[idx])
         for k in LOSS_METRIC_OF:
             out[k][idx] = o[k].double().cpu().numpy()
         out["mu_q"][idx] = o["mu_q"].float().cpu().numpy()
@@ -148,7 +148,7 @@ def evaluate_cell(
     if unknown:
         raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
-    scales = scales_for(reference_dir, cell["token_aggregation"], parse_family(cell["reconstruction_family"]).alpha)
+    objective = cell_objective(reference_dir, cell)
     model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, data.added_token_ids(data_dir)).to(
         device_for(cfg)
     )
@@ -168,8 +168,7 @@ def evaluate_cell(
             model,
             data.encode(test, tokenizer, model.z_slots),
             b,
-            cell,
-            scales,
+            objective,
             ecfg["batch_size"],
             ecfg["seed"] + 1,
             cfg["train"]["steps"],

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from latentstrat.families import ACTIVE_METRIC, TERMS
+
 # the version of what the probe and metrics jobs write (probe tables, a cell's metrics row): their
 # rules take it as a param, so a change that makes cached tables unreadable reruns those jobs once
 # (never training); bump it with such a change
@@ -121,14 +123,9 @@ DISTRIBUTION_METRICS = list(METRICS)
 # a training history (long format): the cell trainer's rows; the entangle stage's have no cell_id
 HISTORY_COLUMNS = ["cell_id", "step", "task", "metric", "value"]
 ENTANGLE_HISTORY_COLUMNS = HISTORY_COLUMNS[1:]
-# objective.forward_losses key -> the metric (history, record and metrics-row column) it is
-LOSS_METRIC_OF = {
-    "raw": "reconstruction_loss",
-    "dist_norm": "base_relative_reconstruction",
-    "tokcc": "tokcc_reconstruction_loss",
-    "kl": "kl_prior_loss",
-    "active": "active_reconstruction_objective",
-}
+# objective.forward_losses key -> the metric (history, record and metrics-row column) it is: the
+# reconstruction terms every cell logs, the KL, the family's own objective (latentstrat.families)
+LOSS_METRIC_OF = {**TERMS, "kl": "kl_prior_loss", "active": ACTIVE_METRIC}
 LOSS_METRICS = list(LOSS_METRIC_OF.values())
 PROBE_METRICS = ["within_task_router_probe", "global_router_probe", "posterior_probe"]
 # what stands next to every probe number: chance (majority-class rate), shuffled-label control,

@@ -294,11 +294,7 @@ class LatentStrategyModel(nn.Module):
                 params[n].copy_(t.to(params[n].dtype))
 
     def heads_state_dict(self) -> dict[str, torch.Tensor]:
-        return {
-            n: t
-            for n, t in self.trainable_state_dict().items()
-            if n.startswith(HEAD_PREFIXES)
-        }
+        return {n: t for n, t in self.trainable_state_dict().items() if n.startswith(HEAD_PREFIXES)}
 
     def save_trained(self, out_dir: str | Path) -> None:
         """A trained cell in the formats of its tools: with lora, peft's own adapter folders

@@ -1,21 +1,62 @@
 """The disentangling objective (design section 4, docs/design.md).
 
 Per supervised token t of example i: l_it (generator NLL) and b_it (z-free reference NLL, read
-from the reference stage). Token aggregation A_i (the ablated axis), reconstruction families,
-analytic Gaussian KL, beta schedules and diagnostics. Every family is computed and logged
-always; the cell's active family is the one optimized.
+from the reference stage). Token aggregation A_i (the ablated axis), the reconstruction terms
+every cell logs and the family it optimizes (latentstrat.families), analytic Gaussian KL, beta
+schedules and diagnostics. A cell's settings for J are parsed once into an `Objective`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from latentstrat.cells import parse_family, schedule_warmup
+from latentstrat.cells import schedule_warmup
+from latentstrat.families import Family, parse_family
 
 AGGREGATIONS = ("mean", "sum", "sum_scaled")
 TOKCC_EPS = 1e-3
+
+
+@dataclass(frozen=True, eq=False)
+class Objective:
+    """What J reads of one cell, parsed once (`for_cell`): the reconstruction family, the token
+    aggregation, the KL weight and its schedule, the penalty weights, and the entangled model's
+    scales for this aggregation and the family's tokcc exponent ({"S_ref", "T_ref", "n_bar"})."""
+
+    family: Family
+    aggregation: str
+    beta: float
+    beta_schedule: str
+    posterior_variance_weight: float
+    router_marginal_kl_weight: float
+    scales: dict
+
+    @classmethod
+    def for_cell(cls, cell: dict, scales: dict) -> "Objective":
+        if cell["token_aggregation"] not in AGGREGATIONS:
+            raise ValueError(
+                f"unknown token aggregation {cell['token_aggregation']!r} (expected one of {AGGREGATIONS})"
+            )
+        schedule_warmup(cell["beta_schedule"])  # a clear error for an unknown schedule
+        return cls(
+            family=parse_family(cell["reconstruction_family"]),
+            aggregation=cell["token_aggregation"],
+            beta=float(cell["beta"]),
+            beta_schedule=cell["beta_schedule"],
+            posterior_variance_weight=float(cell["posterior_variance_weight"]),
+            router_marginal_kl_weight=float(cell["router_marginal_kl_weight"]),
+            scales=dict(scales),
+        )
+
+    def beta_at(self, step: int) -> float:
+        return beta_at(step, self.beta, self.beta_schedule)
+
+    def zfree(self) -> float:
+        """The active objective of the z-free model on the validation split (its natural unit)."""
+        return self.family.zfree(self.scales)
 
 
 def aggregate_tokens(v: torch.Tensor, mask: torch.Tensor, aggregation: str, n_bar: float | None = None) -> torch.Tensor:
@@ -41,43 +82,26 @@ def tokcc_weights(b: torch.Tensor, alpha: float) -> torch.Tensor:
     return (b.clamp_min(0) + TOKCC_EPS) ** alpha
 
 
-def reconstruction_per_example(l, b, mask, family: str, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
-    """Per-example [B] values of every family: raw, dist_norm, tokcc, active.
+def reconstruction_per_example(l, b, mask, family: Family, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
+    """Per-example [B] values of every reconstruction term (families.TERMS: raw, dist_norm,
+    tokcc) and of the family's objective (`active`).
 
     scales: {"S_ref": float, "T_ref": float, "n_bar": float} for this aggregation and the
     family's alpha (see `reference_scales`). b is a constant (no gradient flows into it).
     """
-    fam = parse_family(family)
     b = b.detach().to(l.dtype)
     n_bar = scales.get("n_bar")
     raw = aggregate_tokens(l, mask, aggregation, n_bar)
-    dist_norm = raw / scales["S_ref"]
-    tokcc = aggregate_tokens(tokcc_weights(b, fam.alpha) * l, mask, aggregation, n_bar) / scales["T_ref"]
-    if fam.kind == "raw":
-        active = raw
-    elif fam.kind == "dist_norm":
-        active = dist_norm
-    elif fam.kind == "tokcc":
-        active = tokcc
-    else:
-        active = fam.p * dist_norm + fam.q * tokcc
-    return {"raw": raw, "dist_norm": dist_norm, "tokcc": tokcc, "active": active}
+    terms = {
+        "raw": raw,
+        "dist_norm": raw / scales["S_ref"],
+        "tokcc": aggregate_tokens(tokcc_weights(b, family.alpha) * l, mask, aggregation, n_bar) / scales["T_ref"],
+    }
+    return {**terms, "active": family.active(terms)}
 
 
-def zfree_objective(family: str, scales: dict) -> float:
-    """The active reconstruction objective of the z-free reference model on the validation split
-    (where S_ref and T_ref are measured): S_ref for `raw`, 1 for `dist_norm` and `tokcc`, p + q
-    for their mix. The objective's natural unit: a cell that ignores z scores about this."""
-    fam = parse_family(family)
-    if fam.kind == "raw":
-        return float(scales["S_ref"])
-    if fam.kind in ("dist_norm", "tokcc"):
-        return 1.0
-    return float(fam.p + fam.q)
-
-
-def reconstruction(l, b, mask, family: str, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
-    """Batch means (scalars) of every family: raw, dist_norm, tokcc, active."""
+def reconstruction(l, b, mask, family: Family, aggregation: str, scales: dict) -> dict[str, torch.Tensor]:
+    """Batch means (scalars) of every reconstruction term and the active objective."""
     return {k: v.mean() for k, v in reconstruction_per_example(l, b, mask, family, aggregation, scales).items()}
 
 
@@ -149,13 +173,12 @@ def forward_passes(model, batch, eps: torch.Tensor) -> dict:
     }
 
 
-def losses(passes: dict, b, sup_mask, cell: dict, scales: dict, step: int) -> dict:
+def losses(passes: dict, b, sup_mask, objective: Objective, step: int) -> dict:
     """J from the passes (`forward_passes`, a batch's or a whole split's) and the reference NLL
-    b at the same tokens: per-example [B] tensors for every family and the KL, scalars for the
-    diagnostics, beta_t and J (`total`)."""
-    rec = reconstruction_per_example(
-        passes["l"], b, sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales
-    )
+    b at the same tokens: per-example [B] tensors for every reconstruction term, the active
+    objective and the KL, scalars for the diagnostics, beta_t and J (`total`)."""
+    o = objective
+    rec = reconstruction_per_example(passes["l"], b, sup_mask, o.family, o.aggregation, o.scales)
     mu_q, logvar_q, mu_r, logvar_r = (passes[k] for k in ("mu_q", "logvar_q", "mu_r", "logvar_r"))
     kl = gaussian_kl(mu_q, logvar_q, mu_r, logvar_r)
     out = {
@@ -168,28 +191,28 @@ def losses(passes: dict, b, sup_mask, cell: dict, scales: dict, step: int) -> di
         "posterior_variance": posterior_variance(logvar_q),
         "router_marginal_kl_to_prior": router_marginal_kl_to_prior(mu_r, logvar_r),
     }
-    out["beta_t"] = beta_at(step, float(cell["beta"]), cell["beta_schedule"])
+    out["beta_t"] = o.beta_at(step)
     out["total"] = objective_j(
-        rec["active"].mean(), kl.mean(), out["posterior_variance"], out["router_marginal_kl_to_prior"], cell, step
+        rec["active"].mean(), kl.mean(), out["posterior_variance"], out["router_marginal_kl_to_prior"], o, step
     )
     return out
 
 
-def forward_losses(model, batch, cell: dict, scales: dict, step: int, eps: torch.Tensor) -> dict:
+def forward_losses(model, batch, objective: Objective, step: int, eps: torch.Tensor) -> dict:
     """The objective J of a batch (design section 4), the one definition train, validation and
     evaluate call: `forward_passes`, then `losses`."""
-    return losses(forward_passes(model, batch, eps), batch.b, batch.sup_mask, cell, scales, step)
+    return losses(forward_passes(model, batch, eps), batch.b, batch.sup_mask, objective, step)
 
 
-def objective_j(active, kl, post_var, router_marginal_kl, cell: dict, step: int):
+def objective_j(active, kl, post_var, router_marginal_kl, objective: Objective, step: int):
     """J = mean active reconstruction + beta_t * mean KL + the posterior-variance and
     router-marginal penalties (their weights: the cell's). Over a batch (forward_losses) or a
     whole split (the trainer's validation), from the means over it."""
     return (
         active
-        + beta_at(step, float(cell["beta"]), cell["beta_schedule"]) * kl
-        + float(cell["posterior_variance_weight"]) * post_var
-        + float(cell["router_marginal_kl_weight"]) * router_marginal_kl
+        + objective.beta_at(step) * kl
+        + objective.posterior_variance_weight * post_var
+        + objective.router_marginal_kl_weight * router_marginal_kl
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,26 +32,24 @@ import torch
 
 from latentstrat import data
 from latentstrat.backbone import device_for, device_of
-from latentstrat.cells import format_value, parse_family
+from latentstrat.cells import expand_cells, format_value
+from latentstrat.families import DEFAULT_ALPHA, parse_family
 from latentstrat.io import dump_json, read_parquet, write_parquet
-from latentstrat.objective import AGGREGATIONS, reference_scales, zfree_token_nll
+from latentstrat.objective import AGGREGATIONS, Objective, reference_scales, zfree_token_nll
 from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 # b of a shipped table against b recomputed on this host (nats per token): float rounding of
 # another CPU's kernels is ~1e-6; another model or changed code is off by far more
 SHIPPED_TOLERANCE = 1e-3
-DEFAULT_ALPHA = 0.25
 
 
 def config_alphas(cfg: dict) -> list[float]:
-    """tokcc exponents used anywhere in the config's families, plus the default 0.25."""
-    names = [cfg["cell"]["reconstruction_family"], *cfg["grid"].get("reconstruction_family", [])]
-    for arm in cfg["comparison_arms"]:
-        names.append(arm.get("settings", {}).get("reconstruction_family", "raw"))
-        names += arm.get("grid", {}).get("reconstruction_family", [])
-    alphas = {DEFAULT_ALPHA} | {parse_family(n).alpha for n in names if parse_family(n).kind in ("tokcc", "dist_tokcc")}
-    return sorted(alphas)
+    """The tokcc exponents the collection's cells need T_ref at (every family's `alpha`), plus
+    the default 0.25."""
+    return sorted(
+        {DEFAULT_ALPHA} | {parse_family(c.settings["reconstruction_family"]).alpha for c in expand_cells(cfg)}
+    )
 
 
 def alpha_key(alpha: float) -> str:
@@ -115,6 +114,13 @@ def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAU
             "rerun the reference stage with this family in the config"
         )
     return {"S_ref": scales["S_ref"][aggregation], "T_ref": scales["T_ref"][key][aggregation], "n_bar": scales["n_bar"]}
+
+
+def cell_objective(reference_dir: str | Path, cell: dict) -> Objective:
+    """A cell's objective J (objective.Objective), its family parsed once, with the entangled
+    model's scales for its aggregation and its family's tokcc exponent from `reference_dir`."""
+    o = Objective.for_cell(cell, {})
+    return replace(o, scales=scales_for(reference_dir, o.aggregation, o.family.alpha))
 
 
 def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:

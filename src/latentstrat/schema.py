@@ -1,5 +1,6 @@
-"""The collection config's schema (schemas/config.schema.yaml): read once per process, with its
-defaults filled into a config (`fill_defaults`)."""
+"""The collection config's schema (schemas/config.schema.yaml): read once per process, the
+reconstruction families' name pattern set from their declarations (latentstrat.families), with
+its defaults filled into a config (`fill_defaults`)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,17 @@ def load_schema() -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def parsed_schema() -> dict:
+def _parsed() -> dict:
     return yaml.safe_load(_schema_text())
+
+
+def parsed_schema() -> dict:
+    """The schema (parsed once per process), the family pattern from the families declared now."""
+    from latentstrat.families import name_pattern
+
+    schema = _parsed()
+    schema["$defs"]["family"]["pattern"] = name_pattern()
+    return schema
 
 
 def fill_defaults(instance: Any, schema: dict, root: dict) -> None:

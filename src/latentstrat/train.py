@@ -3,7 +3,7 @@ training loop and its checkpoints.
 
 Per step: one posterior pass (z ~ q, reparameterized) and one router+generator pass
 (objective.forward_losses); b comes from the reference stage's tokens.parquet and the scales
-S_ref, T_ref, n_bar from its scales.json (reference.load_b, reference.scales_for: never
+S_ref, T_ref, n_bar from its scales.json (reference.load_b, reference.cell_objective: never
 recomputed, the same numbers the evaluate stage reads); batches are task-mixed
 (data.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
 of (seed, step), so a resumed run replays exactly what an uninterrupted one does.
@@ -29,16 +29,15 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host
-from latentstrat import objective as obj
 from latentstrat.backbone import device_for
-from latentstrat.cells import parse_family
+from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.model import build_model
-from latentstrat.objective import forward_losses
+from latentstrat.objective import Objective, forward_losses
 from latentstrat.paths import TRAIN_FILES
 from latentstrat.progress import Progress
-from latentstrat.reference import load_b, scales_for
+from latentstrat.reference import cell_objective, load_b
 from latentstrat.step0 import load_step0, step0_fingerprint
 from latentstrat.validation import prepare_validation, validate
 
@@ -65,9 +64,7 @@ class Preempted(SystemExit):
 
 def check_finite(losses: dict, cell_id: str, step: int) -> None:
     for key in (
-        "raw",
-        "dist_norm",
-        "tokcc",
+        *TERMS,
         "active",
         "kl",
         "posterior_variance",
@@ -96,22 +93,22 @@ def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
     return batches[step % per_epoch]
 
 
-def grad_clip_for(tcfg: dict, aggregation: str, family: str, scales: dict) -> float:
+def grad_clip_for(tcfg: dict, objective: Objective) -> float:
     """The gradient-norm clipping threshold of a cell: `train.grad_clip` is one number for every
     aggregation or a mapping aggregation -> number (0 = no clipping). With `train.grad_clip_unit:
     zfree_objective` the number is in units of the cell's z-free objective
-    (objective.zfree_objective: S_ref for `raw`, 1 for the normalized families), so a `sum` cell,
+    (Objective.zfree: S_ref for `raw`, 1 for the normalized families), so a `sum` cell,
     whose raw loss is ~n_bar times a `mean` cell's, is held to the same relative threshold and
     both arms clip at comparable rates; `absolute` takes the number as is. The report shows how
     often it bound."""
-    c = tcfg["grad_clip"]
+    c, aggregation = tcfg["grad_clip"], objective.aggregation
     if isinstance(c, dict):
         if aggregation not in c:
             raise ValueError(
                 f"config key train.grad_clip: no threshold for token aggregation {aggregation!r} (have {sorted(c)})"
             )
         c = c[aggregation]
-    unit = obj.zfree_objective(family, scales) if tcfg["grad_clip_unit"] == "zfree_objective" else 1.0
+    unit = objective.zfree() if tcfg["grad_clip_unit"] == "zfree_objective" else 1.0
     return float(c) * unit
 
 
@@ -222,7 +219,7 @@ def train_cell(
     val_df = data.load_split(data_dir, "validation")
     b_train = load_b(reference_dir, train_df)
     b_val = load_b(reference_dir, val_df)
-    scales = scales_for(reference_dir, cell["token_aggregation"], parse_family(cell["reconstruction_family"]).alpha)
+    objective = cell_objective(reference_dir, cell)
 
     dev = device_for(cfg)
     model = build_model(cfg, cell, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(dev)
@@ -234,7 +231,7 @@ def train_cell(
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
     fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
-    clip = grad_clip_for(tcfg, cell["token_aggregation"], cell["reconstruction_family"], scales)
+    clip = grad_clip_for(tcfg, objective)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 
     def checkpoint():
@@ -259,8 +256,8 @@ def train_cell(
         model.train()
         if run["step"] == 0 and not run["history"]:
             measured = step0_measured(model, cfg, val, cid, step0_dir)
-            run["history"] += validate(model, tokenizer, cfg, cell, scales, val, 0, measured)
-        training_loop(model, opt, enc, b_train, tokenizer, cfg, cell, scales, val, clip, run, checkpoint, stop)
+            run["history"] += validate(model, tokenizer, cfg, cell, objective, val, 0, measured)
+        training_loop(model, opt, enc, b_train, tokenizer, cfg, cell, objective, val, clip, run, checkpoint, stop)
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
 
@@ -274,7 +271,7 @@ def train_cell(
         "train_tokens": tokens,
         "tokens_per_s": tokens / wall if wall > 0 else math.nan,
         "threads": torch.get_num_threads(),
-        **scales,
+        **objective.scales,
         "config_hash": fingerprint[:16],
         "started_at": started_at,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -339,7 +336,7 @@ def training_loop(
     tokenizer,
     cfg: dict,
     cell: dict,
-    scales: dict,
+    objective: Objective,
     val: dict,
     clip: float,
     run: dict,
@@ -357,7 +354,7 @@ def training_loop(
         t0 = time.perf_counter()
         idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
         batch = data.collate(enc, idx, b_train).to(dev)
-        losses = forward_losses(model, batch, cell, scales, step, step_noise(seed, step, (len(idx), model.latent_dim)))
+        losses = forward_losses(model, batch, objective, step, step_noise(seed, step, (len(idx), model.latent_dim)))
         check_finite(losses, cid, step + 1)
         opt.zero_grad(set_to_none=True)
         losses["total"].backward()
@@ -372,7 +369,7 @@ def training_loop(
         run["tokens"] += n_tok
         progress.update(step, float(losses["total"].detach()), n_tok)
         if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
-            run["history"] += validate(model, tokenizer, cfg, cell, scales, val, step)
+            run["history"] += validate(model, tokenizer, cfg, cell, objective, val, step)
             run["history"] += batch_stats(cid, enc.tasks, run["step_records"], clip, step, run["history"])
         if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
             checkpoint()

@@ -30,8 +30,8 @@ import torch
 from latentstrat import data
 from latentstrat import objective as obj
 from latentstrat.decode import generate
-from latentstrat.metrics import derive
-from latentstrat.objective import forward_losses
+from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, derive
+from latentstrat.objective import Objective, forward_losses
 from latentstrat.probes import linear_probe
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
@@ -69,7 +69,9 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
 
 
 @torch.no_grad()
-def validate(model, tokenizer, cfg, cell, scales, val, step: int, measured: dict | None = None) -> list[dict]:
+def validate(
+    model, tokenizer, cfg, cell, objective: Objective, val, step: int, measured: dict | None = None
+) -> list[dict]:
     """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
     whole validation split, the probes, the decoded subset and the per-task shares.
     `measured`: the model's own measurements (`measure_model`) when they were taken elsewhere:
@@ -80,16 +82,14 @@ def validate(model, tokenizer, cfg, cell, scales, val, step: int, measured: dict
     sub = val["df"].loc[rows]
     if measured is None:
         measured = measure_model(model, tokenizer, cfg, val, int(cell["seed"]))
-    metrics, per_row = validation_losses(measured["passes"], val, cell, scales, step)
+    metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
     metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
     per_task = {t: dict(m) for t, m in measured["per_task"].items()}
     for t, m in per_task.items():
         if "final_answer_accuracy" in m:
             m["matched_router_score"] = derive(m)["matched_router_score"]
-    grad = _task_grad_norms(
-        model, val["enc"], val["b"], val["df"], rows, cell, scales, step, val, next(model.parameters()).device
-    )
+    grad = _task_grad_norms(model, objective, val, step)
     task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
         model.train()
@@ -154,42 +154,22 @@ def _padded(rows) -> tuple[torch.Tensor, torch.Tensor]:
     return values, mask
 
 
-def validation_losses(passes: dict, val, cell, scales, step: int) -> tuple[dict, dict]:
+def validation_losses(passes: dict, val, objective: Objective, step: int) -> tuple[dict, dict]:
     """J's terms over the whole validation split (the rows S_ref and T_ref are measured on, so a
     model equal to the reference scores exactly 1) from its passes: (history metrics, per-row
     tensors in the split's row order)."""
     nll, mask = _padded(passes["l"])
     b, _ = _padded(val["b"])
-    out = obj.losses({**passes, "l": nll}, b, mask, cell, scales, step)
-    r = {k: out[k].mean().item() for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
-    base = derive(
-        {
-            "reconstruction_loss": r["raw"],
-            "base_relative_reconstruction": r["dist_norm"],
-            "tokcc_reconstruction_loss": r["tokcc"],
-            "kl_prior_loss": r["kl"],
-            "active_reconstruction_objective": r["active"],
-        }
-    )
-    metrics = {
-        k: base[k]
-        for k in (
-            "reconstruction_loss",
-            "base_relative_reconstruction",
-            "tokcc_reconstruction_loss",
-            "kl_prior_loss",
-            "active_reconstruction_objective",
-            "kl_over_active_reconstruction",
-            "inferred_zfree_reference_scale",
-        )
-    }
+    out = obj.losses({**passes, "l": nll}, b, mask, objective, step)
+    base = derive({metric: out[k].mean().item() for k, metric in LOSS_METRIC_OF.items()})
+    metrics = {k: base[k] for k in (*LOSS_METRICS, "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
     metrics.update(
         posterior_variance=out["posterior_variance"].item(),
         router_marginal_kl_to_prior=out["router_marginal_kl_to_prior"].item(),
         beta_t=out["beta_t"],
         total_loss=out["total"].item(),
     )
-    return metrics, {k: out[k] for k in ("raw", "dist_norm", "tokcc", "active", "kl")}
+    return metrics, {k: out[k] for k in LOSS_METRIC_OF}
 
 
 def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
@@ -312,19 +292,20 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
     return {"final_answer_accuracy": float(correct.mean()), "strategy_match_rate": float(matched.mean())}, by_task
 
 
-def _task_grad_norms(model, enc, b_val, df, rows, cell, scales, step, val, dev) -> dict[str, float]:
+def _task_grad_norms(model, objective: Objective, val: dict, step: int) -> dict[str, float]:
     """Per task: gradient norm of the mean active objective on one validation batch of that
-    task (GRAD_SHARE_ROWS rows each, equal across tasks)."""
+    task (GRAD_SHARE_ROWS rows each, equal across tasks) from the probe subset `val["rows"]`."""
     params = model.trainable_parameters()
+    df, dev = val["df"], next(model.parameters()).device
     by_task: dict[str, list[int]] = {}
-    for r in rows:
+    for r in val["rows"]:
         by_task.setdefault(df.task[r], []).append(r)
     size = min(GRAD_SHARE_ROWS, min(len(v) for v in by_task.values()))
     out = {}
     for t, rs in sorted(by_task.items()):
-        batch = data.collate(enc, rs[:size], b_val).to(dev)
+        batch = data.collate(val["enc"], rs[:size], val["b"]).to(dev)
         with torch.enable_grad():
-            o = forward_losses(model, batch, cell, scales, step, val["eps"][rs[:size]])
+            o = forward_losses(model, batch, objective, step, val["eps"][rs[:size]])
             grads = torch.autograd.grad(o["active"].mean(), params, allow_unused=True)
         out[t] = math.sqrt(sum(float(g.float().pow(2).sum()) for g in grads if g is not None))
     return out

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL, SHARE_METRICS
-from latentstrat.cells import beta_label, family_label
+from latentstrat.cells import beta_label
+from latentstrat.families import family_label
 from latentstrat.metrics import HISTORY_COLUMNS
 
 # dynamics summary: metric -> short name used in column names (seeds: base_relative_reconstruction)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.cells import CELL_KEYS, beta_label, expand_cells, family_label
+from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
+from latentstrat.families import family_label
 from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive
 
 # external comparison / summary tables (docs/comparison-table.md)

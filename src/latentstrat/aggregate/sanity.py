@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
-from latentstrat.cells import beta_label, family_label
+from latentstrat.cells import beta_label
+from latentstrat.families import family_label
 
 SANITY_COLUMNS = [
     "cell_id",

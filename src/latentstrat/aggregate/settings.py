@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.aggregate.columns import FALLBACK_METRIC, FAMILY_COL
-from latentstrat.cells import CELL_KEYS, beta_label, family_label, format_value
+from latentstrat.cells import CELL_KEYS, beta_label, format_value
+from latentstrat.families import family_label
 from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PROBE_METRICS, interval, probe_label
 
 

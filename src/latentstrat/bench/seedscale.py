@@ -38,7 +38,7 @@ from latentstrat.backbone import build_backbone
 from latentstrat.config import load_config
 from latentstrat.decode import decode_batch, encode_prompts
 from latentstrat.model import HEAD_PREFIXES, LatentStrategyModel
-from latentstrat.objective import forward_losses
+from latentstrat.objective import Objective, forward_losses
 from latentstrat.reference import reference_nll
 from latentstrat.train import batch_at, step_noise
 
@@ -151,7 +151,7 @@ def run(args) -> dict:
     }
     n_bar = float(train_df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b_val, cell["token_aggregation"], 0.25, n_bar)
-    scales = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
+    objective = Objective.for_cell(cell, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=cfg["train"]["lr"])
     model.train()
     losses, grad_norms, adapter_grads, step_s, tokens, supervised = [], [], [], [], 0, 0
@@ -159,7 +159,7 @@ def run(args) -> dict:
         idx = batch_at(enc.task_idx, args.batch_size, 0, step)
         batch = data.collate(enc, idx, b_train).to(dev)
         t = time.perf_counter()
-        out = forward_losses(model, batch, cell, scales, step, step_noise(0, step, (len(idx), latent_dim)))
+        out = forward_losses(model, batch, objective, step, step_noise(0, step, (len(idx), latent_dim)))
         opt.zero_grad(set_to_none=True)
         out["total"].backward()
         adapter_grads.append(
@@ -176,7 +176,7 @@ def run(args) -> dict:
     model.eval()
     with torch.no_grad():
         vb = data.collate(val, list(range(len(val))), b_val).to(dev)
-        val_loss = float(forward_losses(model, vb, cell, scales, 2, step_noise(1, 0, (len(val), latent_dim)))["total"])
+        val_loss = float(forward_losses(model, vb, objective, 2, step_noise(1, 0, (len(val), latent_dim)))["total"])
         prompts = encode_prompts(tok, list(val_df.x[:2]), z_slots)
         z = torch.randn(2, latent_dim, generator=torch.Generator().manual_seed(1)).to(dev)
         t = time.perf_counter()

@@ -38,7 +38,7 @@ from latentstrat import model as model_module
 from latentstrat import objective as obj
 from latentstrat.backbone import build_backbone
 from latentstrat.model import LatentStrategyModel
-from latentstrat.objective import forward_losses
+from latentstrat.objective import Objective, forward_losses
 from latentstrat.reference import reference_nll
 from latentstrat.train import batch_at, step_noise
 
@@ -81,7 +81,7 @@ def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
     return data.Batch(**out)
 
 
-def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
+def naive_losses(model, ref_lm, batch, objective: Objective, eps):
     """Three passes: z-free reference (b recomputed), posterior, generator (full logits)."""
     with torch.no_grad():
         ref_logits = ref_lm(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
@@ -91,8 +91,9 @@ def naive_losses(model, ref_lm, batch, cell, scales, step, eps):
     z = mu_q + torch.exp(0.5 * logvar_q) * eps
     logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos)
     nll = obj.token_nll(logits[rows, batch.gen_sup_pos], batch.sup_ids)
-    rec = obj.reconstruction(nll, b, batch.sup_mask, cell["reconstruction_family"], cell["token_aggregation"], scales)
-    return rec["active"] + cell["beta"] * obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r).mean()
+    o = objective
+    rec = obj.reconstruction(nll, b, batch.sup_mask, o.family, o.aggregation, o.scales)
+    return rec["active"] + o.beta * obj.gaussian_kl(mu_q, logvar_q, mu_r, logvar_r).mean()
 
 
 def add_data_and_model_args(ap, examples_per_task: int) -> None:
@@ -165,7 +166,7 @@ def time_steps(step_fn, n_steps: int, warmup: int, device) -> tuple[float, int]:
 
 def setup(args, device):
     """The frozen reference LM, the latent model on a copy of it, its optimizer, the encoded
-    train split, b computed once up front (what the reference stage stores) and the scales."""
+    train split, b computed once up front (what the reference stage stores) and the objective with its scales."""
     df, tok, bcfg, ref_lm = build(args)
     ref_lm = ref_lm.to(device).eval()
     for p in ref_lm.parameters():
@@ -176,11 +177,11 @@ def setup(args, device):
     b = reference_nll(ref_lm, enc, args.batch_size)
     n_bar = float(df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
-    scales = {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar}
-    return bcfg, ref_lm, model, opt, enc, b, scales
+    objective = Objective.for_cell(CELL, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
+    return bcfg, ref_lm, model, opt, enc, b, objective
 
 
-def time_eval_passes(model, enc, b, scales, args, device) -> tuple[tuple[float, int], tuple[float, int]]:
+def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[float, int], tuple[float, int]]:
     """The no-grad pass of validation and evaluation (the adapters have moved by now), timed on
     the LoRA layers and on merged copies of the backbone (model.merged(), the copies made inside
     the timed block, as a validation makes them): ((seconds, tokens) LoRA, (seconds, tokens) merged)."""
@@ -189,7 +190,7 @@ def time_eval_passes(model, enc, b, scales, args, device) -> tuple[tuple[float, 
     def eval_pass(i):
         idx = batch_at(enc.task_idx, args.batch_size, 0, i)
         batch = data.collate(enc, idx, b).to(device)
-        forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))
+        forward_losses(model, batch, objective, i, step_noise(0, i, (len(idx), args.latent_dim)))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     model.eval()
@@ -205,7 +206,7 @@ def time_eval_passes(model, enc, b, scales, args, device) -> tuple[tuple[float, 
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    bcfg, ref_lm, model, opt, enc, b, scales = setup(args, device)
+    bcfg, ref_lm, model, opt, enc, b, objective = setup(args, device)
     n_params = sum(p.numel() for p in ref_lm.parameters())
     model.train()
     widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids))}
@@ -219,14 +220,14 @@ def run(args) -> dict:
     def trainer_step(i):
         idx = batch_at(enc.task_idx, args.batch_size, 0, i)
         batch = data.collate(enc, idx, b).to(device)
-        update(forward_losses(model, batch, CELL, scales, i, step_noise(0, i, (len(idx), args.latent_dim)))["total"])
+        update(forward_losses(model, batch, objective, i, step_noise(0, i, (len(idx), args.latent_dim)))["total"])
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     def naive_step(i):
         idx = rng.choice(len(enc), size=args.batch_size, replace=False).tolist()
         batch = pad_to(data.collate(enc, idx), widths, enc.pad_id).to(device)
         eps = step_noise(0, i, (len(idx), args.latent_dim)).to(device)
-        update(naive_losses(model, ref_lm, batch, CELL, scales, i, eps))
+        update(naive_losses(model, ref_lm, batch, objective, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     t_fast, tok_fast = time_steps(trainer_step, args.steps, args.warmup, device)
@@ -249,7 +250,7 @@ def run(args) -> dict:
         model_module.PACKED = True
 
     (t_lora_eval, tok_lora_eval), (t_merged_eval, tok_merged_eval) = time_eval_passes(
-        model, enc, b, scales, args, device
+        model, enc, b, objective, args, device
     )
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)

@@ -12,7 +12,7 @@ import functools
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
-from latentstrat.cells import parse_family
+from latentstrat.families import parse_family
 from latentstrat.metrics import label
 from latentstrat.report.tables import fmt
 
