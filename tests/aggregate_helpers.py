@@ -4,7 +4,7 @@ import pandas as pd
 
 import latentstrat.tasks as tasks_mod
 from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
-from latentstrat.config import validate
+from latentstrat.config import check_config
 from latentstrat.families import family_label
 from latentstrat.metrics import METRICS, derive
 
@@ -42,7 +42,7 @@ def make_cfg(monkeypatch, seeds=None, lin100=True):
     }
     if seeds:
         raw["seeds"] = seeds
-    return validate(raw)
+    return check_config(raw)
 
 
 def metrics_row(cell, seed_offset=0.0):

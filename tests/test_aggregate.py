@@ -268,11 +268,11 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
 
     from aggregate_helpers import make_cfg, write_collection
     from latentstrat.cells import expand_cells
-    from latentstrat.config import validate
+    from latentstrat.config import check_config
     from latentstrat.paths import Paths
     from latentstrat.report.partial import partial_report
 
-    cfg = validate({**make_cfg(monkeypatch), "results_dir": str(tmp_path / "results")})
+    cfg = check_config({**make_cfg(monkeypatch), "results_dir": str(tmp_path / "results")})
     p = Paths.from_config(cfg)
     cells = [c.cell_id for c in expand_cells(cfg)]
     assert partial_report(cfg, log=lambda m: None) is None and not p.report_dir.exists()

@@ -59,7 +59,7 @@ def test_the_original_studys_contrast_is_one_config_away():
 def test_an_arm_keeps_its_own_seed_an_aa_arm():
     """An A/A arm: the primary arm's settings with another seed. Its seed is honoured (the
     collection's seeds used to replace it, and the two arms then collided)."""
-    cfg = C.validate(
+    cfg = C.check_config(
         minimal(comparison_arms=[{"name": "aa", "settings": {"token_aggregation": "sum", "seed": 271828}}])
     )
     cells = K.expand_cells(cfg)
@@ -67,7 +67,7 @@ def test_an_arm_keeps_its_own_seed_an_aa_arm():
         "agg-sum_fam-raw_beta-0.1_seed-314159",
         "agg-sum_fam-raw_beta-0.1_seed-271828",
     ]
-    cfg = C.validate(minimal(seeds=[1, 2], comparison_arms=[{"name": "aa", "seeds": [3, 4]}]))
+    cfg = C.check_config(minimal(seeds=[1, 2], comparison_arms=[{"name": "aa", "seeds": [3, 4]}]))
     assert [(c.arm, c.settings["seed"]) for c in K.expand_cells(cfg)] == [
         ("primary", 1),
         ("primary", 2),
@@ -75,13 +75,13 @@ def test_an_arm_keeps_its_own_seed_an_aa_arm():
         ("aa", 4),
     ]
     with pytest.raises(C.ConfigError, match=r"comparison_arms\[0\]: give the arm's seeds once"):
-        C.validate(minimal(comparison_arms=[{"name": "aa", "seeds": [3], "settings": {"seed": 4}}]))
+        C.check_config(minimal(comparison_arms=[{"name": "aa", "seeds": [3], "settings": {"seed": 4}}]))
     with pytest.raises(C.ConfigError, match="appears in two arms"):  # the same seed: the same cells
-        C.validate(minimal(comparison_arms=[{"name": "aa", "seeds": [314159]}]))
+        C.check_config(minimal(comparison_arms=[{"name": "aa", "seeds": [314159]}]))
 
 
 def test_replicates_add_the_next_seeds_to_the_chosen_settings_of_every_arm():
-    cfg = C.validate(
+    cfg = C.check_config(
         minimal(
             grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1]},
             comparison_arms=[
@@ -102,18 +102,18 @@ def test_replicates_add_the_next_seeds_to_the_chosen_settings_of_every_arm():
     assert seeds[("aa", "raw", 0.01)] == [7, 8, 9] and seeds[("aa", "dist_norm", 0.1)] == [7]
     assert len(cells) == 3 * (2 * 3 + 2)
     # no grid: every setting; 0 extra seeds: none
-    assert len(K.expand_cells(C.validate(minimal(replicates={})))) == 2
-    assert len(K.expand_cells(C.validate(minimal(replicates={"extra_seeds": 0})))) == 1
+    assert len(K.expand_cells(C.check_config(minimal(replicates={})))) == 2
+    assert len(K.expand_cells(C.check_config(minimal(replicates={"extra_seeds": 0})))) == 1
 
 
 def test_primary_contrast_must_name_a_comparison_arm():
     with pytest.raises(C.ConfigError, match="report.primary_contrast: 'nope' is not a comparison arm"):
-        C.validate(minimal(report={"primary_contrast": "nope"}))
+        C.check_config(minimal(report={"primary_contrast": "nope"}))
 
 
 def test_cell_id_beta_one_and_one_point_zero_are_the_same():
     cfg = minimal(grid={"reconstruction_family": ["raw"], "beta": [1, 1.0, 0.010]})
-    ids = [c.cell_id for c in K.expand_cells(C.validate(cfg))]
+    ids = [c.cell_id for c in K.expand_cells(C.check_config(cfg))]
     assert ids == ["agg-sum_fam-raw_beta-1_seed-314159", "agg-sum_fam-raw_beta-0.01_seed-314159"]
 
 
@@ -143,7 +143,7 @@ def test_grid_with_four_axes_and_seeds_expands_to_product():
         grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1], "token_aggregation": ["mean", "sum"]},
         seeds=[1, 2],
     )
-    cells = K.expand_cells(C.validate(cfg))
+    cells = K.expand_cells(C.check_config(cfg))
     assert len(cells) == 16 and len({c.cell_id for c in cells}) == 16
 
 
@@ -152,7 +152,7 @@ def test_comparison_arm_inherits_primary_axes_it_does_not_override():
         grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
         comparison_arms=[{"name": "matched", "settings": {"token_aggregation": "mean"}}],
     )
-    cells = K.expand_cells(C.validate(cfg))
+    cells = K.expand_cells(C.check_config(cfg))
     assert len([c for c in cells if c.arm == "matched"]) == 6
 
 
@@ -174,14 +174,14 @@ def test_bad_config_names_the_key(mutate, key):
     cfg = minimal()
     mutate(cfg)
     with pytest.raises(C.ConfigError) as e:
-        C.validate(cfg)
+        C.check_config(cfg)
     assert key in str(e.value), str(e.value)
 
 
 def test_defaults_filled_and_input_not_mutated():
     raw = minimal()
     before = copy.deepcopy(raw)
-    cfg = C.validate(raw)
+    cfg = C.check_config(raw)
     assert raw == before
     assert cfg["train"]["eval_every"] == 25 and cfg["cell"]["latent_dim"] == 64
     assert cfg["backbone"]["embedded"]["num_hidden_layers"] >= 1
@@ -202,7 +202,7 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     cfg = C.load_config(ROOT / "config" / "followup.yaml")
     default = default_cfg()
     assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"]
-    cells = K.expand_cells(C.validate(cfg))
+    cells = K.expand_cells(C.check_config(cfg))
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)

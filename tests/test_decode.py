@@ -70,7 +70,9 @@ def test_z_changes_generation_and_router_sampling_is_seeded(tiny):
     a = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, progress=False)
     b = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, batch_size=4, progress=False)
     c = decode.generate(model, tok, xs, seed=4, max_new_tokens=6, progress=False)
-    assert torch.equal(a.z, b.z) and a.texts == b.texts
+    # the same seed gives the same z whatever the batching (eps is drawn for all rows at once;
+    # batches of other lengths round the router's pass differently in the last bits)
+    assert torch.allclose(a.z, b.z, rtol=0, atol=1e-5) and a.texts == b.texts
     assert not torch.equal(a.z, c.z)
     assert torch.allclose(a.mu_r, c.mu_r)
     # router mean and sampled z differ by sigma * eps

@@ -179,7 +179,7 @@ def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], r
 
 
 def expand_cells(cfg: dict) -> list[Cell]:
-    """All cells of a validated config (config.load_config / config.validate): the primary arm,
+    """All cells of a validated config (config.load_config / config.check_config): the primary arm,
     then each run-here comparison arm; each arm with its seeds (arm_seeds) and replicates."""
     rep = cfg.get("replicates")
     cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], arm_seeds(cfg), rep)

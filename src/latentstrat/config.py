@@ -53,8 +53,9 @@ def _schema_error_message(err: jsonschema.ValidationError) -> str:
     return f"config key {where}: {err.message}"
 
 
-def validate(cfg: dict) -> dict:
-    """Validate against the schema and fill defaults. Returns a new dict; raises ConfigError."""
+def check_config(cfg: dict) -> dict:
+    """Check a config against the schema and the semantic rules and fill its defaults. Returns
+    a new dict; raises ConfigError naming the key."""
     if not isinstance(cfg, dict):
         raise ConfigError("config must be a mapping")
     cfg = copy.deepcopy(cfg)
@@ -139,7 +140,8 @@ def load_config(
     here: str | Path | None = None,
 ) -> dict:
     """Read a YAML config (or take `cfg`, read from a file in folder `here`), deep-merge
-    `overrides`, validate, fill defaults. `extends:` resolves relative to the config's folder."""
+    `overrides`, check it and fill defaults (`check_config`). `extends:` resolves relative to
+    the config's folder."""
     if cfg is None:
         path = Path(path)
         if not path.exists():
@@ -156,7 +158,7 @@ def load_config(
     cfg = resolve_extends(copy.deepcopy(cfg), Path(path).parent if path else (Path(here) if here else None))
     if overrides:
         _deep_merge(cfg, overrides)
-    return validate(cfg)
+    return check_config(cfg)
 
 
 def resolve_extends(cfg: dict, here: Path | None = None, _seen: tuple = ()) -> dict:

@@ -571,6 +571,14 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
     )
 
 
+def split_batches(encoded: Encoded, batch_size: int, device, b=None):
+    """The no-grad walk over a whole split: (rows, batch) for each batch of rows in length order
+    (`length_batches`), collated (with the reference NLLs `b` when given) and on `device`. The
+    caller puts each batch's results back at `rows`."""
+    for rows in length_batches(encoded.lengths, batch_size):
+        yield rows, collate(encoded, rows, b).to(device)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 

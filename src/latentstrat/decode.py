@@ -92,13 +92,14 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
     """(z, mu_r, logvar_r) [N, D] per prompt; z = mu_r + sigma_r * eps, eps drawn once for all
     N rows from `seed` (z does not depend on batching); sample=False: z = mu_r."""
     pad, dev = special_id(tokenizer, data.PAD), device_of(model)
-    mus, logvars = [], []
-    for s in range(0, len(prompts.router), batch_size):
-        ids, mask = _pad(prompts.router[s : s + batch_size], pad, left=False)
-        mu, logvar = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
-        mus.append(mu.float().cpu())
-        logvars.append(logvar.float().cpu())
-    mu, logvar = torch.cat(mus), torch.cat(logvars)
+    mu = logvar = None
+    for rows in data.length_batches([len(p) for p in prompts.router], batch_size):
+        ids, mask = _pad([prompts.router[i] for i in rows], pad, left=False)
+        m, lv = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
+        if mu is None:
+            mu = torch.empty(len(prompts.router), m.shape[-1])
+            logvar = torch.empty_like(mu)
+        mu[rows], logvar[rows] = m.float().cpu(), lv.float().cpu()
     if not sample:
         return mu.clone(), mu, logvar
     eps = torch.randn(mu.shape, generator=torch.Generator().manual_seed(seed))

@@ -92,11 +92,9 @@ def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, 
     """Per-task and overall ("all") mean NLL per supervised token."""
     was_training = model.training
     model.eval()
-    dev = device_of(model)
     tot = torch.zeros(len(encoded.tasks), dtype=torch.float64)
     cnt = torch.zeros(len(encoded.tasks), dtype=torch.float64)
-    for idx in data.length_batches(encoded.lengths, batch_size):
-        batch = data.collate(encoded, idx).to(dev)
+    for _, batch in data.split_batches(encoded, batch_size, device_of(model)):
         nll = zfree_token_nll(model, batch).double().sum(1).cpu()
         n = batch.sup_mask.sum(1).double().cpu()
         tot.index_add_(0, batch.task_idx.cpu(), nll)

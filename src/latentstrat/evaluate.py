@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 
 from latentstrat import data, decode
-from latentstrat.backbone import device_for
+from latentstrat.backbone import device_for, device_of
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.model import build_model
@@ -104,9 +104,7 @@ def example_losses(
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
     out = {k: np.zeros(n) for k in LOSS_METRIC_OF}
     out["mu_q"] = np.zeros((n, model.latent_dim), dtype=np.float32)
-    dev = next(model.parameters()).device
-    for idx in data.length_batches(encoded.lengths, batch_size):
-        batch = data.collate(encoded, idx, b).to(dev)
+    for idx, batch in data.split_batches(encoded, batch_size, device_of(model), b):
         o = forward_losses(model, batch, objective, step, eps[idx])
         for k in LOSS_METRIC_OF:
             out[k][idx] = o[k].double().cpu().numpy()

@@ -60,10 +60,8 @@ def alpha_key(alpha: float) -> str:
 def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndarray]:
     """b per example (float32 arrays of length n_supervised), in row order of `encoded`."""
     model.eval()
-    dev = device_of(model)
     out: list[np.ndarray | None] = [None] * len(encoded)
-    for idx in data.length_batches(encoded.lengths, batch_size):
-        batch = data.collate(encoded, idx).to(dev)
+    for _, batch in data.split_batches(encoded, batch_size, device_of(model)):
         b = zfree_token_nll(model, batch).float().cpu().numpy()
         n = batch.sup_mask.sum(1).cpu().numpy()
         for r, i in enumerate(batch.row_idx.tolist()):

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host
-from latentstrat.backbone import device_for
+from latentstrat.backbone import device_for, device_of
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
@@ -347,7 +347,7 @@ def training_loop(
     and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
     `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
     tcfg, cid, seed = cfg["train"], cell["cell_id"], int(cell["seed"])
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     progress = Progress(cid, tcfg["steps"], run["step"])
     while run["step"] < tcfg["steps"]:
         step = run["step"]

@@ -29,6 +29,7 @@ import torch
 
 from latentstrat import data
 from latentstrat import objective as obj
+from latentstrat.backbone import device_of
 from latentstrat.decode import generate
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, derive
 from latentstrat.objective import Objective, forward_losses
@@ -128,13 +129,11 @@ def validation_passes(model, val) -> dict:
     NLLs) and the Gaussians [N, D]."""
     df, enc = val["df"], val["enc"]
     bs = val["batch_size"]
-    dev = next(model.parameters()).device
     acc: dict[str, list] = {k: [] for k in GAUSSIANS}
     l_rows: list = [None] * len(df)
     order: list[int] = []
-    for idx in data.length_batches(enc.lengths, bs):
+    for idx, batch in data.split_batches(enc, bs, device_of(model)):
         order += idx
-        batch = data.collate(enc, idx).to(dev)
         out = obj.forward_passes(model, batch, val["eps"][idx])
         nll, n = out["l"].float().cpu().numpy(), batch.sup_mask.sum(1).tolist()
         for j, r in enumerate(idx):
@@ -230,11 +229,9 @@ def scored_strategies(
             owner.append((k, strategies))
     cdf = pd.DataFrame(cand)
     enc = data.encode(cdf, tokenizer, model.z_slots)
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     scores = np.zeros(len(cdf))
-    for s in range(0, len(cdf), batch_size):
-        idx = list(range(s, min(len(cdf), s + batch_size)))
-        b = data.collate(enc, idx).to(dev)
+    for idx, b in data.split_batches(enc, batch_size, dev):
         zz = z[[owner[i][0] for i in idx]].to(dev)
         logits, _, _ = model.generator(b.gen_ids, b.gen_mask, zz, b.z_open_pos, b.z_slot_pos, sup_pos=b.gen_sup_pos)
         nll = (obj.token_nll(logits, b.sup_ids) * b.sup_mask).sum(1)
@@ -296,7 +293,7 @@ def _task_grad_norms(model, objective: Objective, val: dict, step: int) -> dict[
     """Per task: gradient norm of the mean active objective on one validation batch of that
     task (GRAD_SHARE_ROWS rows each, equal across tasks) from the probe subset `val["rows"]`."""
     params = model.trainable_parameters()
-    df, dev = val["df"], next(model.parameters()).device
+    df, dev = val["df"], device_of(model)
     by_task: dict[str, list[int]] = {}
     for r in val["rows"]:
         by_task.setdefault(df.task[r], []).append(r)

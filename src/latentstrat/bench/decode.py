@@ -19,6 +19,7 @@ import time
 import torch
 
 from latentstrat import data, decode
+from latentstrat.backbone import device_of
 
 
 @torch.no_grad()
@@ -26,7 +27,7 @@ def naive_decode(model, tokenizer, x_texts: list[str], z: torch.Tensor, max_new_
     """Reference: one example at a time, full forward per token, no KV cache."""
     eos = decode.special_id(tokenizer, data.EOS)
     prompts = decode.encode_prompts(tokenizer, x_texts, model.z_slots)
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     model.eval()
     outs = []
     with model.adapter("generator"):
