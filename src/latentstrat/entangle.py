@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -156,23 +157,32 @@ def window_rows(window: dict, done: int, steps: int, lr: float, t0: float, log=p
     return rows
 
 
+@dataclass(frozen=True, eq=False)
+class Records:
+    """What the entangled model trains and validates on: the encoded train split, the encoded
+    validation split (None in the data-parallel workers, which do not validate), one grouping
+    length per train row (`data.strategy_free_lengths`: batches group rows of similar length)
+    and, when each epoch draws one strategy per train input, the rows of each input's
+    strategies (`strategy_alternatives`; `train` then encodes those rows)."""
+
+    train: data.Encoded
+    val: data.Encoded | None
+    group_lengths: list[float]
+    alternatives: list[list[int]] | None = None
+
+
 def train_entangled(
     model,
-    train_enc: data.Encoded,
-    val_enc: data.Encoded,
+    records: Records,
     ecfg: dict,
-    group_lengths: list[float],
     log=print,
     backbone_dtype: torch.dtype = torch.float32,
-    alternatives: list[list[int]] | None = None,
     rank: int = 0,
     world: int = 1,
 ):
-    """Train `model` (float32 weights) in place on the z-free records, with the step of
+    """Train `model` (float32 weights) in place on the z-free `records`, with the step of
     `entangle_step.step_settings` (autocast, compile; validation runs uncompiled in float32).
-    Batches group rows of similar `group_lengths` (one per row of `train_enc`;
-    `data.strategy_free_lengths`). With `alternatives` (from `strategy_alternatives`;
-    `train_enc` then encodes its rows), each epoch draws one strategy per train input. Data
+    With `records.alternatives`, each epoch draws one strategy per train input. Data
     parallel (`world` > 1, inside `parallel.workers`): every rank draws the same global batches
     and trains on rows rank::world of each; only rank 0 validates and keeps the history.
     Returns (history rows, training summary).
@@ -181,29 +191,16 @@ def train_entangled(
     (`ema_update`, a Polyak average over the last ~1 / (1 - ema_decay) steps) and `model` ends
     holding it: the validation losses during training are the iterate's (`validation_loss`),
     the end's are the average's (`validation_loss_ema`, the saved model)."""
-    if len(group_lengths) != len(train_enc):
-        raise ValueError(f"entangle: {len(group_lengths)} group lengths for {len(train_enc)} train rows")
+    if len(records.group_lengths) != len(records.train):
+        raise ValueError(f"entangle: {len(records.group_lengths)} group lengths for {len(records.train)} train rows")
     steps, bs = ecfg["steps"], ecfg["batch_size"]
-    history = validation_rows(model, val_enc, 2 * bs, 0) if rank == 0 else []
+    history = validation_rows(model, records.val, 2 * bs, 0) if rank == 0 else []
     model.train()
     params = list(model.parameters())
     average = [p.detach().clone() for p in params] if ecfg["ema_decay"] and rank == 0 else None
     step_nll, amp_dtype = step_settings(ecfg, backbone_dtype)
     t0 = time.time()
-    tokens = training_loop(
-        model,
-        train_enc,
-        val_enc,
-        ecfg,
-        group_lengths,
-        alternatives,
-        (step_nll, amp_dtype),
-        average,
-        history,
-        log,
-        rank,
-        world,
-    )
+    tokens = training_loop(model, records, ecfg, (step_nll, amp_dtype), average, history, log, (rank, world))
     wall = time.time() - t0
     if world > 1:
         parallel.check_identical(params, "entangle")
@@ -213,11 +210,11 @@ def train_entangled(
             for a, p in zip(average, params):
                 p.copy_(a)
         final_metric = "validation_loss_ema"
-        history += validation_rows(model, val_enc, 2 * bs, steps, final_metric)
+        history += validation_rows(model, records.val, 2 * bs, steps, final_metric)
         log(f"entangle: weight average (ema_decay {ecfg['ema_decay']}): validation loss {history[-1]['value']:.4f}")
     model.eval()
     summary = dict(
-        resample_strategies=alternatives is not None,
+        resample_strategies=records.alternatives is not None,
         steps=steps,
         batch_size=bs,
         lr=ecfg["lr"],
@@ -241,22 +238,12 @@ def final_losses(history: list[dict], metric: str, step: int) -> dict[str, float
 
 
 def training_loop(
-    model,
-    train_enc: data.Encoded,
-    val_enc: data.Encoded,
-    ecfg: dict,
-    group_lengths,
-    alternatives,
-    step_fn: tuple,
-    average,
-    history: list[dict],
-    log=print,
-    rank: int = 0,
-    world: int = 1,
+    model, records: Records, ecfg: dict, step_fn: tuple, average, history: list[dict], log, shard: tuple[int, int]
 ) -> int:
     """The `entangle.steps` updates of `train_entangled` (`step_fn`: its loss function and
-    autocast dtype); rank 0 appends the train-loss and validation rows to `history`. Returns
-    the tokens trained on."""
+    autocast dtype; `shard`: this process's rank and the number of processes); rank 0 appends
+    the train-loss and validation rows to `history`. Returns the tokens trained on."""
+    rank, world = shard
     dev = device_of(model)
     steps, bs, lr, warmup = ecfg["steps"], ecfg["batch_size"], ecfg["lr"], ecfg["warmup_steps"]
     opt = make_optimizer(model, lr, ecfg["weight_decay"])
@@ -268,9 +255,9 @@ def training_loop(
     for step in range(steps):
         idx = next(batches, None)
         if idx is None:  # new epoch
-            batches = data.epoch_batches(group_lengths, bs, rng, alternatives)
+            batches = data.epoch_batches(records.group_lengths, bs, rng, records.alternatives)
             idx = next(batches)
-        batch, n_supervised, n_tok = rank_share(train_enc, idx, rank, world, dev)
+        batch, n_supervised, n_tok = rank_share(records.train, idx, rank, world, dev)
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
         for g in opt.param_groups:
             g["lr"] = cur_lr
@@ -293,7 +280,7 @@ def training_loop(
         if done % LOG_EVERY == 0 or done == steps:
             history += window_rows(window, done, steps, cur_lr, t0, log)
         if done in eval_steps:
-            history += validation_rows(model, val_enc, 2 * bs, done)
+            history += validation_rows(model, records.val, 2 * bs, done)
             log(f"entangle step {done}: validation loss {history[-1]['value']:.4f}")
     return tokens
 
@@ -389,13 +376,14 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     )
     # with entangle.processes > 1, data parallel over CPU processes that split the threads
     world = ecfg["processes"]
+    records = Records(train_enc, val_enc, group_lengths, alternatives)
     history, summary = parallel.run(
         world,
         int(threads),
         train_entangled,
-        (model, train_enc),
-        dict(val_enc=None, ecfg=ecfg, group_lengths=group_lengths, backbone_dtype=dtype, alternatives=alternatives),
-        rank0_kwargs=dict(val_enc=val_enc, log=log),
+        (model,),
+        dict(records=replace(records, val=None), ecfg=ecfg, backbone_dtype=dtype),
+        rank0_kwargs=dict(records=records, log=log),
     )
     model.set_attn_implementation(attention)
     summary.update(

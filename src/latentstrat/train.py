@@ -22,7 +22,9 @@ import json
 import math
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -201,6 +203,22 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 # ----------------------------------------------------------------------------- the stage
 
 
+@dataclass(frozen=True, eq=False)
+class CellSetup:
+    """What a cell's training loop reads and never changes: the config and the cell, its
+    objective J and gradient-clip threshold, the tokenizer, the encoded train split with its
+    reference NLLs, and the validation inputs (validation.prepare_validation)."""
+
+    cfg: dict
+    cell: dict
+    objective: Objective
+    clip: float
+    tokenizer: Any
+    train: data.Encoded
+    b_train: list
+    val: dict
+
+
 def train_cell(
     cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None, step0_dir=None
 ) -> dict:
@@ -229,9 +247,10 @@ def train_cell(
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
+    setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val)
+
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
     fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
-    clip = grad_clip_for(tcfg, objective)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 
     def checkpoint():
@@ -257,7 +276,7 @@ def train_cell(
         if run["step"] == 0 and not run["history"]:
             measured = step0_measured(model, cfg, val, cid, step0_dir)
             run["history"] += validate(model, tokenizer, cfg, cell, objective, val, 0, measured)
-        training_loop(model, opt, enc, b_train, tokenizer, cfg, cell, objective, val, clip, run, checkpoint, stop)
+        training_loop(model, opt, setup, run, checkpoint, stop)
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
 
@@ -328,33 +347,22 @@ def step0_measured(model, cfg: dict, val: dict, cid: str, step0_dir) -> dict | N
     return measured
 
 
-def training_loop(
-    model,
-    opt,
-    enc: data.Encoded,
-    b_train,
-    tokenizer,
-    cfg: dict,
-    cell: dict,
-    objective: Objective,
-    val: dict,
-    clip: float,
-    run: dict,
-    checkpoint,
-    stop: dict,
-) -> None:
+def training_loop(model, opt, setup: CellSetup, run: dict, checkpoint, stop: dict) -> None:
     """The updates from `run["step"]` to `train.steps`, advancing `run` in place: validation
     and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
     `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
-    tcfg, cid, seed = cfg["train"], cell["cell_id"], int(cell["seed"])
+    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], int(setup.cell["seed"]), setup.train
+    clip, val = setup.clip, setup.val
     dev = device_of(model)
     progress = Progress(cid, tcfg["steps"], run["step"])
     while run["step"] < tcfg["steps"]:
         step = run["step"]
         t0 = time.perf_counter()
         idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
-        batch = data.collate(enc, idx, b_train).to(dev)
-        losses = forward_losses(model, batch, objective, step, step_noise(seed, step, (len(idx), model.latent_dim)))
+        batch = data.collate(enc, idx, setup.b_train).to(dev)
+        losses = forward_losses(
+            model, batch, setup.objective, step, step_noise(seed, step, (len(idx), model.latent_dim))
+        )
         check_finite(losses, cid, step + 1)
         opt.zero_grad(set_to_none=True)
         losses["total"].backward()
@@ -369,7 +377,7 @@ def training_loop(
         run["tokens"] += n_tok
         progress.update(step, float(losses["total"].detach()), n_tok)
         if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
-            run["history"] += validate(model, tokenizer, cfg, cell, objective, val, step)
+            run["history"] += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, val, step)
             run["history"] += batch_stats(cid, enc.tasks, run["step_records"], clip, step, run["history"])
         if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
             checkpoint()
