@@ -11,6 +11,7 @@ dynamics (histories) -> sanity (cell checks) -> fairness -> followup.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -104,28 +105,40 @@ def write_tables(t: dict, out_dir: Path, meta: dict) -> None:
     write_text(json.dumps(meta, indent=2, default=str) + "\n", out_dir / "aggregate_meta.json")
 
 
+@dataclass(frozen=True, eq=False)
+class CollectionData:
+    """What the aggregate tables are computed from.
+
+    summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
+    state: every cell of the collection and its status (`load_cell_metrics`).
+    comparisons: external comparison arm name -> validated table; run-here arms come from summary.
+    grid_axes: the cell settings the primary arm's grid varies.
+    history: the complete cells' training histories (long).
+    bootstrap: cell id -> its bootstrap replicates (cell_metrics.bootstrap_replicates), for intervals.
+    costs: per cell job seconds (cell_costs), or None.
+    entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
+    """
+
+    summary: pd.DataFrame
+    state: pd.DataFrame
+    comparisons: dict
+    grid_axes: list
+    history: pd.DataFrame
+    bootstrap: dict | None = None
+    costs: pd.DataFrame | None = None
+    entangle_quality: dict | None = None
+
+
 def aggregate_tables(
-    summary: pd.DataFrame,
-    state: pd.DataFrame,
-    comparisons: dict,
-    grid_axes,
-    history: pd.DataFrame,
+    data: CollectionData,
     out_dir: str | Path,
     top_k: int = 5,
     primary_metric: str = "router_information",
     meta: dict | None = None,
-    entangle_quality: dict | None = None,
-    bootstrap: dict | None = None,
-    costs: pd.DataFrame | None = None,
 ) -> dict:
-    """All aggregate tables from DataFrames; writes parquet + CSV under out_dir. Returns {name: DataFrame}.
-
-    summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
-    comparisons: external comparison arm name -> validated table; run-here arms come from summary.
-    entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
-    bootstrap: cell id -> its bootstrap replicates (cell_metrics.bootstrap_replicates), for intervals.
-    costs: per cell job seconds (cell_costs), or None.
-    """
+    """All aggregate tables from a collection's data; writes parquet + CSV under out_dir.
+    Returns {name: DataFrame}."""
+    summary, state, grid_axes, bootstrap = data.summary, data.state, data.grid_axes, data.bootstrap
     role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
     primary_cells = summary[role == "primary"]
     t: dict[str, pd.DataFrame] = {
@@ -139,20 +152,18 @@ def aggregate_tables(
     settings = report_settings((meta or {}).get("report"))
     t["cell_states"] = cell_states(summary, settings)
     t["cell_state_counts"] = state_counts(t["cell_states"])
-    arms = comparison_arm_rows(summary, role, comparisons, bootstrap)
+    arms = comparison_arm_rows(summary, role, data.comparisons, bootstrap)
     contrasts, commons, unmatched = contrast_tables(primary_rows, arms, grid_axes, bootstrap, t["cell_states"])
     t.update(contrasts)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)
     primary_metric, ranking_note = ranking_metric(primary_rows, primary_metric)
     t["top_rows"], t["bottom_rows"] = top_bottom(primary_rows, primary_metric, top_k)
-    t.update(history_tables(history, state, top_k))
+    t.update(history_tables(data.history, state, top_k))
     h_all, h_task = t["history_long"], t["history_per_task_long"]
     t["collection_metadata"] = collection_metadata(summary, state, host.code_version()["code_version"])
-    t["cell_costs"] = costs if costs is not None else cell_costs(None, [])
-    t["cell_sanity"] = cell_sanity(summary, h_all, entangled_model_quality(entangle_quality), settings)
-    t["fairness"] = fairness_table(
-        primary_cells, state, primary_rows, grid_axes, arms, commons, unmatched, h_all, h_task, t["cell_sanity"]
-    )
+    t["cell_costs"] = data.costs if data.costs is not None else cell_costs(None, [])
+    t["cell_sanity"] = cell_sanity(summary, h_all, entangled_model_quality(data.entangle_quality), settings)
+    t["fairness"] = fairness_table(t, primary_cells, primary_rows, grid_axes, arms, commons, unmatched)
     t["data_availability"] = availability_table(primary_rows, arms, commons, h_all, h_task)
     mark_cells(t, t["cell_sanity"])
     write_tables(
@@ -208,18 +219,11 @@ def aggregate_collection(
     }
     costs = cell_costs(bench_dir, list(metrics_paths))
     t = aggregate_tables(
-        summary,
-        state,
-        comparisons,
-        grid_axes,
-        history,
+        CollectionData(summary, state, comparisons, grid_axes, history, bootstrap, costs, quality),
         out_dir,
         top_k=cfg["report"]["top_k"],
         primary_metric=cfg["report"]["primary_metric"],
         meta=meta,
-        entangle_quality=quality,
-        bootstrap=bootstrap,
-        costs=costs,
     )
     write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs), out_dir)
     return t
@@ -279,11 +283,7 @@ def aggregate_from_tables(
         "configfile": str(Path(config_path).resolve()) if config_path else None,
     }
     t = aggregate_tables(
-        summary,
-        state,
-        comparisons,
-        grid_axes_from_rows(summary),
-        history,
+        CollectionData(summary, state, comparisons, grid_axes_from_rows(summary), history),
         out_dir,
         top_k=top_k,
         primary_metric=primary_metric,

@@ -159,21 +159,21 @@ def seed_claim(primary_cells: pd.DataFrame, primary_rows: pd.DataFrame) -> dict:
 
 
 def fairness_table(
+    tables: dict,
     primary_cells: pd.DataFrame,
-    state: pd.DataFrame,
     primary_rows: pd.DataFrame,
     grid_axes,
     comparisons: dict,
     commons: dict,
     unmatched: dict,
-    history_all: pd.DataFrame,
-    history_task: pd.DataFrame,
-    sanity: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """claim | status | evidence, each computed from configs and outputs (design section 7, docs/design.md)."""
+    """claim | status | evidence, each computed from configs and outputs (design section 7,
+    docs/design.md). `tables`: the aggregate tables built so far (the collection state, the
+    histories and the cell sanity check are read from it)."""
+    history_all, history_task = tables["history_long"], tables["history_per_task_long"]
     rows = [
-        *sanity_claim(sanity),
-        completeness_claim(state),
+        *sanity_claim(tables.get("cell_sanity")),
+        completeness_claim(tables["collection_state"]),
         fixed_setting_claim(primary_cells, grid_axes),
         *comparison_claims(primary_rows, comparisons, commons, unmatched, grid_axes),
         {"claim": "training-dynamics diagnosis", **dynamics_status(history_all, primary_cells)},
