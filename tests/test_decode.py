@@ -53,7 +53,7 @@ def test_prompts_are_the_training_record_cut_after_y_open(tiny):
 def test_greedy_batched_equals_naive_loop(tiny):
     model, tok, xs = tiny
     z = torch.randn(len(xs), 4, generator=torch.Generator().manual_seed(1))
-    fast = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=5, progress=False)
+    fast = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(max_new_tokens=12, batch_size=5))
     slow = naive_decode(model, tok, xs, z, max_new_tokens=12)
     assert fast.token_ids == slow
     assert fast.n_generated == [len(t) for t in slow]
@@ -61,22 +61,22 @@ def test_greedy_batched_equals_naive_loop(tiny):
     lengths = {len(p) for p in decode.encode_prompts(tok, xs, 2).prompt}
     assert len(lengths) > 1
     # batch size does not change greedy outputs
-    again = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=12, progress=False)
+    again = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(max_new_tokens=12, batch_size=12))
     assert again.token_ids == fast.token_ids
 
 
 def test_z_changes_generation_and_router_sampling_is_seeded(tiny):
     model, tok, xs = tiny
-    a = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, progress=False)
-    b = decode.generate(model, tok, xs, seed=3, max_new_tokens=6, batch_size=4, progress=False)
-    c = decode.generate(model, tok, xs, seed=4, max_new_tokens=6, progress=False)
+    a = decode.generate(model, tok, xs, decoding=decode.Decoding(seed=3, max_new_tokens=6))
+    b = decode.generate(model, tok, xs, decoding=decode.Decoding(seed=3, max_new_tokens=6, batch_size=4))
+    c = decode.generate(model, tok, xs, decoding=decode.Decoding(seed=4, max_new_tokens=6))
     # the same seed gives the same z whatever the batching (eps is drawn for all rows at once;
     # batches of other lengths round the router's pass differently in the last bits)
     assert torch.allclose(a.z, b.z, rtol=0, atol=1e-5) and a.texts == b.texts
     assert not torch.equal(a.z, c.z)
     assert torch.allclose(a.mu_r, c.mu_r)
     # router mean and sampled z differ by sigma * eps
-    m = decode.generate(model, tok, xs, sample_z_from="router_mean", max_new_tokens=2, progress=False)
+    m = decode.generate(model, tok, xs, sample_z_from="router_mean", decoding=decode.Decoding(max_new_tokens=2))
     assert torch.equal(m.z, m.mu_r)
     # the router reads x only: mu_r equals router_prefix on the unpadded prefix
     p = decode.encode_prompts(tok, xs[:1], 2)
@@ -88,9 +88,9 @@ def test_z_changes_generation_and_router_sampling_is_seeded(tiny):
 def test_temperature_sampling_seeded(tiny):
     model, tok, xs = tiny
     z = torch.zeros(len(xs), 4)
-    a = decode.generate(model, tok, xs, z=z, temperature=1.0, seed=0, max_new_tokens=5, progress=False)
-    b = decode.generate(model, tok, xs, z=z, temperature=1.0, seed=0, max_new_tokens=5, progress=False)
-    g = decode.generate(model, tok, xs, z=z, max_new_tokens=5, progress=False)
+    a = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(temperature=1.0, seed=0, max_new_tokens=5))
+    b = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(temperature=1.0, seed=0, max_new_tokens=5))
+    g = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(max_new_tokens=5))
     assert a.token_ids == b.token_ids
     assert a.token_ids != g.token_ids
 
@@ -106,9 +106,9 @@ def test_y_text_cut_at_end_tokens(tiny):
 def test_bad_arguments(tiny):
     model, tok, xs = tiny
     with pytest.raises(ValueError, match="shape"):
-        decode.generate(model, tok, xs, z=torch.zeros(3, 4), progress=False)
+        decode.generate(model, tok, xs, z=torch.zeros(3, 4))
     with pytest.raises(ValueError, match="sample_z_from"):
-        decode.generate(model, tok, xs, sample_z_from="posterior", progress=False)
+        decode.generate(model, tok, xs, sample_z_from="posterior")
 
 
 def test_benchmark_run_small():
@@ -139,7 +139,7 @@ def test_rows_finishing_at_different_steps_leave_the_batch(tiny):
     handle = model.lm.lm_head.register_forward_hook(favour_eos)
     try:
         z = torch.randn(len(xs), 4, generator=torch.Generator().manual_seed(2))
-        fast = decode.generate(model, tok, xs, z=z, max_new_tokens=12, batch_size=6, progress=False)
+        fast = decode.generate(model, tok, xs, z=z, decoding=decode.Decoding(max_new_tokens=12, batch_size=6))
         slow = naive_decode(model, tok, xs, z, max_new_tokens=12)
     finally:
         handle.remove()

@@ -159,7 +159,7 @@ def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
     assert prompts == [ids[: p + 4] for ids, p in zip(enc.gen_ids[:5], enc.z_open_pos)]  # the record cut after <y>
     assert len({len(p) for p in prompts}) > 1  # left padding is exercised
     # temperature -> 0 makes sampling greedy: the cached, padded batch must equal per-prompt recompute
-    got = decode.generate_zfree(model, tok, xs, 1, max_new_tokens=6, batch_size=5, seed=0, temperature=1e-6)
+    got = decode.generate_zfree(model, tok, xs, 1, decode.Decoding(6, 5, temperature=1e-6, seed=0))
     itos = {i: w for w, i in tok.get_vocab().items()}
     eos = tok.get_vocab()["<eos>"]
     for p, text in zip(prompts, got):
@@ -170,9 +170,9 @@ def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
             words.append(itos[t])
         assert text == " ".join(words)
     # seeded: same seed, same samples; different seed, (almost surely) different samples
-    a = decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=1)
-    assert a == decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=1)
-    assert a != decode.generate_zfree(model, tok, xs, 1, 6, 2, seed=2)
+    a = decode.generate_zfree(model, tok, xs, 1, decode.Decoding(6, 2, temperature=1.0, seed=1))
+    assert a == decode.generate_zfree(model, tok, xs, 1, decode.Decoding(6, 2, temperature=1.0, seed=1))
+    assert a != decode.generate_zfree(model, tok, xs, 1, decode.Decoding(6, 2, temperature=1.0, seed=2))
 
 
 # ----------------------------------------------------------------------------- strategy resampling

@@ -462,7 +462,7 @@ def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
                 .logits[:, -1]
                 .float()
             )
-            gen = decode.generate(m, tok, [x for _, x in rows], z=eps, max_new_tokens=6, progress=False)
+            gen = decode.generate(m, tok, [x for _, x in rows], z=eps, decoding=decode.Decoding(max_new_tokens=6))
         out[dtype] = (losses["raw"].detach(), first, gen)
     (l32, f32, _), (l16, f16, g16) = out["float32"], out["bfloat16"]
     assert (l16 - l32).abs().max() <= 0.02 * l32.abs().max()

@@ -119,7 +119,7 @@ def test_readme_snippet_generates_what_the_project_decodes(cell, capsys):
     exec(compile(code, "README.md", "exec"), ns)
     printed = capsys.readouterr().out
     x = re.search(r'tok\("<bos> <x> (.*?) </x>', code).group(1)
-    gen = decode.generate(cell["model"], cell["tok"], [x], z=ns["z"][None], max_new_tokens=64, progress=False)
+    gen = decode.generate(cell["model"], cell["tok"], [x], z=ns["z"][None], decoding=decode.Decoding(max_new_tokens=64))
     assert ns["out"][0].tolist() == gen.token_ids[0]
     assert " ".join(printed.split("</y>")[0].split()) == gen.texts[0]
 

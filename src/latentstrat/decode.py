@@ -38,6 +38,24 @@ from latentstrat.backbone import device_of
 from latentstrat.progress import Progress
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How generations are decoded: up to `max_new_tokens` per prompt, `batch_size` prompts at a
+    time (similar lengths together), greedy (`temperature` 0) or sampled at `temperature`,
+    seeded with `seed` (which also seeds the router's z)."""
+
+    max_new_tokens: int = 128
+    batch_size: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError(f"max_new_tokens and batch_size must be >= 1, got {self}")
+
+
 @dataclass
 class Generation:
     texts: list[str]  # generated y (before </y> / <eos>)
@@ -175,31 +193,29 @@ def decode_prompts(
     tokenizer,
     prompts: Prompts,
     z: torch.Tensor | None,
-    max_new_tokens: int,
-    batch_size: int,
-    temperature: float = 0.0,
+    decoding: Decoding,
     gen: torch.Generator | None = None,
-    progress: bool = False,
-    desc: str = "decode",
+    progress: str | None = None,
 ) -> list[list[int]]:
     """`decode_batch` over every prompt, batched by prompt length (data.length_batches);
-    generated ids in input order. `z`: [N, D] for a cell, None for the entangled model."""
+    generated ids in input order. `z`: [N, D] for a cell, None for the entangled model;
+    `gen`: the sampling generator (temperature > 0); `progress`: a label to show progress under."""
     N = len(prompts.prompt)
     token_ids: list[list[int]] = [[] for _ in range(N)]
     # a terminal gets a bar; a log file (a job's) a line every 30 s
-    tty = progress and sys.stderr.isatty()
-    bar = tqdm(total=N, desc=desc, unit="ex", disable=not tty, mininterval=5)
-    lines = Progress(desc, N, unit="example") if progress and not tty else None
+    tty = bool(progress) and sys.stderr.isatty()
+    bar = tqdm(total=N, desc=progress, unit="ex", disable=not tty, mininterval=5)
+    lines = Progress(progress, N, unit="example") if progress and not tty else None
     done = 0
-    for idx in data.length_batches([len(p) for p in prompts.prompt], batch_size):
+    for idx in data.length_batches([len(p) for p in prompts.prompt], decoding.batch_size):
         out = decode_batch(
             model,
             tokenizer,
             [prompts.prompt[i] for i in idx],
             [prompts.slot_pos[i] for i in idx],
             None if z is None else z[idx],
-            max_new_tokens,
-            temperature,
+            decoding.max_new_tokens,
+            decoding.temperature,
             gen,
         )
         for i, ids in zip(idx, out):
@@ -219,23 +235,18 @@ def generate(
     x_texts: list[str],
     z: torch.Tensor | None = None,
     sample_z_from: str = "router",
-    max_new_tokens: int = 128,
-    batch_size: int = 64,
-    temperature: float = 0.0,
-    seed: int = 0,
-    progress: bool = True,
-    desc: str = "decode",
+    decoding: Decoding = Decoding(),
+    progress: str | None = None,
 ) -> Generation:
     """A cell's generations: y for every x, conditioned on z, given [N, D] or from the router.
 
-    sample_z_from: 'router' (z ~ N(mu_r, sigma_r), seeded) or 'router_mean' (z = mu_r); ignored
-    when z is given. Prompts are batched by length (similar lengths together); outputs come
-    back in input order. temperature 0 = greedy; > 0 samples (seeded).
+    sample_z_from: 'router' (z ~ N(mu_r, sigma_r), seeded with `decoding.seed`) or
+    'router_mean' (z = mu_r); ignored when z is given. Prompts are batched by length; outputs
+    come back in input order. `progress`: a label to show progress under (None: none).
     """
     if sample_z_from not in ("router", "router_mean"):
         raise ValueError(f"sample_z_from must be 'router' or 'router_mean', got {sample_z_from!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    d = decoding
     N = len(x_texts)
     prompts = encode_prompts(tokenizer, x_texts, model.z_slots)
     mu = logvar = None
@@ -244,13 +255,13 @@ def generate(
     try:
         with model.adapter("generator"):
             if z is None:
-                z, mu, logvar = router_z(model, tokenizer, prompts, batch_size, seed, sample=sample_z_from == "router")
+                z, mu, logvar = router_z(
+                    model, tokenizer, prompts, d.batch_size, d.seed, sample=sample_z_from == "router"
+                )
             elif tuple(z.shape) != (N, model.latent_dim):
                 raise ValueError(f"z has shape {tuple(z.shape)}, expected ({N}, {model.latent_dim})")
-            gen = torch.Generator(device_of(model)).manual_seed(seed + 1) if temperature > 0 else None
-            token_ids = decode_prompts(
-                model, tokenizer, prompts, z, max_new_tokens, batch_size, temperature, gen, progress, desc
-            )
+            gen = torch.Generator(device_of(model)).manual_seed(d.seed + 1) if d.temperature > 0 else None
+            token_ids = decode_prompts(model, tokenizer, prompts, z, d, gen, progress)
     finally:
         model.train(was_training)
     texts = [data.decode_y(tokenizer, ids) for ids in token_ids]
@@ -258,26 +269,17 @@ def generate(
 
 
 @torch.no_grad()
-def generate_zfree(
-    model,
-    tokenizer,
-    x_texts: list[str],
-    z_slots: int,
-    max_new_tokens: int,
-    batch_size: int,
-    temperature: float = 1.0,
-    seed: int = 0,
-) -> list[str]:
+def generate_zfree(model, tokenizer, x_texts: list[str], z_slots: int, decoding: Decoding) -> list[str]:
     """The entangled (z-free) model's y text for every x: the cell's prompt layout with a
-    neutral slot of `z_slots` `[Z]` tokens, sampled at `temperature` (0 = greedy) from a
-    generator on the model's device seeded with `seed`, as the cells' decoding is: no
-    vocabulary-sized copy to the host per step."""
+    neutral slot of `z_slots` `[Z]` tokens, decoded as `decoding` says (sampled from a
+    generator on the model's device seeded with its seed, as the cells' decoding is: no
+    vocabulary-sized copy to the host per step)."""
     prompts = encode_prompts(tokenizer, x_texts, z_slots)
     was_training = model.training
     model.eval()
     try:
-        gen = torch.Generator(device_of(model)).manual_seed(seed) if temperature > 0 else None
-        token_ids = decode_prompts(model, tokenizer, prompts, None, max_new_tokens, batch_size, temperature, gen)
+        gen = torch.Generator(device_of(model)).manual_seed(decoding.seed) if decoding.temperature > 0 else None
+        token_ids = decode_prompts(model, tokenizer, prompts, None, decoding, gen)
     finally:
         model.train(was_training)
     return [data.decode_y(tokenizer, ids) for ids in token_ids]

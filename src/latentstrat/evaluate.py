@@ -157,10 +157,8 @@ def evaluate_cell(
             tokenizer,
             test.x.tolist(),
             sample_z_from="router",
-            max_new_tokens=ecfg["max_new_tokens"],
-            batch_size=ecfg["batch_size"],
-            seed=ecfg["seed"],
-            desc=f"decode {cell['cell_id']}",
+            decoding=decode.Decoding(ecfg["max_new_tokens"], ecfg["batch_size"], seed=ecfg["seed"]),
+            progress=f"decode {cell['cell_id']}",
         )
         losses = example_losses(
             model,

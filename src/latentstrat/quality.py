@@ -134,14 +134,13 @@ def check_quality(
     """Sample at temperature 1 on up to `quality_samples_per_task` validation inputs per task
     and run the checks (the test split is read by the evaluate stage only). Returns (report,
     samples)."""
-    from latentstrat.decode import generate_zfree
+    from latentstrat.decode import Decoding, generate_zfree
 
     n = ecfg["quality_samples_per_task"]
     inputs = val_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)
     max_new = int(max(train_df.n_supervised.max(), val_df.n_supervised.max())) + 8
-    texts = generate_zfree(
-        model, tokenizer, inputs.x.tolist(), ecfg["z_slots"], max_new, batch_size, TEMPERATURE, seed=ecfg["seed"]
-    )
+    decoding = Decoding(max_new, batch_size, TEMPERATURE, ecfg["seed"])
+    texts = generate_zfree(model, tokenizer, inputs.x.tolist(), ecfg["z_slots"], decoding)
     samples = inputs[["task", "example_id", "strategy", "x", "y"]].assign(y_generated=texts)
     report = quality_report(samples, data_strategy_distributions(train_df), ecfg)
     report.update(temperature=TEMPERATURE, samples_per_task=n, max_new_tokens=max_new)

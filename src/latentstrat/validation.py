@@ -30,7 +30,7 @@ import torch
 from latentstrat import data
 from latentstrat import objective as obj
 from latentstrat.backbone import device_of
-from latentstrat.decode import generate
+from latentstrat.decode import Decoding, generate
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, derive
 from latentstrat.objective import Objective, forward_losses
 from latentstrat.probes import linear_probe
@@ -270,10 +270,7 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
         model,
         tokenizer,
         sub.x.tolist(),
-        max_new_tokens=cfg["evaluate"]["max_new_tokens"],
-        batch_size=cfg["train"]["val_batch_size"],
-        seed=seed,
-        progress=False,
+        decoding=Decoding(cfg["evaluate"]["max_new_tokens"], cfg["train"]["val_batch_size"], seed=seed),
     )
     scored = score_generations(sub, gen.texts)
     correct = scored.correct.to_numpy(dtype=float)

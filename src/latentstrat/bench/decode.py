@@ -80,12 +80,10 @@ def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) 
     model, tokenizer, xs = build_bench_model(cfg, seed)
     xs = xs[:n]
     z = torch.randn(len(xs), model.latent_dim, generator=torch.Generator().manual_seed(seed))
-    decode.generate(model, tokenizer, xs[:2], z=z[:2], max_new_tokens=2, progress=False)  # warm-up both paths
+    decode.generate(model, tokenizer, xs[:2], z=z[:2], decoding=decode.Decoding(2))  # warm-up both paths
     naive_decode(model, tokenizer, xs[:1], z[:1], 2)
     t0 = time.perf_counter()
-    fast = decode.generate(
-        model, tokenizer, xs, z=z, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False
-    )
+    fast = decode.generate(model, tokenizer, xs, z=z, decoding=decode.Decoding(max_new_tokens, batch_size))
     t_fast = time.perf_counter() - t0
     print(f"batched KV cache: {sum(fast.n_generated)} tokens in {t_fast:.2f} s; running the naive loop ...", flush=True)
     t0 = time.perf_counter()
