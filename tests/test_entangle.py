@@ -499,15 +499,12 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     monkeypatch.setattr(host, "native_bf16", lambda: False)
     cpu = torch.device("cpu")
     assert E.step_candidates(cfg["entangle"], cpu) == [E.PLAIN]  # nothing to try
-    resolved, rec = E.choose_step_settings(
-        cfg["entangle"], model, enc, lengths, cpu, 2, torch.float32, log=lambda m: None
-    )
+    records = E.Records(enc, None, lengths)
+    resolved, rec = E.choose_step_settings(cfg["entangle"], model, records, cpu, 2, torch.float32, log=lambda m: None)
     assert {k: resolved[k] for k in E.PLAIN} == E.PLAIN and resolved["processes"] == 2
     assert rec["trial"] == [] and rec["host"]["native_bf16"] is not None
     monkeypatch.setattr(host, "native_bf16", lambda: True)
-    resolved, rec = E.choose_step_settings(
-        cfg["entangle"], model, enc, lengths, cpu, 1, torch.float32, log=lambda m: None
-    )
+    resolved, rec = E.choose_step_settings(cfg["entangle"], model, records, cpu, 1, torch.float32, log=lambda m: None)
     assert [r["autocast"] for r in rec["trial"]] == ["none", "bfloat16"] and resolved["processes"] == 1
     plain, bf16 = (r["tokens_per_s"] for r in rec["trial"])
     want = "bfloat16" if bf16 >= E.MIN_GAIN * plain else "none"

@@ -50,7 +50,7 @@ def smoke(tiny_base, tmp_path_factory):
     dd, ed, rd, td = tiny_base["data_dir"], tiny_base["entangle_dir"], tiny_base["reference_dir"], root / "train"
     train_cell(cfg, cell, dd, ed, rd, td, threads=1)
     rec_path = root / "evaluate" / "records.parquet"
-    evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1, log=lambda *_: None)
+    evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1)
     probe_paths = [root / "probes" / f"{t}.parquet" for t in cfg["data"]["tasks"]] + [
         root / "probes" / "global.parquet"
     ]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +51,14 @@ from latentstrat.backbone import (
     load_entangled,
     write_model_extras,
 )
-from latentstrat.entangle_step import choose_step_settings, make_optimizer, rank_share, step_settings, train_step
+from latentstrat.entangle_step import (
+    Records,
+    choose_step_settings,
+    make_optimizer,
+    rank_share,
+    step_settings,
+    train_step,
+)
 from latentstrat.io import dump_json, write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
 from latentstrat.objective import zfree_token_nll
@@ -155,20 +162,6 @@ def window_rows(window: dict, done: int, steps: int, lr: float, t0: float, log=p
     )
     window.update(new_window())
     return rows
-
-
-@dataclass(frozen=True, eq=False)
-class Records:
-    """What the entangled model trains and validates on: the encoded train split, the encoded
-    validation split (None in the data-parallel workers, which do not validate), one grouping
-    length per train row (`data.strategy_free_lengths`: batches group rows of similar length)
-    and, when each epoch draws one strategy per train input, the rows of each input's
-    strategies (`strategy_alternatives`; `train` then encodes those rows)."""
-
-    train: data.Encoded
-    val: data.Encoded | None
-    group_lengths: list[float]
-    alternatives: list[list[int]] | None = None
 
 
 def train_entangled(
@@ -361,9 +354,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     dtype = DTYPES[cfg["backbone"]["dtype"]]
     model = build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
     model = model.to(device=device, dtype=torch.float32)
-    ecfg, choice = choose_step_settings(
-        ecfg, model, train_enc, group_lengths, device, int(threads), dtype, alternatives, log
-    )
+    records = Records(train_enc, val_enc, group_lengths, alternatives)
+    ecfg, choice = choose_step_settings(ecfg, model, replace(records, val=None), device, int(threads), dtype, log)
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(
@@ -376,7 +368,6 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     )
     # with entangle.processes > 1, data parallel over CPU processes that split the threads
     world = ecfg["processes"]
-    records = Records(train_enc, val_enc, group_lengths, alternatives)
     history, summary = parallel.run(
         world,
         int(threads),

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import itertools
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,6 +21,20 @@ from latentstrat.backbone import device_of
 from latentstrat.objective import zfree_token_nll
 
 GRAD_CLIP = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Records:
+    """What the entangled model trains and validates on: the encoded train split, the encoded
+    validation split (None in the data-parallel workers, which do not validate), one grouping
+    length per train row (`data.strategy_free_lengths`: batches group rows of similar length)
+    and, when each epoch draws one strategy per train input, the rows of each input's
+    strategies (`strategy_alternatives`; `train` then encodes those rows)."""
+
+    train: data.Encoded
+    val: data.Encoded | None
+    group_lengths: list[float]
+    alternatives: list[list[int]] | None = None
 
 
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -153,15 +168,7 @@ def time_step(
 
 
 def choose_step_settings(
-    ecfg: dict,
-    model,
-    enc: data.Encoded,
-    group_lengths,
-    device: torch.device,
-    threads: int,
-    backbone_dtype: torch.dtype,
-    alternatives=None,
-    log=print,
+    ecfg: dict, model, records: Records, device: torch.device, threads: int, backbone_dtype: torch.dtype, log=print
 ) -> tuple[dict, dict]:
     """Resolve `auto` speed settings (autocast, attention, compile, processes) for this host.
 
@@ -184,7 +191,9 @@ def choose_step_settings(
         return resolved, record
     rng = np.random.default_rng(ecfg["seed"] + 1)
     epochs = (
-        b for _ in itertools.count() for b in data.epoch_batches(group_lengths, ecfg["batch_size"], rng, alternatives)
+        b
+        for _ in itertools.count()
+        for b in data.epoch_batches(records.group_lengths, ecfg["batch_size"], rng, records.alternatives)
     )
     batches = list(itertools.islice(epochs, TRIAL_WARMUP + TRIAL_STEPS))
     prev_threads = torch.get_num_threads()
@@ -195,7 +204,7 @@ def choose_step_settings(
             if record["trial"] and time.time() - t0 > TRIAL_BUDGET_S:
                 log(f"entangle: step trial budget ({TRIAL_BUDGET_S:.0f} s) spent; not timing {cand}")
                 break
-            tps = time_step(model, enc, batches, cand, ecfg, backbone_dtype, world)
+            tps = time_step(model, records.train, batches, cand, ecfg, backbone_dtype, world)
             record["trial"].append({**cand, "tokens_per_s": tps})
             log(f"entangle: step trial {cand}: {tps:,.0f} tokens/s per process")
     finally:

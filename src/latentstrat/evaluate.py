@@ -133,7 +133,6 @@ def evaluate_cell(
     train_dir,
     out_path,
     threads: int | None = None,
-    log=print,
 ) -> pd.DataFrame:
     """Write the cell's records.parquet (RECORD_COLUMNS) and return it."""
     data_dir, reference_dir, train_dir = Path(data_dir), Path(reference_dir), Path(train_dir)
@@ -193,7 +192,7 @@ def evaluate_cell(
     if bad:
         raise FloatingPointError(f"evaluate: cell {cell['cell_id']}: non-finite per-example {bad[0]}")
     write_parquet(rec, out_path)
-    log(
+    print(
         f"evaluate {cell['cell_id']}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
         f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}"
     )

@@ -36,12 +36,14 @@ from latentstrat.bench.train import (
     matmul_peak,
     train_split_and_tokenizer,
 )
-from latentstrat.entangle_step import make_optimizer, rank_share, step_settings, train_step
+from latentstrat.entangle_step import Records, make_optimizer, rank_share, step_settings, train_step
 
 
-def time_variant(bcfg, tok, enc, batches, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
+def time_variant(bcfg, tok, work: tuple, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
     """Tokens/s of `train_step` with `ecfg`'s step settings. Data parallel (`world` > 1, inside
-    `parallel.workers`): this rank trains on rows rank::world of each batch, as the stage does."""
+    `parallel.workers`): this rank trains on rows rank::world of each batch, as the stage does.
+    `work`: the encoded records and the batches of row indices to step through."""
+    enc, batches = work
     torch.manual_seed(0)
     model = build_backbone(bcfg, tok).to(device).train()
     model.set_attn_implementation(ecfg["attention"])
@@ -90,14 +92,15 @@ def run(args) -> dict:
     if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
         torch.manual_seed(0)
         model = build_backbone(bcfg, tok).to(device)
+        records = Records(enc, None, data.strategy_free_lengths(df))
         ecfg, choice = choose_step_settings(
-            ecfg, model, enc, data.strategy_free_lengths(df), device, args.threads, torch.float32, log=lambda m: None
+            ecfg, model, records, device, args.threads, torch.float32, log=lambda m: None
         )
     fast_cfg = {k: ecfg[k] for k in SPEED_KEYS}
-    plain = time_variant(bcfg, tok, enc, batches, device, args, PLAIN)
+    plain = time_variant(bcfg, tok, (enc, batches), device, args, PLAIN)
     # as the stage runs it: with processes > 1, the threads split between processes
     fast = parallel.run(
-        fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, enc, batches, device, args, fast_cfg)
+        fast_cfg["processes"], args.threads, time_variant, (bcfg, tok, (enc, batches), device, args, fast_cfg)
     )
     n = plain["params"]
     peak32 = matmul_peak(device, torch.float32, args.matmul_n)
