@@ -91,7 +91,7 @@ def test_step0_base_relative_losses_are_one_for_every_family(base, family, aggre
     model = build_model(cfg, cell, data.load_tokenizer(base / "data"), base / "entangle").eval()
     with torch.no_grad():
         out = forward_losses(model, batch, objective, 0, torch.randn(len(batch), 4))
-    # S_ref and T_ref are the reference model's values on exactly these (validation) rows
+    # S_ref and T_ref are the entangled model's values on exactly these (validation) rows
     assert out["dist_norm"].mean().item() == pytest.approx(1.0, abs=1e-5)
     assert out["tokcc"].mean().item() == pytest.approx(1.0, abs=1e-5)
     if family == "dist_tokcc_0.05_0.95":

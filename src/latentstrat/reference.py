@@ -12,7 +12,7 @@ Writes to `out_dir`:
 - `token_counts.parquet`  per task and split: examples, supervised tokens mean/sum, b mean
                           (per token) and b per example (mean of sum_t b)
 
-The reference model is `<entangle_dir>/model/`; with `entangle.mode: skip` it is the backbone
+The entangled model is `<entangle_dir>/model/`; with `entangle.mode: skip` it is the backbone
 as is (`backbone.build_backbone`). With `entangle.mode: shipped` the table of b shipped with the
 base is used, after its rows are matched to the data and its validation split is recomputed
 here within SHIPPED_TOLERANCE (`shipped_tokens`): the train split's ~20 k forward passes are
@@ -161,7 +161,7 @@ def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
     return out
 
 
-def _load_reference_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
+def _load_entangled_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
     from latentstrat.backbone import build_backbone, load_entangled
 
     if cfg["entangle"]["mode"] == "skip":
@@ -249,7 +249,7 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     alphas = config_alphas(cfg)
     tokenizer = data.load_tokenizer(data_dir)
     splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
-    model = _load_reference_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
+    model = _load_entangled_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
     mode = cfg["entangle"]["mode"]
     if mode == "shipped":
         tokens, diff = shipped_tokens(entangle_dir / SHIPPED_REFERENCE_FILE, model, cfg, tokenizer, splits, log)
@@ -258,7 +258,7 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
         tokens = reference_tokens(model, cfg, tokenizer, splits, log)
         source = "computed here"
     scales = compute_scales(tokens, alphas)
-    scales["reference_model"] = "backbone (entangle.mode skip)" if mode == "skip" else str(entangle_dir / "model")
+    scales["entangled_model"] = "backbone (entangle.mode skip)" if mode == "skip" else str(entangle_dir / "model")
     scales["b_source"] = source
     write_parquet(tokens, out_dir / REFERENCE_FILES["tokens"])
     write_parquet(token_counts(tokens), out_dir / REFERENCE_FILES["token_counts"])

@@ -3,7 +3,7 @@
 
 - every reconstruction family, KL, active objective, KL/active, diagnostics, beta_t over the
   whole split (z ~ q with a fixed noise draw, so successive evaluations differ only by the
-  weights; the split S_ref and T_ref come from, so the reference model scores exactly 1);
+  weights; the split S_ref and T_ref come from, so the entangled model scores exactly 1);
 - on a fixed subset (the first `val_probe_per_task` examples of each task): the posterior
   probe, mu_q(x, y_true) -> true strategy (unambiguous examples), per task and mean; the router
   probes, router-sampled z -> the strategy the generator follows under that z. Decoding every

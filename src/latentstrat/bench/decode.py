@@ -2,7 +2,7 @@
 
     python -m latentstrat.bench decode [--n 64] [--max-new-tokens 64] [--threads 2] ...
 
-The naive reference decodes one example at a time with a full forward over the whole
+The naive loop decodes one example at a time with a full forward over the whole
 sequence for every new token (no cache, no padding). Both decode greedily from the same z;
 the benchmark checks that the outputs are identical and prints tokens/s of both and the ratio.
 The model is the embedded Qwen2 backbone (sizes of the config's backbone.embedded, random

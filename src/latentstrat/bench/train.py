@@ -81,12 +81,12 @@ def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
     return data.Batch(**out)
 
 
-def naive_losses(model, ref_lm, batch, objective: Objective, eps):
+def naive_losses(model, entangled, batch, objective: Objective, eps):
     """Three passes: z-free reference (b recomputed), posterior, generator (full logits)."""
     with torch.no_grad():
-        ref_logits = ref_lm(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
+        zfree_logits = entangled(input_ids=batch.gen_ids, attention_mask=batch.gen_mask).logits
         rows = torch.arange(len(batch))[:, None]
-        b = obj.token_nll(ref_logits[rows, batch.gen_sup_pos], batch.sup_ids)
+        b = obj.token_nll(zfree_logits[rows, batch.gen_sup_pos], batch.sup_ids)
     mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps
     logits, mu_r, logvar_r = model.generator(batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos)
@@ -149,8 +149,8 @@ def build(args):
     else:
         bcfg = embedded_backbone_cfg(args, args.dtype)
     torch.manual_seed(0)
-    ref_lm = build_backbone(bcfg, tok)
-    return df, tok, bcfg, ref_lm
+    entangled = build_backbone(bcfg, tok)
+    return df, tok, bcfg, entangled
 
 
 def time_steps(step_fn, n_steps: int, warmup: int, device) -> tuple[float, int]:
@@ -165,20 +165,20 @@ def time_steps(step_fn, n_steps: int, warmup: int, device) -> tuple[float, int]:
 
 
 def setup(args, device):
-    """The frozen reference LM, the latent model on a copy of it, its optimizer, the encoded
+    """The frozen entangled model, the latent model on a copy of it, its optimizer, the encoded
     train split, b computed once up front (what the reference stage stores) and the objective with its scales."""
-    df, tok, bcfg, ref_lm = build(args)
-    ref_lm = ref_lm.to(device).eval()
-    for p in ref_lm.parameters():
+    df, tok, bcfg, entangled = build(args)
+    entangled = entangled.to(device).eval()
+    for p in entangled.parameters():
         p.requires_grad_(False)
-    model = LatentStrategyModel(copy.deepcopy(ref_lm), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
+    model = LatentStrategyModel(copy.deepcopy(entangled), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
     enc = data.encode(df, tok)
-    b = reference_nll(ref_lm, enc, args.batch_size)
+    b = reference_nll(entangled, enc, args.batch_size)
     n_bar = float(df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
     objective = Objective.for_cell(CELL, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
-    return bcfg, ref_lm, model, opt, enc, b, objective
+    return bcfg, entangled, model, opt, enc, b, objective
 
 
 def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[float, int], tuple[float, int]]:
@@ -206,8 +206,8 @@ def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[floa
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    bcfg, ref_lm, model, opt, enc, b, objective = setup(args, device)
-    n_params = sum(p.numel() for p in ref_lm.parameters())
+    bcfg, entangled, model, opt, enc, b, objective = setup(args, device)
+    n_params = sum(p.numel() for p in entangled.parameters())
     model.train()
     widths = {"gen_ids": max(enc.lengths), "post_ids": max(map(len, enc.post_ids))}
     rng = np.random.default_rng(0)
@@ -227,7 +227,7 @@ def run(args) -> dict:
         idx = rng.choice(len(enc), size=args.batch_size, replace=False).tolist()
         batch = pad_to(data.collate(enc, idx), widths, enc.pad_id).to(device)
         eps = step_noise(0, i, (len(idx), args.latent_dim)).to(device)
-        update(naive_losses(model, ref_lm, batch, objective, eps))
+        update(naive_losses(model, entangled, batch, objective, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     t_fast, tok_fast = time_steps(trainer_step, args.steps, args.warmup, device)

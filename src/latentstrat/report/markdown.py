@@ -19,7 +19,7 @@ def _primary_arm(t) -> str:
 
 
 def entangle_quality_md(quality: dict | None) -> list[str]:
-    """The base model's temperature-1 checks (entangle/quality.json): is p(y|x) a real
+    """The entangled model's temperature-1 checks (entangle/quality.json): is p(y|x) a real
     multi-strategy model? Every cell starts from it, so a failed check qualifies every row."""
     out = ["## Entangled Model Quality Check\n"]
     if not quality:
