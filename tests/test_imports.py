@@ -85,6 +85,26 @@ def test_the_report_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
+def reachable(graph, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_the_collection_stages_sit_below_the_model_stages():
+    """The aggregate and the report read the cells' tables, never the code that trains, samples
+    or scores a model (which would lift them above those stages in the import graph)."""
+    graph = import_graph()
+    model_side = {"latentstrat.model", "latentstrat.backbone", "latentstrat.decode", "latentstrat.quality"}
+    for package in ("latentstrat.aggregate", "latentstrat.report"):
+        assert reachable(graph, package) & model_side == set(), package
+    assert "latentstrat.decode" in reachable(graph, "latentstrat.evaluate")  # the control: a stage that samples
+
+
 def test_test_modules_share_helpers_not_each_other():
     """Test modules share code through conftest.py and helper modules, never by importing
     another test module (which would run its module fixtures and tests' imports twice)."""

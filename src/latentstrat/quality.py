@@ -3,10 +3,8 @@ and 5.2, docs/design.md). Samples at temperature 1 on validation inputs (decode.
 scored by the tasks' verifier and matcher (scoring.score_generations), per task: answer
 accuracy, strategy-match rate and the total variation between the strategies the samples
 follow and the data's. The entangle stage writes quality.json (`write_quality`), the
-quality.parquet table (`quality_table`) and the samples; the report reads the table.
-
-Torch is imported only where the model samples (`check_quality`): the report imports this
-module and needs no torch.
+quality.parquet table (`quality_table`) and the samples; the aggregate stage and the report
+read quality.json (aggregate.inputs.load_entangle_quality) and import nothing from here.
 """
 
 from __future__ import annotations

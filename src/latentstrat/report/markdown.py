@@ -6,7 +6,6 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
-from latentstrat.quality import quality_table
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.tables import fmt, md_table
 
@@ -28,15 +27,17 @@ def entangle_quality_md(quality: dict | None) -> list[str]:
         return out + [
             "The entangle stage was skipped (`entangle.mode: skip`): no entangled model was trained or checked.\n"
         ]
-    q = quality_table(quality).sort_values(["task", "check"], kind="stable")
-    op = q.direction.map({"min": ">=", "max": "<="})
-    q["cell"] = [
-        f"{fmt(v)} ({'ok' if ok else 'FAIL'}, {o} {fmt(th)})"
-        for v, ok, o, th in zip(q.value, q.passed, op, q.threshold)
-    ]
-    wide = q.pivot(index="task", columns="check", values="cell").reset_index()
-    wide.columns.name = None
-    failed = [f"{t}.{c}" for t, c, ok in zip(q.task, q.check, q.passed) if not ok]
+    op = {"min": ">=", "max": "<="}
+
+    def shown(v: dict) -> str:
+        return f"{fmt(v['value'])} ({'ok' if v['passed'] else 'FAIL'}, {op[v['direction']]} {fmt(v['threshold'])})"
+
+    by_task = {t: quality["tasks"][t]["checks"] for t in sorted(quality["tasks"])}
+    checks = sorted({c for v in by_task.values() for c in v})
+    wide = pd.DataFrame(
+        [{"task": t, **{c: shown(v) for c, v in cs.items()}} for t, cs in by_task.items()], columns=["task", *checks]
+    )
+    failed = [f"{t}.{c}" for t, cs in by_task.items() for c, v in sorted(cs.items()) if not v["passed"]]
     verdict = (
         "Every check passed."
         if quality.get("passed")
