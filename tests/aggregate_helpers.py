@@ -85,8 +85,8 @@ def history(cell, steps=(0, 10, 20)):
     for st in steps:
         router = 0.3 + (0.4 if st == 10 else 0.2 if st == 20 else 0.0)  # learn then collapse
         for m, v in {
-            "matched_router_score": router,
-            "within_task_router_probe": router,
+            "scored_matched_router_score": router,
+            "scored_router_probe": router,
             "posterior_probe": 0.8,
             "base_relative_reconstruction": 1.0 if st == 0 else 0.98,
             "kl_prior_loss": 100.0 / (1 + st),
@@ -103,7 +103,7 @@ def history(cell, steps=(0, 10, 20)):
                 "token_share": tok[t],
                 "loss_share": loss[t],
                 "grad_norm_share": loss[t],
-                "matched_router_score": router + (0.1 if t == "long_task" else 0.0),
+                "scored_matched_router_score": router + (0.1 if t == "long_task" else 0.0),
             }.items():
                 rows.append({"cell_id": cell.cell_id, "step": st, "task": t, "metric": m, "value": v})
     return pd.DataFrame(rows)

@@ -312,3 +312,35 @@ def test_the_original_studys_column_name_is_read_as_base_relative_reconstruction
         out.base_relative_reconstruction.tolist() == [0.8] and "distribution_normalized_reconstruction_loss" not in out
     )
     assert out.inferred_zfree_reference_scale.tolist() == [2.0]
+
+
+def test_a_history_written_before_the_scored_names_is_read_with_them(tmp_path):
+    """The trainer's validation names its likelihood-scored router probes apart from the metrics
+    row's decoded ones (metrics.SCORED_NAMES); an older history is read with the new names, and
+    nothing else in it changes."""
+    from latentstrat.aggregate.inputs import load_histories
+
+    old = pd.DataFrame(
+        {
+            "cell_id": "c",
+            "step": [0, 0, 0, 0],
+            "task": "all",
+            "metric": [
+                "within_task_router_probe",
+                "matched_router_score",
+                "global_router_probe_chance",
+                "kl_prior_loss",
+            ],
+            "value": [0.5, 0.4, 0.3, 2.0],
+        }
+    )
+    old.to_parquet(tmp_path / "h.parquet")
+    h, bad = load_histories({"c": tmp_path / "h.parquet"})
+    assert bad == []
+    assert list(h.metric) == [
+        "scored_router_probe",
+        "scored_matched_router_score",
+        "scored_global_router_probe_chance",
+        "kl_prior_loss",
+    ]
+    assert list(h.value) == [0.5, 0.4, 0.3, 2.0]

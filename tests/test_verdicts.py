@@ -200,7 +200,7 @@ def test_paired_bootstrap_of_identical_cells_is_exactly_zero_and_has_binomial_wi
 
 def _history(values_by_cell):
     rows = [
-        {"cell_id": c, "step": 25 * k, "task": "all", "metric": "matched_router_score", "value": v}
+        {"cell_id": c, "step": 25 * k, "task": "all", "metric": "scored_matched_router_score", "value": v}
         for c, vals in values_by_cell.items()
         for k, v in enumerate(vals)
     ]

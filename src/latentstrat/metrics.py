@@ -147,11 +147,30 @@ PER_TASK_HISTORY = {
 }
 
 
-# how the trainer's validation history names its proxies when shown (dynamics tables, figures):
-# the router probe there scores the followed strategy by likelihood, on a small subset
+# The trainer's validation scores the strategy a generation follows by likelihood (validation.
+# scored_strategies), on a small subset, where the metrics row decodes it: its router probes and
+# matched router score are other quantities and carry their own names in the history (metrics-row
+# name -> history name). Histories written before the names parted are read with these names
+# (`history_name`).
+SCORED_NAMES = {
+    "within_task_router_probe": "scored_router_probe",
+    "within_task_router_probe_chance": "scored_router_probe_chance",
+    "global_router_probe": "scored_global_router_probe",
+    "global_router_probe_chance": "scored_global_router_probe_chance",
+    "matched_router_score": "scored_matched_router_score",
+}
+
+
+def history_name(name: str) -> str:
+    """A history metric's name now (an older history's router probes get their scored names)."""
+    return SCORED_NAMES.get(name, name)
+
+
+# how the trainer's validation history names its proxies when shown (dynamics tables, figures)
 VALIDATION_LABELS = {
-    "within_task_router_probe": "validation router probe (likelihood-scored)",
-    "matched_router_score": "validation matched router score (likelihood-scored)",
+    "scored_router_probe": "validation router probe (likelihood-scored)",
+    "scored_global_router_probe": "validation global router probe (likelihood-scored)",
+    "scored_matched_router_score": "validation matched router score (likelihood-scored)",
     "posterior_probe": "validation posterior probe",
     "final_answer_accuracy": "validation answer accuracy (decoded subset)",
     "strategy_match_rate": "validation strategy-match rate (decoded subset)",

@@ -21,6 +21,7 @@ from latentstrat import data
 from latentstrat.backbone import device_for
 from latentstrat.cells import init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
+from latentstrat.metrics import history_name
 from latentstrat.model import build_model
 from latentstrat.paths import STEP0_FILES
 from latentstrat.validation import GAUSSIANS, measure_model, prepare_validation
@@ -84,8 +85,8 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
     passes.update({k: torch.from_numpy(np.stack(df[k].to_numpy()).astype(np.float32)) for k in GAUSSIANS})
     return {
         "passes": passes,
-        "metrics": dict(meta["metrics"]),
-        "per_task": {t: dict(m) for t, m in meta["per_task"].items()},
+        "metrics": {history_name(k): v for k, v in meta["metrics"]},
+        "per_task": {t: {history_name(k): v for k, v in m} for t, m in meta["per_task"].items()},
     }
 
 

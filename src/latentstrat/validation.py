@@ -31,12 +31,13 @@ from latentstrat import data
 from latentstrat import objective as obj
 from latentstrat.backbone import device_of
 from latentstrat.decode import Decoding, generate
-from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, derive
+from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, derive
 from latentstrat.objective import Objective, forward_losses
 from latentstrat.probes import linear_probe
 from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
+ROUTER, GLOBAL = SCORED_NAMES["within_task_router_probe"], SCORED_NAMES["global_router_probe"]
 GRAD_SHARE_ROWS = 16  # rows per task of the validation gradient-norm share
 GAUSSIANS = ("mu_q", "logvar_q", "mu_r", "logvar_r")
 
@@ -85,11 +86,11 @@ def validate(
         measured = measure_model(model, tokenizer, cfg, val, int(cell["seed"]))
     metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
-    metrics["matched_router_score"] = derive(metrics)["matched_router_score"]
+    metrics[SCORED_NAMES["matched_router_score"]] = scored_matched(metrics)
     per_task = {t: dict(m) for t, m in measured["per_task"].items()}
     for t, m in per_task.items():
         if "final_answer_accuracy" in m:
-            m["matched_router_score"] = derive(m)["matched_router_score"]
+            m[SCORED_NAMES["matched_router_score"]] = scored_matched(m)
     grad = _task_grad_norms(model, objective, val, step)
     task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
@@ -171,10 +172,21 @@ def validation_losses(passes: dict, val, objective: Objective, step: int) -> tup
     return metrics, {k: out[k] for k in LOSS_METRIC_OF}
 
 
+def scored_matched(m: dict) -> float:
+    """The history's matched router score: the likelihood-scored router probe x the decoded
+    subset's strategy-match rate (the metrics row's identity, derive, on the scored probe)."""
+    return derive(
+        {
+            "within_task_router_probe": m.get(SCORED_NAMES["within_task_router_probe"]),
+            "strategy_match_rate": m.get("strategy_match_rate"),
+        }
+    )["matched_router_score"]
+
+
 def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
-    """Posterior probe (mu_q -> true strategy, unambiguous rows) and router probes (router-sampled
-    z -> the strategy scored as followed) per task into `per_task`; their means and the global
-    router probe returned."""
+    """Posterior probe (mu_q -> true strategy, unambiguous rows) and the scored router probes
+    (router-sampled z -> the strategy scored as followed by likelihood; SCORED_NAMES) per task
+    into `per_task`; their means and the scored global router probe returned."""
     rows, df = val["rows"], val["df"]
     sub = df.loc[rows]
     z_router = on_subset["mu_r"] + torch.exp(0.5 * on_subset["logvar_r"]) * val["router_eps"]
@@ -186,17 +198,15 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
         m = (task_arr == t) & ~amb
         per_task[t]["posterior_probe"], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
         m2 = (task_arr == t) & (fol != "")
-        per_task[t]["within_task_router_probe"], per_task[t]["within_task_router_probe_chance"] = _probe(
-            zr[m2], fol[m2], cfg
-        )
+        per_task[t][ROUTER], per_task[t][f"{ROUTER}_chance"] = _probe(zr[m2], fol[m2], cfg)
     out = {}
-    for k in ("posterior_probe", "within_task_router_probe"):
+    for k in ("posterior_probe", ROUTER):
         for key in (k, f"{k}_chance"):
             # the chance level averaged over the tasks the probe itself covers
             vals = [per_task[t][key] for t in per_task if np.isfinite(per_task[t][k])]
             out[key] = float(np.mean(vals)) if vals else math.nan
     g = fol != ""
-    out["global_router_probe"], out["global_router_probe_chance"] = _probe(
+    out[GLOBAL], out[f"{GLOBAL}_chance"] = _probe(
         zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg
     )
     return out

@@ -21,10 +21,10 @@ DYNAMICS_METRICS = {
     "kl_prior_loss": "kl_prior_loss",
     "kl_over_active_reconstruction": "kl_over_active_reconstruction",
     # validation proxies get their own names: the router probe there scores which strategy the
-    # generator follows by likelihood instead of decoding (validation.validate), on a small subset
-    "within_task_router_probe": "val_scored_router_probe",
+    # generator follows by likelihood instead of decoding (metrics.SCORED_NAMES), on a small subset
+    "scored_router_probe": "val_scored_router_probe",
     "posterior_probe": "val_posterior_probe",
-    "matched_router_score": "val_scored_matched_router_score",
+    "scored_matched_router_score": "val_scored_matched_router_score",
 }
 INIT_LABEL = "initialization"
 CELL_INFO_COLUMNS = ["cell_id", "arm", "token_aggregation", "reconstruction_family", "beta", "seed"]
@@ -71,7 +71,7 @@ def per_task_checkpoints(history_task: pd.DataFrame, top_k: int) -> pd.DataFrame
     """Per (task, cell): final and max matched router score, final answer accuracy; top_k cells per task."""
     rows = []
     for (task, cid), g in history_task.groupby(["task", "cell_id"], sort=False):
-        r = g[g.metric == "matched_router_score"].sort_values("step")
+        r = g[g.metric == "scored_matched_router_score"].sort_values("step")
         if r.empty:
             continue
         acc = g[g.metric == "final_answer_accuracy"].sort_values("step")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
 from latentstrat.families import family_label
-from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive
+from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive, history_name
 
 # external comparison / summary tables (docs/comparison-table.md)
 TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", "matched_router_score"]
@@ -151,7 +151,7 @@ def load_histories(history_paths: dict) -> tuple[pd.DataFrame, list[str]]:
             missing = [c for c in HISTORY_COLUMNS if c not in df.columns]
             if missing:
                 raise ValueError(f"lacks columns {missing}")
-            frames.append(df.assign(cell_id=cid))
+            frames.append(df.assign(cell_id=cid, metric=df.metric.map(history_name)))
         except Exception:
             bad.append(cid)
     hist = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=HISTORY_COLUMNS)
@@ -166,6 +166,7 @@ def read_history_table(path, summary: pd.DataFrame, summary_path) -> pd.DataFram
     missing = [c for c in HISTORY_COLUMNS if c not in history.columns]
     if missing:
         raise ValueError(f"history table {p} lacks required column {missing[0]!r}")
+    history["metric"] = history.metric.map(history_name)
     unknown = sorted(set(history.cell_id) - set(summary.cell_id))
     if unknown:
         raise ValueError(f"history table {p}: cell_id {unknown[0]!r} is not in the summary table {summary_path}")

@@ -29,14 +29,15 @@ import yaml
 
 from latentstrat import cells
 from latentstrat.config import load_config
+from latentstrat.metrics import history_name
 from latentstrat.paths import TRAIN_FILES, Paths
 
 # history metric -> curve column
 COLUMNS = {
     "base_relative_reconstruction": "base_relative",
     "kl_prior_loss": "kl",
-    "within_task_router_probe": "router_probe",
-    "within_task_router_probe_chance": "router_chance",
+    "scored_router_probe": "router_probe",
+    "scored_router_probe_chance": "router_chance",
     "posterior_probe": "posterior_probe",
     "posterior_probe_chance": "posterior_chance",
     "final_answer_accuracy": "answer_accuracy",
@@ -63,6 +64,7 @@ def parse_assignments(items: list[str], sep: str = "=") -> dict:
 
 def curve_table(history: pd.DataFrame, batch_size: int) -> pd.DataFrame:
     """One row per validation checkpoint: step, examples seen and the COLUMNS metrics."""
+    history = history.assign(metric=history.metric.map(history_name))
     h = history[(history.task == "all") & history.metric.isin(COLUMNS)]
     t = h.pivot_table(index="step", columns="metric", values="value", aggfunc="first").rename(columns=COLUMNS)
     t = t.reindex(columns=list(COLUMNS.values())).reset_index()

@@ -252,15 +252,15 @@ def trajectory(t):
     h = _history(t)
     if h.empty:
         return None
-    w = h[h.metric.isin(["base_relative_reconstruction", "matched_router_score"])]
+    w = h[h.metric.isin(["base_relative_reconstruction", "scored_matched_router_score"])]
     w = w.pivot_table(index=["cell_id", "step", FAM, BETA], columns="metric", values="value").reset_index()
-    if not _need(w, "base_relative_reconstruction", "matched_router_score"):
+    if not _need(w, "base_relative_reconstruction", "scored_matched_router_score"):
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     sns.lineplot(
         data=w.sort_values("step"),
         x="base_relative_reconstruction",
-        y="matched_router_score",
+        y="scored_matched_router_score",
         hue=FAM,
         style=BETA,
         units="cell_id",
@@ -273,7 +273,7 @@ def trajectory(t):
     start = w[w.step == w.step.min()]
     ax.scatter(
         start.base_relative_reconstruction,
-        start.matched_router_score,
+        start.scored_matched_router_score,
         marker="x",
         color="k",
         label="first checkpoint",
@@ -282,7 +282,7 @@ def trajectory(t):
     ax.set_xscale("log")
     ax.set(
         xlabel=label("base_relative_reconstruction") + " (log)",
-        ylabel=history_label("matched_router_score"),
+        ylabel=history_label("scored_matched_router_score"),
         title="Reconstruction-router trajectory",
     )
     ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
@@ -292,9 +292,9 @@ def trajectory(t):
 
 def per_task_router(t):
     h = _history(t, "history_per_task_long")
-    if h.empty or not (h.metric == "matched_router_score").any():
+    if h.empty or not (h.metric == "scored_matched_router_score").any():
         return None
-    h = h[h.metric == "matched_router_score"]
+    h = h[h.metric == "scored_matched_router_score"]
     tasks = sorted(h.task.unique())
     n = len(tasks)
     cols = min(3, n)
@@ -305,7 +305,7 @@ def per_task_router(t):
         sns.lineplot(
             data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd", legend=i == 0
         )
-        ax.set(title=task, ylabel=history_label("matched_router_score"), xlabel="step")
+        ax.set(title=task, ylabel=history_label("scored_matched_router_score"), xlabel="step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize=8, frameon=False)
@@ -406,7 +406,7 @@ FIGURES = {
     ),
     "dynamics_probes": (
         "Router and posterior probe dynamics",
-        lambda t: dynamics(t, ["within_task_router_probe", "posterior_probe"], "Validation probes"),
+        lambda t: dynamics(t, ["scored_router_probe", "posterior_probe"], "Validation probes"),
     ),
     "reconstruction_router_trajectory": ("Reconstruction-router trajectory", trajectory),
     "per_task_router_dynamics": ("Per-task router dynamics", per_task_router),

@@ -13,7 +13,7 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.families import parse_family
-from latentstrat.metrics import label
+from latentstrat.metrics import SCORED_NAMES, label
 from latentstrat.report.tables import fmt
 
 SUPPORTED, NOT_SUPPORTED, CANNOT_TELL = "supported", "not supported", "cannot tell"
@@ -298,7 +298,7 @@ def q_early_or_late(t, thr):
     q = "Do sum runs lose router structure early, or do they initially learn structure and collapse later?"
     h = t.get("history_long", pd.DataFrame())
     st = t["collection_state"]
-    metric = "matched_router_score"
+    metric = SCORED_NAMES["matched_router_score"]
     if h.empty or metric not in set(h.metric):
         return _f(q, CANNOT_TELL, "no validation history with matched router score", "")
     h = h[h.metric == metric]
