@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from latentstrat import data
-from latentstrat.backbone import build_backbone, write_model_extras
-from latentstrat.reference import run_reference
+from latentstrat.base.reference import run_reference
+from latentstrat.modeling.backbone import build_backbone, write_model_extras
 
 TINY = {
     "collection": "t",

@@ -59,9 +59,9 @@ def test_curve_names_a_missing_base_before_training(tmp_path, collection):
 
 
 def test_collection_curves_read_the_workflows_cells_back_and_train_none(collection, capsys):
+    from latentstrat.cell.train import train_cell
     from latentstrat.cells import expand_cells
     from latentstrat.paths import Paths
-    from latentstrat.train import train_cell
 
     root, cfg_path = collection
     out = root / "collection-curves"

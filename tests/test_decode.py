@@ -3,10 +3,11 @@ import random
 import pytest
 import torch
 
-from latentstrat import data, decode
-from latentstrat.backbone import build_backbone
+from latentstrat import data
 from latentstrat.bench.decode import naive_decode
-from latentstrat.model import LatentStrategyModel
+from latentstrat.modeling import decode
+from latentstrat.modeling.backbone import build_backbone
+from latentstrat.modeling.model import LatentStrategyModel
 from latentstrat.tasks import TASKS
 
 EMBEDDED = {

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from latentstrat import probes
 from latentstrat.aggregate.contrasts import delta_test, interval_with_noise, verdict
 from latentstrat.aggregate.states import cell_state
-from latentstrat.cell_metrics import bootstrap_replicates, cell_metrics_row
+from latentstrat.cell import probes
+from latentstrat.cell.cell_metrics import bootstrap_replicates, cell_metrics_row
 from latentstrat.io import write_parquet
 
 CFG = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000}}

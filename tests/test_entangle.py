@@ -1,4 +1,4 @@
-"""Entangle stage: lr schedule, quality checks on hand-made samplers (latentstrat.quality), the
+"""Entangle stage: lr schedule, quality checks on hand-made samplers (latentstrat.base.quality), the
 entangled model's KV-cache sampling (decode.generate_zfree), and a tiny end-to-end run
 (loadable model dir, quality report, skip mode, input errors)."""
 
@@ -10,11 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data, decode
-from latentstrat.config import load_config
-from latentstrat.data import epoch_batches
-from latentstrat.entangle import lr_at, run_entangle, strategy_alternatives
-from latentstrat.quality import (
+from latentstrat import data
+from latentstrat.base.entangle import lr_at, run_entangle, strategy_alternatives
+from latentstrat.base.quality import (
     CHECKS,
     QualityError,
     quality_report,
@@ -22,6 +20,9 @@ from latentstrat.quality import (
     strategy_distribution,
     total_variation,
 )
+from latentstrat.config import load_config
+from latentstrat.data import epoch_batches
+from latentstrat.modeling import decode
 from latentstrat.tasks import TASKS
 from workflow_helpers import smoke_cfg
 
@@ -131,7 +132,7 @@ def test_threshold_boundary_and_missing_task():
 
 
 def _tiny_model(tokenizer):
-    from latentstrat.backbone import build_backbone
+    from latentstrat.modeling.backbone import build_backbone
 
     torch.manual_seed(0)
     return build_backbone(smoke_cfg()["backbone"], tokenizer).eval()
@@ -217,7 +218,7 @@ def test_epoch_batches_draw_one_alternative_per_input_uniformly():
 
 
 def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
-    from latentstrat.backbone import load_entangled
+    from latentstrat.modeling.backbone import load_entangled
 
     cfg = smoke_cfg()
     out = tmp_path / "entangle"
@@ -290,7 +291,7 @@ def test_missing_inputs_name_the_file(data_dir, tmp_path):
 
 
 def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_path):
-    from latentstrat.backbone import load_entangled
+    from latentstrat.modeling.backbone import load_entangled
 
     cfg = load_config(
         ROOT / "config" / "smoke.yaml",
@@ -308,7 +309,7 @@ def test_bfloat16_backbone_trains_under_autocast_and_saves_bf16(data_dir, tmp_pa
 
 
 def _step_nll_and_grads(model, batch, fn, amp_dtype=torch.float32):
-    from latentstrat.entangle_step import autocast_for
+    from latentstrat.base.entangle_step import autocast_for
 
     model.zero_grad(set_to_none=True)
     with autocast_for(model, amp_dtype):
@@ -323,7 +324,7 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     the loss is computed, not what: eager attention and the compiled step give the plain
     step's per-token NLL and gradients (float32 rounding); bf16 autocast gives them to bf16
     precision, and is really on (the values differ)."""
-    from latentstrat.objective import zfree_token_nll
+    from latentstrat.modeling.objective import zfree_token_nll
 
     torch.set_num_threads(1)
     tok = data.load_tokenizer(data_dir)
@@ -354,7 +355,7 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
 
 
 def test_bf16_autocast_and_eager_attention_keep_a_float32_sdpa_model(data_dir, tmp_path):
-    from latentstrat.backbone import load_entangled
+    from latentstrat.modeling.backbone import load_entangled
 
     cfg = smoke_cfg(autocast="bfloat16", attention="eager")
     report = run_entangle(cfg, data_dir, tmp_path, threads=1, log=lambda m: None)
@@ -446,8 +447,8 @@ def test_ema_saves_the_hand_computed_weight_average(data_dir, tmp_path, monkeypa
     """entangle.ema_decay: the saved model is the moving average of the iterates,
     a_{t+1} = a_t + (1 - min(d, (1 + t) / (10 + t))) (w_{t+1} - a_t), a_0 = w_0, and the
     iterates themselves are the run without averaging's."""
-    import latentstrat.entangle as E
-    from latentstrat.backbone import load_entangled
+    import latentstrat.base.entangle as E
+    from latentstrat.modeling.backbone import load_entangled
 
     def run(out, ema_decay):
         iterates, orig = [], E.train_step
@@ -485,9 +486,9 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     """auto on a CPU without native bf16 (the Intel Xeon case, where bf16 runs at 0.66x of
     float32) keeps float32; with native bf16 the bf16 step is timed against plain float32 and
     chosen only if it beats it by MIN_GAIN; the record names the host and the measured rates."""
-    from latentstrat import entangle_step as E
     from latentstrat import host
-    from latentstrat.backbone import build_backbone
+    from latentstrat.base import entangle_step as E
+    from latentstrat.modeling.backbone import build_backbone
 
     cfg = smoke_cfg(autocast="auto", attention="auto", compile="auto", processes="auto")
     tok = data.load_tokenizer(data_dir)

@@ -10,15 +10,16 @@ import pandas as pd
 import pytest
 
 from base_helpers import TINY
-from latentstrat import cell_metrics, data, metrics, probes
+from latentstrat import data, metrics
+from latentstrat.cell import cell_metrics, probes
+from latentstrat.cell.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
+from latentstrat.cell.probes import PROBE_COLUMNS
+from latentstrat.cell.train import train_cell
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
-from latentstrat.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.probes import PROBE_COLUMNS
-from latentstrat.scoring import score_generations
+from latentstrat.modeling.scoring import score_generations
 from latentstrat.tasks import TASKS
-from latentstrat.train import train_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from base_helpers import TINY
 from latentstrat import families as F
 from latentstrat.cells import expand_cells
 from latentstrat.config import ConfigError, load_config
-from latentstrat.objective import reconstruction_per_example
+from latentstrat.modeling.objective import reconstruction_per_example
 from latentstrat.schema import SCHEMA_PATH, parsed_schema
 
 
@@ -101,7 +101,7 @@ def test_a_declared_toy_family_trains_a_cell(toy_family, tiny_base, tmp_path):
     """The recipe followed once: one declaration, and the config accepts the name, the cell
     trains one step on it, its history logs the family's objective (w x base-relative, so 0.5 at
     step 0 where base-relative is 1) and its gradient clip is in the family's z-free unit."""
-    from latentstrat.train import train_cell
+    from latentstrat.cell.train import train_cell
 
     cfg = json.loads(json.dumps(TINY))
     cfg["grid"]["reconstruction_family"] = ["half_dist_w0.5"]

@@ -7,13 +7,18 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# the packages in data-flow order: a module may import from its own package and earlier ones only
+STAGE_PACKAGES = ("modeling", "base", "cell")
+FLOW = ("tasks", "top", "modeling", "base", "cell", "aggregate", "report")
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> package modules it imports (subpackages tasks/, aggregate/, report/, bench/ as one node)."""
+    """module -> package modules it imports: the modules of the stage packages (modeling/, base/,
+    cell/) each a node; tasks/, aggregate/, report/ and bench/ one node each."""
 
     def node(name: str) -> str:
-        return ".".join(name.split(".")[:2])
+        parts = name.split(".")
+        return ".".join(parts[:3] if len(parts) > 2 and parts[1] in STAGE_PACKAGES else parts[:2])
 
     graph: dict[str, set[str]] = {}
     for f in (SRC / "latentstrat").rglob("*.py"):
@@ -21,7 +26,8 @@ def import_graph() -> dict[str, set[str]]:
         deps = graph.setdefault(name, set())
         for n in ast.walk(ast.parse(f.read_text())):
             if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("latentstrat"):
-                targets = [f"latentstrat.{a.name}" for a in n.names] if n.module == "latentstrat" else [n.module]
+                packages = ("latentstrat", *(f"latentstrat.{p}" for p in STAGE_PACKAGES))
+                targets = [f"{n.module}.{a.name}" for a in n.names] if n.module in packages else [n.module]
             elif isinstance(n, ast.Import):
                 targets = [a.name for a in n.names if a.name.startswith("latentstrat")]
             else:
@@ -66,12 +72,42 @@ def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
+def package_of(module: str) -> str:
+    """The package of a module: a stage package, tasks / aggregate / report / bench, else top."""
+    parts = module.split(".")
+    if parts[1] in ("tasks", "aggregate", "report", "bench") or (len(parts) > 2 and parts[1] in STAGE_PACKAGES):
+        return parts[1]
+    return "top"
+
+
+def against_the_flow(graph) -> list[str]:
+    """Imports from a later package of FLOW (bench/ stands outside the pipeline and is left out)."""
+    out = []
+    for mod, deps in graph.items():
+        if package_of(mod) not in FLOW:
+            continue
+        for dep in deps:
+            if package_of(dep) in FLOW and FLOW.index(package_of(dep)) > FLOW.index(package_of(mod)):
+                out.append(f"{mod} imports {dep}")
+    return sorted(out)
+
+
+def test_the_packages_follow_the_data_flow():
+    """The tasks, the infrastructure at the top, the model, the base stages, the cell stages, the aggregate
+    and the report: no module imports from a package after its own."""
+    assert against_the_flow(import_graph()) == []
+    # the control: a top-level module importing a cell stage is caught
+    assert against_the_flow({"latentstrat.paths": {"latentstrat.cell.train"}}) == [
+        "latentstrat.paths imports latentstrat.cell.train"
+    ]
+
+
 def test_the_control_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_nothing_imports_train():
-    users = sorted(m for m, deps in import_graph().items() if "latentstrat.train" in deps)
+    users = sorted(m for m, deps in import_graph().items() if "latentstrat.cell.train" in deps)
     assert users == ["latentstrat.bench"]  # the trainer benchmark times the trainer's step
 
 
@@ -99,10 +135,17 @@ def test_the_collection_stages_sit_below_the_model_stages():
     """The aggregate and the report read the cells' tables, never the code that trains, samples
     or scores a model (which would lift them above those stages in the import graph)."""
     graph = import_graph()
-    model_side = {"latentstrat.model", "latentstrat.backbone", "latentstrat.decode", "latentstrat.quality"}
+    model_side = {
+        "latentstrat.modeling.model",
+        "latentstrat.modeling.backbone",
+        "latentstrat.modeling.decode",
+        "latentstrat.base.quality",
+    }
     for package in ("latentstrat.aggregate", "latentstrat.report"):
         assert reachable(graph, package) & model_side == set(), package
-    assert "latentstrat.decode" in reachable(graph, "latentstrat.evaluate")  # the control: a stage that samples
+    assert "latentstrat.modeling.decode" in reachable(
+        graph, "latentstrat.cell.evaluate"
+    )  # the control: a stage that samples
 
 
 def test_test_modules_share_helpers_not_each_other():
@@ -130,7 +173,7 @@ def test_the_workflow_starts_without_torch():
     import sys
 
     code = (
-        "import sys, latentstrat.cells, latentstrat.config, latentstrat.paths, latentstrat.shipped; "
+        "import sys, latentstrat.cells, latentstrat.config, latentstrat.paths, latentstrat.base.shipped; "
         "print('torch' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

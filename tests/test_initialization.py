@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from latentstrat import data
-from latentstrat import objective as obj
+from latentstrat.base.entangle import run_entangle
+from latentstrat.base.reference import cell_objective, load_b, run_reference
+from latentstrat.cell.train import train_cell
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
-from latentstrat.entangle import run_entangle
-from latentstrat.model import build_model
-from latentstrat.objective import forward_losses
-from latentstrat.reference import cell_objective, load_b, run_reference
-from latentstrat.train import train_cell
+from latentstrat.modeling import objective as obj
+from latentstrat.modeling.model import build_model
+from latentstrat.modeling.objective import forward_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]

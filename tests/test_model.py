@@ -6,9 +6,9 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from latentstrat import data
-from latentstrat.backbone import build_backbone, load_entangled
-from latentstrat.model import LatentStrategyModel
-from latentstrat.objective import Objective
+from latentstrat.modeling.backbone import build_backbone, load_entangled
+from latentstrat.modeling.model import LatentStrategyModel
+from latentstrat.modeling.objective import Objective
 
 EMB = {
     "hidden_size": 32,
@@ -116,8 +116,8 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
     """A task-mixed batch (short and long rows) runs packed (no work on the pads); its losses,
     heads and gradients equal transformers' padded pass to float rounding, with grouped-query
     attention (2 heads, 1 key/value head) and adapters that have moved from their init."""
-    from latentstrat import model as model_module
-    from latentstrat.objective import forward_losses
+    from latentstrat.modeling import model as model_module
+    from latentstrat.modeling.objective import forward_losses
 
     short, long_ = ("d e 4 5", "5 4"), ("a b c 1 2 3 a b c 1 2 3 a b c 1 2 3", "3 1 2 3 1 2")
     rows = [short if k % 3 else long_ for k in range(24)]
@@ -153,7 +153,7 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
 def test_packed_pass_only_where_exact(tok):
     """Left padding, sliding-window attention or attention dropout in training: transformers'
     pass (the packed one assumes right padding and full causal attention)."""
-    from latentstrat.backbone import packable, packed_hidden
+    from latentstrat.modeling.backbone import packable, packed_hidden
 
     m = model(tok).eval()
     right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -336,7 +336,7 @@ def test_merged_passes_equal_the_lora_passes(tok):
     (LoRA B = 0) the same outputs to the bit; once the adapters moved, the same outputs to float
     rounding, and different from the initialization's (the adapters really are folded in). The
     LoRA model itself is untouched and trains on afterwards."""
-    from latentstrat.objective import forward_losses
+    from latentstrat.modeling.objective import forward_losses
 
     rows, b = three_rows(tok)
     objective = objective_of()
@@ -384,7 +384,7 @@ def test_merged_is_a_no_op_for_full_and_frozen(tok):
 def test_packed_pass_is_a_cpu_path(tok):
     """On any other device the model runs transformers' attention (its SDPA / flash path),
     never the packed pass's own SDPA call."""
-    from latentstrat.backbone import packable
+    from latentstrat.modeling.backbone import packable
 
     m = model(tok)
     assert packable(m.lm, torch.ones(2, 3, dtype=torch.long))
@@ -394,8 +394,8 @@ def test_packed_pass_is_a_cpu_path(tok):
 def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
     """train.gradient_checkpointing recomputes transformers' layers in the backward pass: the
     same losses and gradients as without (on transformers' padded pass, which it applies to)."""
-    from latentstrat import model as model_module
-    from latentstrat.objective import forward_losses
+    from latentstrat.modeling import model as model_module
+    from latentstrat.modeling.objective import forward_losses
 
     monkeypatch.setattr(model_module, "PACKED", False)
     b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
@@ -426,8 +426,8 @@ def test_bf16_backbone_step_and_decoding_agree_with_float32(tok, tmp_path):
     """A bf16 backbone on CPU (adapters and heads stay float32): the cell's training step runs
     and its losses agree with the float32 model's within 2% (bf16 keeps 8 bits of mantissa);
     greedy decoding runs and its first-step logits agree within 0.05."""
-    from latentstrat import decode
-    from latentstrat.objective import forward_losses
+    from latentstrat.modeling import decode
+    from latentstrat.modeling.objective import forward_losses
 
     torch.manual_seed(3)
     bb = build_backbone(BB, tok)

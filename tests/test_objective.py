@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from latentstrat import objective as obj
 from latentstrat.families import parse_family
+from latentstrat.modeling import objective as obj
 
 L = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
 M = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
@@ -137,7 +137,7 @@ def test_token_nll():
 def test_sum_scaled_equals_sum_for_normalized_families_but_not_raw(family):
     """The identity behind running sum_scaled for raw only: S_ref and T_ref are computed under
     the same aggregation, so sum_scaled's 1 / n_bar cancels in every normalized family."""
-    from latentstrat.objective import reconstruction_per_example, reference_scales
+    from latentstrat.modeling.objective import reconstruction_per_example, reference_scales
 
     g = torch.Generator().manual_seed(0)
     lens = [3, 7, 12, 5]

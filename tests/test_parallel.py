@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import parallel_helpers
-from latentstrat import data, entangle, parallel
-from latentstrat.backbone import load_entangled
+from latentstrat import data, parallel
+from latentstrat.base import entangle
+from latentstrat.modeling.backbone import load_entangled
 from workflow_helpers import smoke_cfg
 
 TESTS = Path(__file__).resolve().parent

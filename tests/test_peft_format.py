@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_helpers import TINY
-from latentstrat import data, decode
+from latentstrat import data
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
+from latentstrat.modeling import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [("3 1 2", None), ("5 4 9 8 7 6 1", None), ("2", None)]
@@ -25,8 +26,8 @@ ROWS = [("3 1 2", None), ("5 4 9 8 7 6 1", None), ("2", None)]
 @pytest.fixture(scope="module")
 def cell(tiny_base, tmp_path_factory):
     """A cell freshly trained by the train stage on the tiny base, and the project's model of it."""
-    from latentstrat.evaluate import load_cell_model
-    from latentstrat.train import train_cell
+    from latentstrat.cell.evaluate import load_cell_model
+    from latentstrat.cell.train import train_cell
 
     cfg = load_config(cfg=json.loads(json.dumps(TINY)))
     c = expand_cells(cfg)[0].to_json()
@@ -109,7 +110,7 @@ def test_posterior_adapter_reproduces_mu_q(cell):
 
 def test_readme_snippet_generates_what_the_project_decodes(cell, capsys):
     """The README's "Open a trained cell" snippet, run on this cell, generates the ids the
-    project's decoding (latentstrat.decode) generates from the same z."""
+    project's decoding (latentstrat.modeling.decode) generates from the same z."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Open a trained cell", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from latentstrat import data
-from latentstrat.backbone import build_backbone
 from latentstrat.config import load_config
+from latentstrat.modeling.backbone import build_backbone
 from latentstrat.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]

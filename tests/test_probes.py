@@ -2,9 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from latentstrat import probes
+from latentstrat.cell import probes
+from latentstrat.cell.probes import linear_probe
 from latentstrat.io import read_parquet, write_parquet
-from latentstrat.probes import linear_probe
 
 CFG = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000}}
 

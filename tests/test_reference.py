@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from latentstrat import data
-from latentstrat.config import load_config
-from latentstrat.reference import (
+from latentstrat.base.reference import (
     TOKENS_COLUMNS,
     compute_scales,
     config_alphas,
@@ -20,6 +19,7 @@ from latentstrat.reference import (
     scales_for,
     token_counts,
 )
+from latentstrat.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def smoke_cfg(**over):
 def dirs(tmp_path_factory):
     """A tiny dataset, a random-init entangled model saved with save_pretrained, and the
     reference stage run on them."""
-    from latentstrat.backbone import build_backbone
+    from latentstrat.modeling.backbone import build_backbone
 
     root = tmp_path_factory.mktemp("ref")
     cfg = smoke_cfg()
@@ -47,7 +47,7 @@ def dirs(tmp_path_factory):
 
 
 def test_b_equals_hand_computed_token_nll(dirs):
-    from latentstrat.backbone import load_entangled
+    from latentstrat.modeling.backbone import load_entangled
 
     root, cfg, _ = dirs
     tokens = pd.read_parquet(root / "reference" / "tokens.parquet")

@@ -95,7 +95,7 @@ def test_cli_bad_table_names_column(tmp_path, capsys):
 
 
 def test_entangle_quality_check_is_reported_with_its_failures(partial_report, tmp_path):
-    from latentstrat.quality import quality_report
+    from latentstrat.base.quality import quality_report
     from latentstrat.report import load_entangle_quality
     from latentstrat.tasks import TASKS
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from latentstrat import data, shipped
+from latentstrat import data
+from latentstrat.base import shipped
+from latentstrat.base.entangle import run_entangle
 from latentstrat.config import base_settings, load_config
-from latentstrat.entangle import run_entangle
 from latentstrat.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,8 +120,8 @@ def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is
     import numpy as np
     import pandas as pd
 
+    from latentstrat.base.reference import run_reference
     from latentstrat.io import write_parquet
-    from latentstrat.reference import run_reference
 
     root, cfg, _ = trained
     here = run_reference(cfg, root / "data", root / "entangle", tmp_path / "here", log=lambda m: None)

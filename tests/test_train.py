@@ -44,7 +44,7 @@ def tiny_cfg(**train):
 
 
 def run(cfg, cell, base, out):
-    from latentstrat.train import train_cell
+    from latentstrat.cell.train import train_cell
 
     return train_cell(cfg, cell, base["data_dir"], base["entangle_dir"], base["reference_dir"], out, threads=1)
 
@@ -107,9 +107,9 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
     """Cells that start from one model read one step-0 validation: their history and weights are
     exactly what measuring step 0 in the cell gives, for two cells with different objectives;
     a cell with another seed (other weights, other noise) is refused with the folder named."""
+    from latentstrat.cell.step0 import step0_validation
+    from latentstrat.cell.train import train_cell
     from latentstrat.cells import INIT_KEYS
-    from latentstrat.step0 import step0_validation
-    from latentstrat.train import train_cell
 
     cfg, cell = tiny_cfg(steps=3, eval_every=3)
     s0 = tmp_path / "step0"
@@ -137,7 +137,7 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     marker = tmp_path / "training"
     script.write_text(
         "import json, sys, time, pathlib\n"
-        "from latentstrat import train\n"
+        "from latentstrat.cell import train\n"
         "cfg, cell, base, out, marker = json.load(open(sys.argv[1]))\n"
         "orig = train.forward_losses\n"
         "def slow(model, batch, objective, step, eps):\n"
@@ -173,7 +173,8 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
 
 
 def test_nan_loss_names_cell_step_term_and_keeps_checkpoint(base, tmp_path, monkeypatch):
-    from latentstrat import objective, train
+    from latentstrat.cell import train
+    from latentstrat.modeling import objective
 
     cfg, cell = tiny_cfg(steps=6, eval_every=100, checkpoint_every=2)
     out = tmp_path / "nan"
@@ -199,7 +200,7 @@ def test_nan_loss_names_cell_step_term_and_keeps_checkpoint(base, tmp_path, monk
 
 
 def test_missing_reference_example_is_named(base, tmp_path):
-    from latentstrat.train import train_cell
+    from latentstrat.cell.train import train_cell
 
     ref = pd.read_parquet(base["reference_dir"] / "tokens.parquet")
     bad = tmp_path / "ref"
@@ -298,8 +299,8 @@ def test_checkpoint_of_another_model_layer_is_not_resumed(base, tmp_path, capsys
 
 
 def test_grad_clip_per_aggregation_is_explicit():
-    from latentstrat.objective import Objective
-    from latentstrat.train import grad_clip_for
+    from latentstrat.cell.train import grad_clip_for
+    from latentstrat.modeling.objective import Objective
 
     def o(aggregation, family):
         cell = {

@@ -229,7 +229,7 @@ def base_settings(cfg: dict) -> dict:
     """The config sections that define the shared base (data, backbone, entangle) and the
     tokenizer the data is encoded with: a base built with one tokenizer is never reused with
     another. `entangle.mode` is left out: it says how the entangled model is obtained (trained
-    here or shipped, latentstrat.shipped), not what it is; `backbone.attn_implementation` says
+    here or shipped, latentstrat.base.shipped), not what it is; `backbone.attn_implementation` says
     how the model is run."""
     entangle = {k: v for k, v in cfg["entangle"].items() if k != "mode"}
     backbone = {k: v for k, v in cfg["backbone"].items() if k != "attn_implementation"}

@@ -2,7 +2,7 @@
 bootstrap that gives a metric its 95% interval.
 
 Every stage, table and figure reads its names and labels from here (design section 6,
-docs/design.md); the cell-metrics stage that computes a cell's row is latentstrat.cell_metrics.
+docs/design.md); the cell-metrics stage that computes a cell's row is latentstrat.cell.cell_metrics.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from latentstrat.cells import INIT_KEYS, expand_cells, external_arms, init_id
 from latentstrat.config import ConfigError, base_guard, from_snakemake, tokenizer_identity
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
-from latentstrat.shipped import MANIFEST, bases_root
+from latentstrat.base.shipped import MANIFEST, bases_root
 
 CONFIG_FILE = (list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1]
 try:

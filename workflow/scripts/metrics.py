@@ -1,6 +1,6 @@
 from _stage import logged, stage_config
 
-from latentstrat import cell_metrics
+from latentstrat.cell import cell_metrics
 
 with logged(snakemake):
     cfg = stage_config(snakemake)

@@ -1,6 +1,6 @@
 from _stage import logged, stage_config
 
-from latentstrat import probes
+from latentstrat.cell import probes
 
 with logged(snakemake):
     cfg = stage_config(snakemake)

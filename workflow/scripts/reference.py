@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _stage import logged, stage_config
 
-from latentstrat import reference
+from latentstrat.base import reference
 
 with logged(snakemake):
     cfg = stage_config(snakemake)

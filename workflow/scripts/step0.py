@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _stage import logged, stage_config
 
-from latentstrat import step0
+from latentstrat.cell import step0
 
 with logged(snakemake):
     cfg = stage_config(snakemake)

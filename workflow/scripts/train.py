@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _stage import logged, stage_config
 
-from latentstrat import train
+from latentstrat.cell import train
 
 with logged(snakemake):
     cfg = stage_config(snakemake)

@@ -102,7 +102,7 @@ def train_grad_clip_label(tcfg: dict) -> str:
 def run_curve(
     configfile: str, cell_overrides: dict, overrides: dict, eval_every: int, out: Path, threads: int
 ) -> pd.DataFrame:
-    from latentstrat import train  # heavy: only when training
+    from latentstrat.cell import train  # heavy: only when training
 
     if eval_every:
         overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}

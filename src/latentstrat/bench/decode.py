@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from latentstrat import data, decode
-from latentstrat.backbone import device_of
+from latentstrat import data
+from latentstrat.modeling import decode
+from latentstrat.modeling.backbone import device_of
 
 
 @torch.no_grad()
@@ -53,8 +54,8 @@ def build_bench_model(cfg: dict, seed: int = 0):
     import tempfile
     from pathlib import Path
 
-    from latentstrat.backbone import build_backbone
-    from latentstrat.model import LatentStrategyModel
+    from latentstrat.modeling.backbone import build_backbone
+    from latentstrat.modeling.model import LatentStrategyModel
     from latentstrat.tasks import TASKS
 
     rng = random.Random(seed)

@@ -3,7 +3,7 @@ stage resolves them) against the plain float32 step, with the CPU model and its 
 
     python -m latentstrat.bench entangle [--config config/config.yaml] [--steps 40] [--threads 2] ...
 
-Both steps are `latentstrat.entangle_step.train_step` (z-free NLL per supervised token, AdamW, grad
+Both steps are `latentstrat.base.entangle_step.train_step` (z-free NLL per supervised token, AdamW, grad
 clip) on the same strategy-mixed, length-grouped batches of the six tasks, each from the same
 initial weights:
 - plain step: float32, SDPA attention, eager PyTorch;
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from latentstrat import data, parallel
-from latentstrat.backbone import build_backbone
+from latentstrat.base.entangle_step import Records, make_optimizer, rank_share, step_settings, train_step
 from latentstrat.bench.train import (
     _sync,
     add_data_and_model_args,
@@ -36,7 +36,7 @@ from latentstrat.bench.train import (
     matmul_peak,
     train_split_and_tokenizer,
 )
-from latentstrat.entangle_step import Records, make_optimizer, rank_share, step_settings, train_step
+from latentstrat.modeling.backbone import build_backbone
 
 
 def time_variant(bcfg, tok, work: tuple, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
@@ -84,8 +84,8 @@ def run(args) -> dict:
         data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size, np.random.default_rng(0))
     )
     from latentstrat import host
+    from latentstrat.base.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
     from latentstrat.config import load_config
-    from latentstrat.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
 
     ecfg = load_config(args.config)["entangle"]
     choice = None

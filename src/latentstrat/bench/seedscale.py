@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 
 from latentstrat import data, host
-from latentstrat import objective as obj
-from latentstrat.backbone import build_backbone
+from latentstrat.base.reference import reference_nll
+from latentstrat.cell.train import batch_at, step_noise
 from latentstrat.config import load_config
-from latentstrat.decode import decode_batch, encode_prompts
-from latentstrat.model import HEAD_PREFIXES, LatentStrategyModel
-from latentstrat.objective import Objective, forward_losses
-from latentstrat.reference import reference_nll
-from latentstrat.train import batch_at, step_noise
+from latentstrat.modeling import objective as obj
+from latentstrat.modeling.backbone import build_backbone
+from latentstrat.modeling.decode import decode_batch, encode_prompts
+from latentstrat.modeling.model import HEAD_PREFIXES, LatentStrategyModel
+from latentstrat.modeling.objective import Objective, forward_losses
 
 # Qwen/Qwen2.5-0.5B's config.json as published (architecture only: the weights here are random)
 QWEN25_05B = {

@@ -3,7 +3,7 @@
     python -m latentstrat.bench train [--steps 10] [--batch-size 32] [--threads 2] ...
     python -m latentstrat.bench train --config-json qwen2.5-0.5b/config.json --dtype bfloat16 --device cuda
 
-Trainer step: the cell trainer's (latentstrat.objective.forward_losses on train.batch_at's
+Trainer step: the cell trainer's (latentstrat.modeling.objective.forward_losses on train.batch_at's
 task-mixed batches with train.step_noise's z noise, AdamW; without the gradient clipping): one
 posterior pass + one router/generator pass, packed on a CPU (per-token layers over the real
 tokens only, backbone.packed_hidden; on a GPU transformers' own passes), b read from a table
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from latentstrat import data, host
-from latentstrat import model as model_module
-from latentstrat import objective as obj
-from latentstrat.backbone import build_backbone
-from latentstrat.model import LatentStrategyModel
-from latentstrat.objective import Objective, forward_losses
-from latentstrat.reference import reference_nll
-from latentstrat.train import batch_at, step_noise
+from latentstrat.base.reference import reference_nll
+from latentstrat.cell.train import batch_at, step_noise
+from latentstrat.modeling import model as model_module
+from latentstrat.modeling import objective as obj
+from latentstrat.modeling.backbone import build_backbone
+from latentstrat.modeling.model import LatentStrategyModel
+from latentstrat.modeling.objective import Objective, forward_losses
 
 CELL = {
     "reconstruction_family": "dist_tokcc_0.05_0.95",

@@ -9,7 +9,7 @@ recomputed, the same numbers the evaluate stage reads); batches are task-mixed
 of (seed, step), so a resumed run replays exactly what an uninterrupted one does.
 
 The model is validated at step 0 (before any update; shared by the cells of one init:
-latentstrat.step0), every `train.eval_every` steps and at the end (latentstrat.validation). A
+latentstrat.cell.step0), every `train.eval_every` steps and at the end (latentstrat.cell.validation). A
 checkpoint (`checkpoints/last.pt`) is written every `train.checkpoint_every` steps, on SIGTERM
 (then the job exits non-zero so the scheduler reruns it) and at the end; a run resumes from it
 when it was written for the same cell, config, data and entangled model (`run_fingerprint`).
@@ -31,17 +31,17 @@ import pandas as pd
 import torch
 
 from latentstrat import data, host
-from latentstrat.backbone import device_for, device_of
+from latentstrat.base.reference import cell_objective, load_b
+from latentstrat.cell.step0 import load_step0, step0_fingerprint
+from latentstrat.cell.validation import prepare_validation, validate
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
-from latentstrat.model import build_model
-from latentstrat.objective import Objective, forward_losses
+from latentstrat.modeling.backbone import device_for, device_of
+from latentstrat.modeling.model import build_model
+from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.paths import TRAIN_FILES
 from latentstrat.progress import Progress
-from latentstrat.reference import cell_objective, load_b
-from latentstrat.step0 import load_step0, step0_fingerprint
-from latentstrat.validation import prepare_validation, validate
 
 CHECKPOINT = "last.pt"
 # forward_losses key -> history metric name

@@ -1,7 +1,7 @@
 """Reference stage: the frozen z-free model's per-token NLL b_it = -log p_ref(y_t | x, y_<t)
 for every supervised token of every example of every split, computed once (design section 4, docs/design.md).
 
-    python -m latentstrat.reference --config config/config.yaml [--threads N]
+    python -m latentstrat.base.reference --config config/config.yaml [--threads N]
 
 Writes to `out_dir`:
 - `tokens.parquet`        task, example_id, split, n_supervised, b (list<float32>, aligned
@@ -31,11 +31,11 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.backbone import device_for, device_of
 from latentstrat.cells import expand_cells, format_value
 from latentstrat.families import DEFAULT_ALPHA, parse_family
 from latentstrat.io import dump_json, read_parquet, write_parquet
-from latentstrat.objective import AGGREGATIONS, Objective, reference_scales, zfree_token_nll
+from latentstrat.modeling.backbone import device_for, device_of
+from latentstrat.modeling.objective import AGGREGATIONS, Objective, reference_scales, zfree_token_nll
 from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
@@ -162,7 +162,7 @@ def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
 
 
 def _load_entangled_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
-    from latentstrat.backbone import build_backbone, load_entangled
+    from latentstrat.modeling.backbone import build_backbone, load_entangled
 
     if cfg["entangle"]["mode"] == "skip":
         torch.manual_seed(cfg["entangle"]["seed"])
@@ -231,7 +231,7 @@ def shipped_tokens(
         raise ValueError(
             f"shipped reference table {path}: b recomputed here differs by {diffs[worst]:.3g} nats "
             f"(> {SHIPPED_TOLERANCE}) on validation example {val.example_id.iloc[worst]!r}: the table is "
-            f"not this model's under this code; ship it again (python -m latentstrat.shipped --config ... "
+            f"not this model's under this code; ship it again (python -m latentstrat.base.shipped --config ... "
             f"--reference) or compute it here with --config entangle='{{mode: train}}'"
         )
     log(f"reference: the shipped table, validation split recomputed here: max |b difference| {diffs[worst]:.2g} nats")
@@ -270,7 +270,7 @@ def main(argv=None) -> None:
     from latentstrat.config import load_config
     from latentstrat.paths import Paths
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.reference", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.reference", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
     args = ap.parse_args(argv)

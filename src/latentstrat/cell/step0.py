@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat.backbone import device_for
+from latentstrat.cell.validation import GAUSSIANS, measure_model, prepare_validation
 from latentstrat.cells import init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.metrics import history_name
-from latentstrat.model import build_model
+from latentstrat.modeling.backbone import device_for
+from latentstrat.modeling.model import build_model
 from latentstrat.paths import STEP0_FILES
-from latentstrat.validation import GAUSSIANS, measure_model, prepare_validation
 
 
 def step0_fingerprint(model, cfg, val) -> str:

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.io import dump_json, write_parquet
+from latentstrat.modeling.scoring import score_generations
 from latentstrat.paths import ENTANGLE_FILES
-from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
 # check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
@@ -132,7 +132,7 @@ def check_quality(
     """Sample at temperature 1 on up to `quality_samples_per_task` validation inputs per task
     and run the checks (the test split is read by the evaluate stage only). Returns (report,
     samples)."""
-    from latentstrat.decode import Decoding, generate_zfree
+    from latentstrat.modeling.decode import Decoding, generate_zfree
 
     n = ecfg["quality_samples_per_task"]
     inputs = val_df.groupby("task", sort=True, group_keys=False).head(n).reset_index(drop=True)

@@ -16,7 +16,7 @@
   gradient norm of the active objective (one validation batch per task, equal sizes).
 
 `measure_model` is what depends on the model alone (shared by every cell that starts from the
-same weights: latentstrat.step0); `validate` adds the cell's own objective.
+same weights: latentstrat.cell.step0); `validate` adds the cell's own objective.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import pandas as pd
 import torch
 
 from latentstrat import data
-from latentstrat import objective as obj
-from latentstrat.backbone import device_of
-from latentstrat.decode import Decoding, generate
+from latentstrat.cell.probes import linear_probe
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, derive
-from latentstrat.objective import Objective, forward_losses
-from latentstrat.probes import linear_probe
-from latentstrat.scoring import score_generations
+from latentstrat.modeling import objective as obj
+from latentstrat.modeling.backbone import device_of
+from latentstrat.modeling.decode import Decoding, generate
+from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.modeling.scoring import score_generations
 from latentstrat.tasks import TASKS
 
 ROUTER, GLOBAL = SCORED_NAMES["within_task_router_probe"], SCORED_NAMES["global_router_probe"]

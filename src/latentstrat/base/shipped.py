@@ -1,7 +1,7 @@
 """Shipped entangled models: a base's entangled model trained once, kept in the repository
 with its provenance and checksums, so a collection on that base does not train it again.
 
-    python -m latentstrat.shipped --config config/config.yaml     # ship the config's base
+    python -m latentstrat.base.shipped --config config/config.yaml     # ship the config's base
 
 A shipped base is a folder `resources/bases/<base>/`:
 
@@ -126,13 +126,13 @@ def _write_manifest(d: Path) -> None:
 
 def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, threads: int = 2) -> dict:
     """The reference table of the shipped model in `shipped_dir` (every split of the data stage's
-    output, latentstrat.reference) as REFERENCE; returns its provenance (code, host, when)."""
+    output, latentstrat.base.reference) as REFERENCE; returns its provenance (code, host, when)."""
     import torch
 
     from latentstrat import data
-    from latentstrat.backbone import load_entangled
+    from latentstrat.base.reference import reference_tokens
     from latentstrat.io import write_parquet
-    from latentstrat.reference import reference_tokens
+    from latentstrat.modeling.backbone import load_entangled
 
     torch.set_num_threads(threads)
     tokenizer = data.load_tokenizer(data_dir)
@@ -163,7 +163,7 @@ def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -
     shipped base's model/ folder, after its files pass their checksums and match the config and
     data (`verify`); the manifest is rewritten."""
     from latentstrat import data
-    from latentstrat.backbone import write_model_extras
+    from latentstrat.modeling.backbone import write_model_extras
 
     d = Path(shipped_dir)
     verify(d, cfg, data_dir, need_reference=False)
@@ -178,8 +178,8 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     import torch
 
     from latentstrat import data
-    from latentstrat.backbone import load_entangled
-    from latentstrat.quality import check_quality
+    from latentstrat.base.quality import check_quality
+    from latentstrat.modeling.backbone import load_entangled
 
     d = Path(shipped_dir)
     verify(d, cfg, data_dir)
@@ -213,7 +213,7 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
     if not (d / MANIFEST).is_file():
         raise ShippedBaseError(
             f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
-            f"ship one with `python -m latentstrat.shipped --config ...` {retrain}"
+            f"ship one with `python -m latentstrat.base.shipped --config ...` {retrain}"
         )
     listed = {}
     for n, line in enumerate((d / MANIFEST).read_text().splitlines(), 1):
@@ -275,7 +275,7 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.shipped", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.shipped", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
     ap.add_argument(
@@ -294,7 +294,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     paths = Paths.from_config(cfg)
-    out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[2]) / cfg["base"]
+    out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[3]) / cfg["base"]
     if args.quality:
         report = requalify(cfg, paths.data_dir, out)
         print(f"quality of {cfg['base']} -> {out / ENTANGLE_FILES['quality']} (passed {report['passed']})")

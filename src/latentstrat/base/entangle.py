@@ -1,9 +1,9 @@
 """Entangle stage: train the z-free (entangled) model p(y|x) on the task mixture, then check that
-it is a real multi-strategy model (latentstrat.quality; design sections 3 and 5.2,
+it is a real multi-strategy model (latentstrat.base.quality; design sections 3 and 5.2,
 docs/design.md). This module is the stage and its training loop; the training step and its
-speed settings are latentstrat.entangle_step.
+speed settings are latentstrat.base.entangle_step.
 
-    python -m latentstrat.entangle --config config/config.yaml [--threads N]
+    python -m latentstrat.base.entangle --config config/config.yaml [--threads N]
 
 Records are the latent layout with a neutral slot, `<bos> <x> .. </x> <z> [Z]*P </z> <y> .. </y>
 <eos>` (P = entangle.z_slots; no z is written into the slot), so the slot tokens are the
@@ -11,7 +11,7 @@ entangled model's own and a cell starts as this model (docs/design.md, "Initiali
 loss is the mean NLL over the supervised tokens (y tokens, `</y>`, `<eos>`). The embedded
 default trains from scratch; a pretrained backbone is fine-tuned; `entangle.mode: skip` uses the
 backbone as is; `entangle.mode: shipped` installs the entangled model shipped in the repository
-for this base (latentstrat.shipped) and reruns the quality checks on this host.
+for this base (latentstrat.base.shipped) and reruns the quality checks on this host.
 AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
 length-grouped batches (data.epoch_batches), seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
@@ -41,8 +41,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, host, parallel, shipped
-from latentstrat.backbone import (
+from latentstrat import data, host, parallel
+from latentstrat.base import shipped
+from latentstrat.base.entangle_step import (
+    Records,
+    choose_step_settings,
+    make_optimizer,
+    rank_share,
+    step_settings,
+    train_step,
+)
+from latentstrat.base.quality import write_quality
+from latentstrat.io import dump_json, write_parquet
+from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
+from latentstrat.modeling.backbone import (
     DTYPES,
     build_backbone,
     count_params,
@@ -51,19 +63,8 @@ from latentstrat.backbone import (
     load_entangled,
     write_model_extras,
 )
-from latentstrat.entangle_step import (
-    Records,
-    choose_step_settings,
-    make_optimizer,
-    rank_share,
-    step_settings,
-    train_step,
-)
-from latentstrat.io import dump_json, write_parquet
-from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
-from latentstrat.objective import zfree_token_nll
+from latentstrat.modeling.objective import zfree_token_nll
 from latentstrat.paths import ENTANGLE_FILES
-from latentstrat.quality import write_quality
 from latentstrat.tasks import TASKS
 
 LOG_EVERY = 25  # train-loss history interval (steps)
@@ -395,7 +396,7 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
 
 
 def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=print) -> dict:
-    """entangle.mode shipped: verify and install the shipped entangled model (latentstrat.shipped),
+    """entangle.mode shipped: verify and install the shipped entangled model (latentstrat.base.shipped),
     then run the quality checks on this host."""
     if shipped_dir is None:
         raise ValueError("entangle.mode shipped: no shipped base folder given")
@@ -442,7 +443,7 @@ def main(argv=None) -> None:
     from latentstrat.config import load_config
     from latentstrat.paths import Paths
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.entangle", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.entangle", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="collection config YAML")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
     ap.add_argument("--data-dir", help="data stage folder (default: the config's)")

@@ -38,15 +38,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, decode
-from latentstrat.backbone import device_for, device_of
+from latentstrat import data
+from latentstrat.base.reference import cell_objective, load_b
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
-from latentstrat.model import build_model
-from latentstrat.objective import Objective, forward_losses
+from latentstrat.modeling import decode
+from latentstrat.modeling.backbone import device_for, device_of
+from latentstrat.modeling.model import build_model
+from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.modeling.scoring import score_generations
 from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
-from latentstrat.reference import cell_objective, load_b
-from latentstrat.scoring import score_generations
 from latentstrat.tasks import TASKS
 
 HEADS = TRAIN_FILES["heads"]

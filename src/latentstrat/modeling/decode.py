@@ -17,7 +17,7 @@ For each input x:
 Prompts are batched by length (data.length_batches). The generated y text is the decoded
 tokens before the first `</y>` / `<eos>` (data.decode_y).
 
-The model interface used for a cell (latentstrat.model.LatentStrategyModel): `router_prefix`,
+The model interface used for a cell (latentstrat.modeling.model.LatentStrategyModel): `router_prefix`,
 `embed_with_z`, `adapter("generator")`, `z_slots`, and `lm`: the adapted causal LM (an HF
 forward taking inputs_embeds / input_ids, attention_mask, position_ids, cache). The entangled
 model is such a causal LM itself.
@@ -34,7 +34,7 @@ import torch
 from tqdm.auto import tqdm
 
 from latentstrat import data
-from latentstrat.backbone import device_of
+from latentstrat.modeling.backbone import device_of
 from latentstrat.progress import Progress
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from latentstrat import data, host, parallel
-from latentstrat.backbone import device_of
-from latentstrat.objective import zfree_token_nll
+from latentstrat.modeling.backbone import device_of
+from latentstrat.modeling.objective import zfree_token_nll
 
 GRAD_CLIP = 1.0
 

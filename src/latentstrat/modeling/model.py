@@ -1,6 +1,6 @@
 """The latent strategy model (design section 3, docs/design.md).
 
-`LatentStrategyModel` wraps one backbone (latentstrat.backbone: a transformers causal LM) with
+`LatentStrategyModel` wraps one backbone (latentstrat.modeling.backbone: a transformers causal LM) with
 - a router head on the hidden state at `<z>` -> (mu_r, logvar_r),
 - a posterior head on the last non-pad token of the posterior input -> (mu_q, logvar_q),
 - a z projection: z -> P slot embeddings written into the `[Z]` positions (added to the
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from latentstrat.backbone import build_backbone, load_entangled, packable, packed_hidden
+from latentstrat.modeling.backbone import build_backbone, load_entangled, packable, packed_hidden
 
 ADAPTERS = ("generator", "posterior")
 # the parameters new to the latent model (not in the causal LM): its heads and the z projection

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from latentstrat.cell.probes import read_probes
 from latentstrat.cells import CELL_KEYS, beta_label
 from latentstrat.families import family_label
 from latentstrat.io import read_parquet, write_parquet
@@ -29,7 +30,6 @@ from latentstrat.metrics import (
     interval,
     resample_counts,
 )
-from latentstrat.probes import read_probes
 
 # probe table name -> metric name
 PROBE_METRIC = {
