@@ -22,7 +22,7 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,19 @@ class CellSetup:
     val: dict
 
 
+@dataclass
+class RunState:
+    """Where a cell's training stands: the optimizer steps taken, the history rows so far, the
+    training seconds and tokens, and per step taken the pre-clip gradient norm and the batch's
+    rows per task (`step_records`). A checkpoint holds it; `resume` restores it."""
+
+    step: int = 0
+    history: list = field(default_factory=list)
+    wall: float = 0.0
+    tokens: int = 0
+    step_records: list = field(default_factory=list)
+
+
 def train_cell(
     cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None, step0_dir=None
 ) -> dict:
@@ -258,14 +271,14 @@ def train_cell(
             ckpt_path,
             model,
             opt,
-            run["step"],
-            run["history"],
+            run.step,
+            run.history,
             {
                 "cell_id": cid,
                 "fingerprint": fingerprint,
-                "wall_time_s": run["wall"],
-                "train_tokens": run["tokens"],
-                "step_records": run["step_records"],
+                "wall_time_s": run.wall,
+                "train_tokens": run.tokens,
+                "step_records": run.step_records,
             },
         )
 
@@ -273,19 +286,19 @@ def train_cell(
     prev_handler = signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
     try:
         model.train()
-        if run["step"] == 0 and not run["history"]:
+        if run.step == 0 and not run.history:
             measured = step0_measured(model, cfg, val, cid, step0_dir)
-            run["history"] += validate(model, tokenizer, cfg, cell, objective, val, 0, measured)
+            run.history += validate(model, tokenizer, cfg, cell, objective, val, 0, measured)
         training_loop(model, opt, setup, run, checkpoint, stop)
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
 
     model.save_trained(out_dir)
-    write_parquet(pd.DataFrame(run["history"], columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
-    wall, tokens = run["wall"], run["tokens"]
+    write_parquet(pd.DataFrame(run.history, columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
+    wall, tokens = run.wall, run.tokens
     summary = {
         "cell_id": cid,
-        "steps": run["step"],
+        "steps": run.step,
         "wall_time_s": wall,
         "train_tokens": tokens,
         "tokens_per_s": tokens / wall if wall > 0 else math.nan,
@@ -301,12 +314,9 @@ def train_cell(
     return summary
 
 
-def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> dict:
+def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> RunState:
     """The run's state: from the checkpoint at `ckpt_path` when it was written for this cell and
-    `fingerprint` (weights, optimizer and torch RNG restored), else a fresh start. `step`,
-    `history`, `wall` (training seconds), `tokens` and, per step taken, `step_records` (the
-    pre-clip gradient norm and the batch's rows per task)."""
-    run = {"step": 0, "history": [], "wall": 0.0, "tokens": 0, "step_records": []}
+    `fingerprint` (weights, optimizer and torch RNG restored), else a fresh start."""
     ck = read_checkpoint(ckpt_path, log=lambda m: print(f"[{cid}] {m}", flush=True))
     if ck is not None and ck.get("cell_id") != cid:
         raise ValueError(f"checkpoint {ckpt_path} belongs to cell {ck.get('cell_id')!r}, not {cid!r}")
@@ -322,18 +332,19 @@ def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> dict:
             f"of latentstrat): starting from step 0"
         )
         ck = None
-    if ck is not None:
-        model.load_trainable(ck["trainable"])
-        opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["torch_rng"])
-        run.update(
-            step=ck["step"],
-            wall=ck["wall_time_s"],
-            tokens=ck["train_tokens"],
-            step_records=list(ck.get("step_records", [])),
-            history=[dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))],
-        )
-        print(f"[{cid}] resumed from step {run['step']}")
+    if ck is None:
+        return RunState()
+    model.load_trainable(ck["trainable"])
+    opt.load_state_dict(ck["optimizer"])
+    torch.set_rng_state(ck["torch_rng"])
+    run = RunState(
+        step=ck["step"],
+        wall=ck["wall_time_s"],
+        tokens=ck["train_tokens"],
+        step_records=list(ck.get("step_records", [])),
+        history=[dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))],
+    )
+    print(f"[{cid}] resumed from step {run.step}")
     return run
 
 
@@ -347,16 +358,16 @@ def step0_measured(model, cfg: dict, val: dict, cid: str, step0_dir) -> dict | N
     return measured
 
 
-def training_loop(model, opt, setup: CellSetup, run: dict, checkpoint, stop: dict) -> None:
-    """The updates from `run["step"]` to `train.steps`, advancing `run` in place: validation
+def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop: dict) -> None:
+    """The updates from `run.step` to `train.steps`, advancing `run` in place: validation
     and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
     `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
     tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], int(setup.cell["seed"]), setup.train
     clip, val = setup.clip, setup.val
     dev = device_of(model)
-    progress = Progress(cid, tcfg["steps"], run["step"])
-    while run["step"] < tcfg["steps"]:
-        step = run["step"]
+    progress = Progress(cid, tcfg["steps"], run.step)
+    while run.step < tcfg["steps"]:
+        step = run.step
         t0 = time.perf_counter()
         idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
         batch = data.collate(enc, idx, setup.b_train).to(dev)
@@ -369,16 +380,16 @@ def training_loop(model, opt, setup: CellSetup, run: dict, checkpoint, stop: dic
         # the norm before clipping (inf = no clipping: the norm is measured, never applied)
         gnorm = torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), clip if clip > 0 else math.inf)
         task_rows = np.bincount(batch.task_idx.cpu().numpy(), minlength=len(enc.tasks)).tolist()
-        run["step_records"].append({"grad_norm": float(gnorm), "task_rows": task_rows})
+        run.step_records.append({"grad_norm": float(gnorm), "task_rows": task_rows})
         opt.step()
-        run["step"] = step = step + 1
-        run["wall"] += time.perf_counter() - t0
+        run.step = step = step + 1
+        run.wall += time.perf_counter() - t0
         n_tok = int(batch.gen_mask.sum() + batch.post_mask.sum())
-        run["tokens"] += n_tok
+        run.tokens += n_tok
         progress.update(step, float(losses["total"].detach()), n_tok)
         if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
-            run["history"] += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, val, step)
-            run["history"] += batch_stats(cid, enc.tasks, run["step_records"], clip, step, run["history"])
+            run.history += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, val, step)
+            run.history += batch_stats(cid, enc.tasks, run.step_records, clip, step, run.history)
         if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
             checkpoint()
         if stop["flag"]:
