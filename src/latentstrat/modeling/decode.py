@@ -107,16 +107,14 @@ def _pad(seqs: list[list[int]], pad: int, left: bool):
 
 @torch.no_grad()
 def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int = 0, sample: bool = True):
-    """(z, mu_r, logvar_r) [N, D] per prompt; z = mu_r + sigma_r * eps, eps drawn once for all
-    N rows from `seed` (z does not depend on batching); sample=False: z = mu_r."""
+    """(z, mu_r, logvar_r) [N, D] per prompt, the router's pass batched by prompt length;
+    z = mu_r + sigma_r * eps, eps drawn once for all N rows from `seed` (so z depends on the
+    batching only through the last bits of the pass); sample=False: z = mu_r."""
     pad, dev = special_id(tokenizer, data.PAD), device_of(model)
-    mu = logvar = None
+    mu, logvar = torch.empty(len(prompts.router), model.latent_dim), torch.empty(len(prompts.router), model.latent_dim)
     for rows in data.length_batches([len(p) for p in prompts.router], batch_size):
         ids, mask = _pad([prompts.router[i] for i in rows], pad, left=False)
         m, lv = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
-        if mu is None:
-            mu = torch.empty(len(prompts.router), m.shape[-1])
-            logvar = torch.empty_like(mu)
         mu[rows], logvar[rows] = m.float().cpu(), lv.float().cpu()
     if not sample:
         return mu.clone(), mu, logvar
