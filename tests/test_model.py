@@ -164,13 +164,63 @@ def test_packed_pass_only_where_exact(tok):
     assert not packable(bb, right)
     bb.config.use_sliding_window, bb.config.attention_dropout = False, 0.1
     assert packable(bb.eval(), right) and not packable(bb.train(), right)
-    # a negative control: the packed pass of a left-padded batch is not the model's function
+    # the packed pass lays each row out on its own, so even a left-padded row comes out right;
+    # only the rows in `read` go through the last layer's MLP: the others read zero
     ids = torch.randint(4, len(tok), (2, 4))
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    read = torch.tensor([[False, False, True, False], [False, True, False, True]])
     with torch.no_grad():
         want = m.lm.model(input_ids=ids, attention_mask=left).last_hidden_state
-        wrong = packed_hidden(m.lm, input_ids=ids, mask=left)
-    assert torch.allclose(want[1], wrong[1], atol=1e-5) and not torch.allclose(want[0, 1:], wrong[0, 1:], atol=1e-3)
+        got = packed_hidden(m.lm, input_ids=ids, mask=left)
+        some = packed_hidden(m.lm, input_ids=ids, mask=left, read=read)
+    assert torch.allclose(want[left.bool()], got[left.bool()], atol=1e-5)
+    assert torch.allclose(want[read], some[read], atol=1e-5)
+    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(want[~read & left.bool()], some[~read & left.bool()])
+
+
+def test_fused_lora_linear_equals_peft(tok, monkeypatch):
+    """The packed pass's LoRA linear (W x + b + s B A x in one accumulating matmul) gives peft's
+    forward and gradients; with dropout on the adapter it is peft's own forward that runs."""
+    from latentstrat.modeling import backbone as bb
+
+    m = model(tok)
+    _move_from_init(m)
+    layer = m.lm.model.layers[0].mlp.up_proj
+    x = torch.randn(7, layer.in_features, requires_grad=True)
+
+    def run(fused):
+        monkeypatch.setattr(bb, "FUSED_LORA", fused)
+        for p in (x, *m.parameters()):
+            p.grad = None
+        y = bb.linear(layer, x)
+        (y * torch.arange(y.numel()).view_as(y)).sum().backward()
+        name = layer.active_adapters[0]
+        return y, x.grad.clone(), layer.lora_A[name].weight.grad.clone(), layer.lora_B[name].weight.grad.clone()
+
+    assert bb._plain_lora(layer) is not None and layer.scaling[layer.active_adapters[0]] != 1.0
+    for got, want in zip(run(True), run(False)):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) and got.abs().sum() > 0
+    with torch.no_grad():  # a control: drop the LoRA term and the outputs differ
+        assert not torch.allclose(bb.linear(layer, x), layer.base_layer(x), atol=1e-3)
+    layer.lora_dropout[layer.active_adapters[0]] = torch.nn.Dropout(0.5)
+    assert bb._plain_lora(layer) is None
+
+
+def test_length_groups_cover_every_token_once():
+    """Attention runs per group of rows of similar length; the groups hold every real token
+    once, at its own row's positions, and `order` puts them back in the packed order."""
+    from latentstrat.modeling.backbone import length_groups
+
+    lengths = [5, 1, 9, 3, 9, 2, 7]
+    mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
+    groups, order = length_groups(mask, 3)
+    assert [w for *_, w in groups] == [3, 7, 9] and sum(r for _, _, r, _ in groups) == 7
+    sel = torch.cat([s for s, *_ in groups])
+    assert sorted(sel.tolist()) == list(range(sum(lengths)))
+    assert torch.equal(sel[order], torch.arange(sum(lengths)))
+    for s_, dst, rows, width in groups:  # a token at position t of its row sits at column t
+        pos = torch.arange(10).repeat(7)[mask.reshape(-1).nonzero().squeeze(1)]
+        assert torch.equal(pos[s_], dst % width)
 
 
 @pytest.mark.parametrize("P", [1, 2])

@@ -229,7 +229,77 @@ def packable(lm, mask) -> bool:
     return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
-def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Tensor:
+# the packed pass's fused LoRA linear (FUSED_LORA False: peft's own forward, the benchmark's
+# baseline)
+FUSED_LORA = True
+
+
+def _plain_lora(module):
+    """(base weight, bias, A, s B) of a peft LoRA Linear with one vanilla adapter active, or None
+    when peft's own forward must run (no LoRA, merged, disabled, dropout, a variant such as DoRA,
+    several active adapters)."""
+    if not FUSED_LORA or not hasattr(module, "lora_A") or module.disable_adapters or module.merged:
+        return None
+    active = [n for n in module.active_adapters if n in module.lora_A]
+    if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}):
+        return None
+    name = active[0]
+    if not isinstance(module.lora_dropout[name], nn.Identity):
+        return None
+    base = module.base_layer
+    if not isinstance(base, nn.Linear) or base.weight.dtype != module.lora_A[name].weight.dtype:
+        return None  # peft casts between a lower-precision backbone and float32 adapters
+    return base.weight, base.bias, module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name]
+
+
+def linear(module, x):
+    """`module(x)` for a linear layer; for a peft LoRA layer with one plain adapter active,
+    W x + b + s B A x as one matmul plus one accumulating matmul (torch.addmm), without peft's
+    three full-width temporaries (B A x, its scaled copy, the sum)."""
+    lora = _plain_lora(module)
+    if lora is None:
+        return module(x)
+    w, bias, a, b, s = lora
+    base = nn.functional.linear(x, w, bias)
+    return torch.addmm(base, nn.functional.linear(x, a), b.t(), alpha=s)
+
+
+def mlp(module, x):
+    """A Qwen2 MLP (down(act(gate x) * up x)) through `linear`."""
+    return linear(module.down_proj, module.act_fn(linear(module.gate_proj, x)) * linear(module.up_proj, x))
+
+
+ATTENTION_GROUPS = 4
+
+
+def length_groups(mask, n_groups: int | None = None):
+    """The rows of a right-padded batch in up to `n_groups` groups of similar length (sorted by
+    length, equal counts), so that attention pads each group to its own longest row instead of
+    the batch's. Per group: (its tokens' indices in the packed order, their places in the group's
+    [rows, width] layout, rows, width); and `order`, which maps the groups' concatenated tokens
+    back to the packed order."""
+    n_groups = ATTENTION_GROUPS if n_groups is None else n_groups
+    lengths = mask.sum(1)
+    B = lengths.shape[0]
+    starts = torch.cumsum(lengths, 0) - lengths
+    by_length = torch.argsort(lengths, stable=True)
+    groups, sels = [], []
+    for part in torch.tensor_split(by_length, min(n_groups, B)):
+        if part.numel() == 0:
+            continue
+        width = int(lengths[part].max())
+        ln = lengths[part]
+        t = torch.arange(width, device=mask.device)
+        inside = t[None, :] < ln[:, None]  # [n_g, width]
+        sel = (starts[part][:, None] + t[None, :])[inside]
+        dst = (torch.arange(part.numel(), device=mask.device)[:, None] * width + t[None, :])[inside]
+        groups.append((sel, dst, part.numel(), width))
+        sels.append(sel)
+    order = torch.empty_like(torch.cat(sels)).scatter_(0, torch.cat(sels), torch.arange(sum(s.numel() for s in sels), device=mask.device))
+    return groups, order
+
+
+def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) -> torch.Tensor:
     """A Qwen2 decoder's last hidden states [B, T, H] for a right-padded batch, with every
     per-token layer (norms, projections with their LoRA adapters, MLP) run once over the N real
     tokens packed into [N, H]; only attention sees the padded [B, T] layout. A right-padded
@@ -250,23 +320,37 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None) -> torch.Te
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
 
-    def padded(t):  # [N, h, d] -> [B, h, T, d], zeros at the pads
-        return t.new_zeros(B * T, *t.shape[1:]).index_copy(0, flat, t).view(B, T, *t.shape[1:]).transpose(1, 2)
+    groups, order = length_groups(mask)
 
-    for layer in m.layers:
+    def attention(q, k, v, scale):  # [N, h, d] each -> [N, h * d], causal within each row
+        out = []
+        for sel, dst, rows_g, width in groups:
+            def padded(t):  # the group's rows, [n_g, h, width, d], zeros at the pads
+                return t.new_zeros(rows_g * width, *t.shape[1:]).index_copy(0, dst, t[sel]).view(
+                    rows_g, width, *t.shape[1:]).transpose(1, 2)
+            o = nn.functional.scaled_dot_product_attention(
+                padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
+            )
+            out.append(o.transpose(1, 2).reshape(rows_g * width, heads * head_dim)[dst])
+        return torch.cat(out).index_select(0, order)
+
+    # the rows the caller reads: after the last layer's attention only they go on
+    keep = None if read is None else read.reshape(-1)[flat].nonzero().squeeze(1)
+    rows = flat
+    for i, layer in enumerate(m.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        q = a.q_proj(h).view(n, heads, head_dim)
-        k = a.k_proj(h).view(n, kv_heads, head_dim)
-        v = a.v_proj(h).view(n, kv_heads, head_dim)
+        q = linear(a.q_proj, h).view(n, heads, head_dim)
+        k = linear(a.k_proj, h).view(n, kv_heads, head_dim)
+        v = linear(a.v_proj, h).view(n, kv_heads, head_dim)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        o = nn.functional.scaled_dot_product_attention(
-            padded(q), padded(k), padded(v), is_causal=True, scale=a.scaling, enable_gqa=heads != kv_heads
-        )
-        x = x + a.o_proj(o.transpose(1, 2).reshape(B * T, heads * head_dim)[flat])
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        o = attention(q, k, v, a.scaling)
+        if keep is not None and i == len(m.layers) - 1:
+            x, o, rows = x[keep], o[keep], flat[keep]
+        x = x + linear(a.o_proj, o)
+        x = x + mlp(layer.mlp, layer.post_attention_layernorm(x))
     x = m.norm(x)
-    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, flat, x).view(B, T, -1)
+    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, rows, x).view(B, T, -1)
 
 
 def device_of(model) -> torch.device:

@@ -207,30 +207,32 @@ class LatentStrategyModel(nn.Module):
 
     # -------------------------------------------------------------- passes
 
-    def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None):
+    def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None, read=None):
         """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not to be
         read): the packed pass for a Qwen2 backbone on CPU (`packed_hidden`), transformers' own
         padded pass otherwise."""
         if PACKED and packable(lm, mask):
-            return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask)
+            return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask, read=read)
         return lm.model(
             input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False
         ).last_hidden_state
 
     def posterior(self, post_ids, post_mask):
         """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q)."""
-        with self.adapter("posterior"):
-            h = self._hidden(self.lm_post, input_ids=post_ids, mask=post_mask)
+        rows = torch.arange(post_ids.shape[0], device=post_ids.device)
         last = post_mask.long().sum(1) - 1
-        pooled = h[torch.arange(h.shape[0], device=h.device), last]
+        with self.adapter("posterior"):
+            h = self._hidden(self.lm_post, input_ids=post_ids, mask=post_mask, read=_positions(post_mask, rows, last))
+        pooled = h[rows, last]
         return self.posterior_head(pooled)
 
     def router_prefix(self, ids, mask, z_open_pos):
         """p(z|x) from the `<z>` hidden state; only the prefix up to `<z>` is run."""
         T = int(z_open_pos.max()) + 1
+        rows = torch.arange(ids.shape[0], device=ids.device)
         with self.adapter("generator"):
-            h = self._hidden(self.lm, input_ids=ids[:, :T], mask=mask[:, :T])
-        return self.router_head(h[torch.arange(h.shape[0], device=h.device), z_open_pos])
+            h = self._hidden(self.lm, input_ids=ids[:, :T], mask=mask[:, :T], read=_positions(mask[:, :T], rows, z_open_pos))
+        return self.router_head(h[rows, z_open_pos])
 
     def slot_embeddings(self, z):
         """z [B, D] -> [B, P, H] added to the `[Z]` token embedding at the slot positions."""
@@ -247,9 +249,10 @@ class LatentStrategyModel(nn.Module):
         """One pass: router from the `<z>` hidden state (it has seen x only), generator logits
         with z written into the slots. Logits are [B, T, V], or [B, L, V] at `sup_pos` only
         (positions whose next token is supervised: cheaper for large vocabularies)."""
+        rows = torch.arange(gen_ids.shape[0], device=gen_ids.device)
+        read = None if sup_pos is None else _positions(gen_mask, rows, z_open_pos, sup_pos)
         with self.adapter("generator"):
-            h = self._hidden(self.lm, inputs_embeds=self.embed_with_z(gen_ids, z, z_slot_pos), mask=gen_mask)
-            rows = torch.arange(h.shape[0], device=h.device)
+            h = self._hidden(self.lm, inputs_embeds=self.embed_with_z(gen_ids, z, z_slot_pos), mask=gen_mask, read=read)
             mu_r, logvar_r = self.router_head(h[rows, z_open_pos])
             if sup_pos is not None:
                 h = h[rows[:, None], sup_pos]
@@ -397,6 +400,15 @@ class LatentStrategyModel(nn.Module):
                 f"trained {name} adapter {folder} does not fit this backbone: missing {missing[:5]}, "
                 f"unexpected {list(result.unexpected_keys)[:5]}"
             )
+
+
+def _positions(mask, rows, *positions) -> torch.Tensor:
+    """A bool mask like `mask`, True at the given positions ([B] or [B, L] each) of each row:
+    the hidden states a pass's caller reads."""
+    read = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+    for pos in positions:
+        read[rows[:, None] if pos.dim() == 2 else rows, pos] = True
+    return read
 
 
 def _norm(v):
