@@ -175,7 +175,9 @@ def test_packed_pass_only_where_exact(tok):
         some = packed_hidden(m.lm, input_ids=ids, mask=left, read=read)
     assert torch.allclose(want[left.bool()], got[left.bool()], atol=1e-5)
     assert torch.allclose(want[read], some[read], atol=1e-5)
-    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(want[~read & left.bool()], some[~read & left.bool()])
+    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(
+        want[~read & left.bool()], some[~read & left.bool()]
+    )
 
 
 def test_fused_lora_linear_equals_peft(tok, monkeypatch):

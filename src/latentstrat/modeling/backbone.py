@@ -295,18 +295,23 @@ def length_groups(mask, n_groups: int | None = None):
         dst = (torch.arange(part.numel(), device=mask.device)[:, None] * width + t[None, :])[inside]
         groups.append((sel, dst, part.numel(), width))
         sels.append(sel)
-    order = torch.empty_like(torch.cat(sels)).scatter_(0, torch.cat(sels), torch.arange(sum(s.numel() for s in sels), device=mask.device))
+    order = torch.empty_like(torch.cat(sels)).scatter_(
+        0, torch.cat(sels), torch.arange(sum(s.numel() for s in sels), device=mask.device)
+    )
     return groups, order
 
 
 def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) -> torch.Tensor:
     """A Qwen2 decoder's last hidden states [B, T, H] for a right-padded batch, with every
-    per-token layer (norms, projections with their LoRA adapters, MLP) run once over the N real
-    tokens packed into [N, H]; only attention sees the padded [B, T] layout. A right-padded
-    row's real tokens sit at positions 0..L-1 and attend causally to real tokens only, so plain
-    causal attention is exact and the pads (zeros here) are never read. The same function as
-    transformers' padded pass up to float rounding (tests/test_model.py), without its work on
-    the pads: a task-mixed batch of short and long tasks is mostly padding."""
+    per-token layer (norms, projections with their LoRA adapters through `linear`, MLP) run once
+    over the N real tokens packed into [N, H]. Only attention sees a padded layout, one per group
+    of rows of similar length (`length_groups`): each row's real tokens sit at positions 0..L-1
+    and attend causally to their own row only, so plain causal attention is exact and the pads
+    (zeros) are never read. `read` ([B, T] bool, optional): the positions the caller reads; after
+    the last layer's attention only they go on through its output projection and MLP, and every
+    other position reads zero. The same function as transformers' padded pass up to float
+    rounding at the positions read (tests/test_model.py), without its work on the pads: a
+    task-mixed batch of short and long tasks is mostly padding."""
     from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
     m = lm.model
@@ -325,9 +330,15 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) 
     def attention(q, k, v, scale):  # [N, h, d] each -> [N, h * d], causal within each row
         out = []
         for sel, dst, rows_g, width in groups:
+
             def padded(t):  # the group's rows, [n_g, h, width, d], zeros at the pads
-                return t.new_zeros(rows_g * width, *t.shape[1:]).index_copy(0, dst, t[sel]).view(
-                    rows_g, width, *t.shape[1:]).transpose(1, 2)
+                return (
+                    t.new_zeros(rows_g * width, *t.shape[1:])
+                    .index_copy(0, dst, t[sel])
+                    .view(rows_g, width, *t.shape[1:])
+                    .transpose(1, 2)
+                )
+
             o = nn.functional.scaled_dot_product_attention(
                 padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
             )

@@ -231,7 +231,9 @@ class LatentStrategyModel(nn.Module):
         T = int(z_open_pos.max()) + 1
         rows = torch.arange(ids.shape[0], device=ids.device)
         with self.adapter("generator"):
-            h = self._hidden(self.lm, input_ids=ids[:, :T], mask=mask[:, :T], read=_positions(mask[:, :T], rows, z_open_pos))
+            h = self._hidden(
+                self.lm, input_ids=ids[:, :T], mask=mask[:, :T], read=_positions(mask[:, :T], rows, z_open_pos)
+            )
         return self.router_head(h[rows, z_open_pos])
 
     def slot_embeddings(self, z):
