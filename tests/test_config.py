@@ -33,12 +33,12 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     # the arms differ in token aggregation alone: the same settings, schedule and seeds
     strip = lambda c: {k: v for k, v in c.settings.items() if k != "token_aggregation"}  # noqa: E731
     assert sorted(map(str, map(strip, primary))) == sorted(map(str, map(strip, matched)))
-    assert {c.settings["beta_schedule"] for c in cells} == {"constant"}
+    assert {c.settings["beta_schedule"] for c in cells} == {"lin300"}  # a KL warm-up in both arms
     replicated = [c for c in primary if c.settings["seed"] != 314159]
     assert {c.settings["seed"] for c in replicated} == {314160} and {c.settings["beta"] for c in replicated} == {0.01}
     assert len(replicated) == 4
-    assert "agg-sum_fam-raw_beta-0.01_seed-314159" in {c.cell_id for c in primary}
-    assert "agg-mean_fam-dist_norm_beta-1_seed-314159" in {c.cell_id for c in matched}
+    assert "agg-sum_fam-raw_beta-0.01_sched-lin300_seed-314159" in {c.cell_id for c in primary}
+    assert "agg-mean_fam-dist_norm_beta-1_sched-lin300_seed-314159" in {c.cell_id for c in matched}
     # the endpoint and the contrast are declared in the config
     assert cfg["report"]["primary_metric"] == "router_information"
     assert cfg["report"]["primary_contrast"] == "matched_mean"
@@ -51,9 +51,13 @@ def test_the_original_studys_contrast_is_one_config_away():
     assert {c.settings["beta_schedule"] for c in ref} == {"lin100"} and {c.settings["beta"] for c in ref} == {0.01, 0.1}
     assert "agg-mean_fam-dist_norm_beta-0.1_sched-lin100_seed-314159" in {c.cell_id for c in ref}
     assert cfg["report"]["primary_contrast"] == "mean_lin100"
-    # its sum cells are the default collection's (reused on the same base)
+    # its sum cells are the study's constant-beta ones: the default collection's settings, budget
+    # and seeds without the warm-up
+    primary = [c for c in cells if c.role == "primary"]
+    assert {c.settings["beta_schedule"] for c in primary} == {"constant"}
     default = {c.cell_id for c in K.expand_cells(default_cfg()) if c.role == "primary"}
-    assert {c.cell_id for c in cells if c.role == "primary"} == default
+    assert {c.cell_id for c in primary} == {i.replace("_sched-lin300", "") for i in default}
+    assert cfg["train"] == default_cfg()["train"]
 
 
 def test_an_arm_keeps_its_own_seed_an_aa_arm():
@@ -208,7 +212,7 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
         by_arm.setdefault(c.arm, []).append(c)
     # sum_scaled for raw only (it equals sum for the normalized families); + the beta 0.01 replicates
     assert {a: len(v) for a, v in by_arm.items()} == {"sum": 16, "matched_mean": 16, "sum_scaled": 4, "mean_lin100": 12}
-    assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"constant"}
+    assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"lin300"}
     # the default collection's cells are all in it (reused on the same base)
     assert {c.cell_id for c in K.expand_cells(default)} <= {c.cell_id for c in cells}
     # the matched arm differs from the primary arm in token aggregation alone
