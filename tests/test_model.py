@@ -164,20 +164,22 @@ def test_packed_pass_only_where_exact(tok):
     assert not packable(bb, right)
     bb.config.use_sliding_window, bb.config.attention_dropout = False, 0.1
     assert packable(bb.eval(), right) and not packable(bb.train(), right)
-    # the packed pass lays each row out on its own, so even a left-padded row comes out right;
-    # only the rows in `read` go through the last layer's MLP: the others read zero
+    # a negative control: the packed pass of a left-padded batch is not the model's function
     ids = torch.randint(4, len(tok), (2, 4))
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    read = torch.tensor([[False, False, True, False], [False, True, False, True]])
     with torch.no_grad():
         want = m.lm.model(input_ids=ids, attention_mask=left).last_hidden_state
-        got = packed_hidden(m.lm, input_ids=ids, mask=left)
-        some = packed_hidden(m.lm, input_ids=ids, mask=left, read=read)
-    assert torch.allclose(want[left.bool()], got[left.bool()], atol=1e-5)
+        wrong = packed_hidden(m.lm, input_ids=ids, mask=left)
+    assert torch.allclose(want[1], wrong[1], atol=1e-5) and not torch.allclose(want[0, 1:], wrong[0, 1:], atol=1e-3)
+    # only the positions in `read` go through the last layer's MLP: the others read zero
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    read = torch.tensor([[False, False, True, False], [False, True, False, True]])
+    with torch.no_grad():
+        want = m.lm.model(input_ids=ids, attention_mask=right).last_hidden_state
+        some = packed_hidden(m.lm, input_ids=ids, mask=right, read=read)
     assert torch.allclose(want[read], some[read], atol=1e-5)
-    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(
-        want[~read & left.bool()], some[~read & left.bool()]
-    )
+    rest = ~read & right.bool()
+    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(want[rest], some[rest])
 
 
 def test_fused_lora_linear_equals_peft(tok, monkeypatch):
@@ -215,6 +217,9 @@ def test_length_groups_cover_every_token_once():
 
     lengths = [5, 1, 9, 3, 9, 2, 7]
     mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
+    # rows of similar length: one group, the batch's own layout
+    same = length_groups(mask[:, :3] | 1, 3)
+    assert same[1] is None and len(same[0]) == 1 and same[0][0][2:] == (7, 3)
     groups, order = length_groups(mask, 3)
     assert [w for *_, w in groups] == [3, 7, 9] and sum(r for _, _, r, _ in groups) == 7
     sel = torch.cat([s for s, *_ in groups])

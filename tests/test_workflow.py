@@ -36,9 +36,10 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     train = [c for r, c, _ in jobs if r == "train"]
     assert len(train) == len(set(train)) == 32
     assert sum(c.startswith("agg-sum_") for c in train) == 16  # 12 settings + 4 replicates at beta 0.01
-    assert sum(c.startswith("agg-mean_") and "sched-" not in c for c in train) == 16  # the matched arm
+    assert sum(c.startswith("agg-mean_") for c in train) == 16  # the matched arm
+    assert all("_sched-lin300_" in c for c in train)  # the same warm-up in both arms
     assert sum(c.endswith("seed-314160") for c in train) == 8 and all("beta-0.01" in c for c in train if "314160" in c)
-    assert "agg-sum_fam-raw_beta-1_seed-314159" in train  # 1 == 1.0, canonical id
+    assert "agg-sum_fam-raw_beta-1_sched-lin300_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
     assert n["probes"] == n["metrics"] == n["evaluate"] == 32  # one probe job per cell, every task in it

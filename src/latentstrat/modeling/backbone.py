@@ -270,6 +270,8 @@ def mlp(module, x):
 
 
 ATTENTION_GROUPS = 4
+# groups are used when they cut the padded attention work (rows x width^2) below this share
+GROUPS_WORTH = 0.7
 
 
 def length_groups(mask, n_groups: int | None = None):
@@ -277,27 +279,26 @@ def length_groups(mask, n_groups: int | None = None):
     length, equal counts), so that attention pads each group to its own longest row instead of
     the batch's. Per group: (its tokens' indices in the packed order, their places in the group's
     [rows, width] layout, rows, width); and `order`, which maps the groups' concatenated tokens
-    back to the packed order."""
+    back to the packed order. When grouping would leave more than `GROUPS_WORTH` of the padded
+    attention work (similar lengths, a small batch): one group, the batch's own [B, T] layout
+    (indices None: the packed order itself), `order` None."""
     n_groups = ATTENTION_GROUPS if n_groups is None else n_groups
     lengths = mask.sum(1)
-    B = lengths.shape[0]
+    B, T = mask.shape
+    parts = [p for p in torch.tensor_split(torch.argsort(lengths, stable=True), min(n_groups, B)) if p.numel()]
+    widths = [int(lengths[p].max()) for p in parts]
+    if len(parts) < 2 or sum(p.numel() * w * w for p, w in zip(parts, widths)) > GROUPS_WORTH * B * T * T:
+        return [(None, mask.reshape(-1).nonzero().squeeze(1), B, T)], None
     starts = torch.cumsum(lengths, 0) - lengths
-    by_length = torch.argsort(lengths, stable=True)
-    groups, sels = [], []
-    for part in torch.tensor_split(by_length, min(n_groups, B)):
-        if part.numel() == 0:
-            continue
-        width = int(lengths[part].max())
-        ln = lengths[part]
+    groups = []
+    for part, width in zip(parts, widths):
         t = torch.arange(width, device=mask.device)
-        inside = t[None, :] < ln[:, None]  # [n_g, width]
+        inside = t[None, :] < lengths[part][:, None]  # [n_g, width]
         sel = (starts[part][:, None] + t[None, :])[inside]
         dst = (torch.arange(part.numel(), device=mask.device)[:, None] * width + t[None, :])[inside]
         groups.append((sel, dst, part.numel(), width))
-        sels.append(sel)
-    order = torch.empty_like(torch.cat(sels)).scatter_(
-        0, torch.cat(sels), torch.arange(sum(s.numel() for s in sels), device=mask.device)
-    )
+    sels = torch.cat([g[0] for g in groups])
+    order = torch.empty_like(sels).scatter_(0, sels, torch.arange(sels.numel(), device=mask.device))
     return groups, order
 
 
@@ -334,7 +335,7 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) 
             def padded(t):  # the group's rows, [n_g, h, width, d], zeros at the pads
                 return (
                     t.new_zeros(rows_g * width, *t.shape[1:])
-                    .index_copy(0, dst, t[sel])
+                    .index_copy(0, dst, t if sel is None else t[sel])
                     .view(rows_g, width, *t.shape[1:])
                     .transpose(1, 2)
                 )
@@ -343,7 +344,7 @@ def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) 
                 padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
             )
             out.append(o.transpose(1, 2).reshape(rows_g * width, heads * head_dim)[dst])
-        return torch.cat(out).index_select(0, order)
+        return out[0] if order is None else torch.cat(out).index_select(0, order)
 
     # the rows the caller reads: after the last layer's attention only they go on
     keep = None if read is None else read.reshape(-1)[flat].nonzero().squeeze(1)
