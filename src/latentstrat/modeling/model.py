@@ -209,8 +209,9 @@ class LatentStrategyModel(nn.Module):
 
     def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None, read=None):
         """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not to be
-        read): the packed pass for a Qwen2 backbone on CPU (`packed_hidden`), transformers' own
-        padded pass otherwise."""
+        read): the packed pass for a Qwen2 backbone on CPU (`packed_hidden`, which runs the last
+        layer's MLP only at the positions in `read`, [B, T] bool, and returns zero elsewhere),
+        transformers' own padded pass otherwise (every position; `read` unused)."""
         if PACKED and packable(lm, mask):
             return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask, read=read)
         return lm.model(
