@@ -1,6 +1,9 @@
 """envs/*.yaml (the environment as a conda file) pin exactly what pyproject.toml pins."""
 
+import ast
+import importlib.metadata
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -67,3 +70,54 @@ def test_mismatch_is_detected(tmp_path):
     env = tmp_path / "e.yaml"
     env.write_text("dependencies:\n  - pip:\n      - torch==2.12.0\n")
     assert env_pins(env) == {"torch": "2.12.0"} != {"torch": pyproject_pins()["torch"]}
+
+
+# ----------------------------------------------------------------------------- runtime imports
+
+STDLIB = set(sys.stdlib_module_names)
+
+
+def imported_top_modules(root: Path) -> dict[str, set[str]]:
+    """Top-level module -> the package files that import it (module-level and inside functions)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                out.setdefault(n.split(".")[0], set()).add(str(path.relative_to(root)))
+    return out
+
+
+def undeclared_runtime_imports(root: Path, declared: set[str]) -> dict[str, set[str]]:
+    """Third-party modules imported under root whose distribution is not a runtime dependency."""
+    dists = importlib.metadata.packages_distributions()
+    missing = {}
+    for mod, files in imported_top_modules(root).items():
+        if mod in STDLIB or mod in ("latentstrat", "__future__"):
+            continue
+        names = {d.lower().replace("_", "-") for d in dists.get(mod, [mod])}
+        if not names & declared:
+            missing[mod] = files
+    return missing
+
+
+def test_every_third_party_import_of_the_package_is_a_runtime_dependency():
+    """`pip install .` without extras must run every stage: the probes' scikit-learn included."""
+    declared = set(pyproject_pins())
+    assert "scikit-learn" in declared
+    missing = undeclared_runtime_imports(ROOT / "src" / "latentstrat", declared)
+    assert not missing, "imported but not in [project] dependencies: " + ", ".join(
+        f"{m} ({', '.join(sorted(f))})" for m, f in sorted(missing.items())
+    )
+
+
+def test_an_undeclared_import_is_caught(tmp_path):
+    (tmp_path / "stage.py").write_text("import math\n\ndef f():\n    from sklearn.linear_model import LogisticRegression\n")
+    declared = set(pyproject_pins()) - {"scikit-learn"}
+    assert set(undeclared_runtime_imports(tmp_path, declared)) == {"sklearn"}
+    assert undeclared_runtime_imports(tmp_path, declared | {"scikit-learn"}) == {}
