@@ -117,7 +117,8 @@ def test_every_third_party_import_of_the_package_is_a_runtime_dependency():
 
 
 def test_an_undeclared_import_is_caught(tmp_path):
-    (tmp_path / "stage.py").write_text("import math\n\ndef f():\n    from sklearn.linear_model import LogisticRegression\n")
+    lazy = "import math\n\ndef f():\n    from sklearn.linear_model import LogisticRegression\n"
+    (tmp_path / "stage.py").write_text(lazy)
     declared = set(pyproject_pins()) - {"scikit-learn"}
     assert set(undeclared_runtime_imports(tmp_path, declared)) == {"sklearn"}
     assert undeclared_runtime_imports(tmp_path, declared | {"scikit-learn"}) == {}
