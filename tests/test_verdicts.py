@@ -67,8 +67,9 @@ def run(tmp_path, delta, noise, half_width, seed=0, seeds=(1, 2)):
 def test_arms_within_their_noise_are_cannot_tell(tmp_path):
     # true delta 0; cells vary by training noise 0.02 while each cell's own interval is +-0.06
     row, analysis = run(tmp_path, delta=0.0, noise=0.02, half_width=0.06)
-    assert row.training_noise_in_interval and row.training_noise_settings == 24 and row.training_noise_df == 24
-    assert row.verdict == "cannot tell" and row.ci_low < 0 < row.ci_high
+    # 12 replicated settings, each its own paired spread on 1 df: Welch-Satterthwaite df between 1 and 12
+    assert row.training_noise_in_interval and row.training_noise_settings == 12 and 1 <= row.training_noise_df <= 12
+    assert row.verdict == "cannot tell" and row.ci_low < 0 < row.ci_high and row.sign_flip_p > 0.05
     assert row.cells_negative == 0 and row.cells_positive == 0
     assert "**cannot tell**" in analysis and "**negative**" not in analysis and "**positive**" not in analysis
 
@@ -76,7 +77,9 @@ def test_arms_within_their_noise_are_cannot_tell(tmp_path):
 def test_clearly_different_arms_get_their_sign(tmp_path):
     row, analysis = run(tmp_path, delta=-0.2, noise=0.02, half_width=0.06)
     assert row.verdict == "negative" and row.ci_high < 0 and row.training_noise_in_interval
-    assert row.cells_negative == 12
+    assert row.sign_flip_p == pytest.approx(
+        2 / 2**12
+    )  # every setting's delta negative: only the all-minus flip reaches it
     assert "**negative**" in analysis and "training noise" in analysis
     (tmp_path / "up").mkdir()
     row, _ = run(tmp_path / "up", delta=0.2, noise=0.02, half_width=0.06)
@@ -89,7 +92,8 @@ def test_training_noise_widens_the_interval_past_a_test_only_sign(tmp_path):
     row, _ = run(tmp_path, delta=-0.05, noise=0.2, half_width=0.01)
     assert row.test_ci_high < 0  # what the test inputs alone would say
     assert row.verdict == "cannot tell" and row.ci_low < 0 < row.ci_high
-    assert row.training_noise_sd == pytest.approx(0.2) and row.mean_delta == pytest.approx(-0.05)
+    # the paired delta of two cells that each vary by 0.2: about 0.2 * sqrt(2) per replicate
+    assert 0.15 < row.training_noise_sd < 0.45 and row.mean_delta == pytest.approx(-0.05)
     assert row.detectable_delta > abs(row.mean_delta)
 
 
@@ -102,53 +106,96 @@ def test_one_seed_reads_cannot_tell_training_noise_unknown(tmp_path):
     assert "training noise unknown" in analysis and "test inputs only" in analysis
 
 
+def _contrast_frame(**cols):
+    from latentstrat.aggregate.columns import FAMILY_COL
+
+    n = len(cols["delta_m"])
+    base = {
+        "primary_cell": [f"p{i}" for i in range(n)],
+        "comparison_cell": [f"c{i}" for i in range(n)],
+        FAMILY_COL: [f"fam{i}" for i in range(n)],
+        "beta_label": ["beta=.01"] * n,
+        "delta_m_ci_low": [np.nan] * n,
+        "delta_m_ci_high": [np.nan] * n,
+        "delta_m_noise_known": [True] * n,
+    }
+    return pd.DataFrame({**base, **cols})
+
+
 def test_contrast_interval_by_hand():
-    """Two common cells, deltas -0.1 and -0.2, test-input SEs 0.02 and 0.03; the first has two
-    seeds per arm, the second one; training variance 0.0025 on 4 df. SE_test = sqrt(0.02^2 +
-    0.03^2) / 2; training part 0.0025 (1/2 + 1/2 + 1 + 1) / 2^2; a t interval with
-    Welch-Satterthwaite df = SE^4 / (training^2 / 4)."""
+    """Two settings: the first has two replicates per arm whose paired deltas are -0.05 and -0.15
+    (seed variance 0.005, the mean delta's 0.0025 on 1 df); the second one replicate, delta -0.2, in
+    the same stratum: it borrows the stratum's pooled seed variance 0.005 on 1 df. SE_test =
+    sqrt(0.02^2 + 0.03^2) / 2; training terms 0.0025 / 4 and 0.005 / 4; a t interval with
+    Welch-Satterthwaite df = SE^4 / sum(term^2 / df)."""
     from scipy import stats
 
     from latentstrat.aggregate.contrasts import contrast_row
 
-    c = pd.DataFrame(
-        {
-            "primary_cell": ["p1", "p2"],
-            "comparison_cell": ["c1", "c2"],
-            "delta_m": [-0.1, -0.2],
-            "delta_m_se_test": [0.02, 0.03],
-            "delta_m_ci_low": [np.nan, np.nan],
-            "delta_m_ci_high": [np.nan, np.nan],
-            "primary_n_seeds": [2, 1],
-            "comparison_n_seeds": [2, 1],
-        }
+    c = _contrast_frame(
+        delta_m=[-0.1, -0.2],
+        delta_m_se_test=[0.02, 0.03],
+        delta_m_train_var=[0.0025, np.nan],
+        delta_m_train_df=[1.0, np.nan],
+        delta_m_seed_var=[0.005, np.nan],
+        stratum=["used", "used"],
+        primary_n_seeds=[2, 1],
+        comparison_n_seeds=[2, 1],
     )
-    row = contrast_row("arm", c, "m", None, {"var": 0.0025, "df": 4, "settings": 2})
+    row = contrast_row("arm", c, "m", None)
     se_test = np.sqrt(0.02**2 + 0.03**2) / 2
-    train = 0.0025 * (0.5 + 0.5 + 1 + 1) / 4
-    se = np.sqrt(se_test**2 + train)
-    df = se**4 / (train**2 / 4)
+    terms = [0.0025 / 4, 0.005 / 4]
+    se = np.sqrt(se_test**2 + sum(terms))
+    df = se**4 / sum(t**2 / 1 for t in terms)
     half = stats.t.ppf(0.975, df) * se
-    assert row["mean_delta"] == pytest.approx(-0.15)
-    assert row["se_test"] == pytest.approx(se_test) and row["se_training"] == pytest.approx(np.sqrt(train))
+    assert row["mean_delta"] == pytest.approx(-0.15) and row["interval_df"] == pytest.approx(df)
+    assert row["se_test"] == pytest.approx(se_test) and row["se_training"] == pytest.approx(np.sqrt(sum(terms)))
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(-0.15 - half), pytest.approx(-0.15 + half))
     assert row["detectable_delta"] == pytest.approx((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se)
     assert row["verdict"] == ("negative" if -0.15 + half < 0 else "cannot tell")
-    unknown = contrast_row("arm", c, "m", None, None)
+    assert row["training_noise_settings"] == 1 and row["training_noise_sd"] == pytest.approx(np.sqrt(0.005))
+    # the unreplicated setting in a stratum with no replicated setting: training noise unknown there
+    unknown = contrast_row("arm", c.assign(stratum=["used", "empty"]), "m", None)
     assert unknown["verdict"] == "cannot tell" and not unknown["training_noise_in_interval"]
+    assert "fam1 beta=.01" in unknown["why"] and unknown["why"].startswith("training noise unknown for 1 of 2")
     assert unknown["ci_high"] == pytest.approx(-0.15 + 1.959963984540054 * se_test)
 
 
-def test_pooled_training_noise_by_hand():
-    """Seed variances pooled with their degrees of freedom over the settings of both arms that
-    have two or more seeds: (1 * 0.1^2 + 2 * 0.2^2) / 3."""
-    from latentstrat.aggregate.contrasts import training_noise
+def test_paired_training_noise_pools_and_sign_flip_by_hand():
+    """A setting's paired deltas per replicate seed (the same seed pairs up; an arm with seeds of its
+    own pairs by replicate order), their spread on k - 1 df, the stratum's pool weighted by df, and
+    the sign-flip test's exact p-value."""
+    from latentstrat.aggregate.contrasts import setting_training, sign_flip_p, stratum_pools
 
-    a = pd.DataFrame({"n_seeds": [2, 1], "m_std": [0.1, np.nan]})
-    b = pd.DataFrame({"n_seeds": [3], "m_std": [0.2]})
-    nz = training_noise([a, b], "m")
-    assert nz["var"] == pytest.approx((0.01 + 2 * 0.04) / 3) and nz["df"] == 3 and nz["settings"] == 2
-    assert training_noise([a.iloc[1:], b.assign(n_seeds=1)], "m") is None
+    cells = {
+        "p1": {"seed": 1, "m": 0.5},
+        "p2": {"seed": 2, "m": 0.7},
+        "c1": {"seed": 1, "m": 0.4},
+        "c2": {"seed": 2, "m": 0.4},
+        "a7": {"seed": 7, "m": 0.1},
+        "a8": {"seed": 8, "m": 0.6},
+    }
+    p, c = pd.Series({"cell_ids": "p1,p2", "n_seeds": 2}), pd.Series({"cell_ids": "c1,c2", "n_seeds": 2})
+    tr = setting_training(p, c, "m", cells)  # deltas 0.1, 0.3: variance 0.02, the mean's 0.01, 1 df
+    assert (tr["seed_var"], tr["var"], tr["df"]) == (pytest.approx(0.02), pytest.approx(0.01), 1.0)
+    aa = setting_training(p, pd.Series({"cell_ids": "a8,a7", "n_seeds": 2}), "m", cells)  # 0.5-0.1, 0.7-0.6
+    assert aa["seed_var"] == pytest.approx(np.var([0.4, 0.1], ddof=1))
+    one = setting_training(p, pd.Series({"cell_ids": "c1", "n_seeds": 1}), "m", cells)
+    assert np.isnan(one["var"])
+    rows = pd.DataFrame(
+        {
+            "delta_m": [0.1, 0.2, 0.3, 0.0],
+            "delta_m_seed_var": [0.02, 0.05, np.nan, 1e-6],
+            "delta_m_train_df": [1.0, 2.0, np.nan, 1.0],
+            "stratum": ["used", "used", "used", "empty"],
+        }
+    )
+    pools = stratum_pools(rows, "m")
+    assert pools["used"] == {"seed_var": pytest.approx((0.02 + 2 * 0.05) / 3), "df": 3.0, "settings": 2}
+    assert pools["empty"]["seed_var"] == pytest.approx(1e-6)
+    # deltas 1, 2, 3: of the 8 sign assignments only +++ and --- reach |mean| 2
+    assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)
+    assert sign_flip_p([1.0, -1.0]) == 1.0 and np.isnan(sign_flip_p([]))
 
 
 def test_no_interval_means_cannot_tell(tmp_path):
@@ -243,28 +290,36 @@ def test_learn_then_collapse_is_found_when_it_happens():
 def test_router_scores_without_a_strategy_cell_are_cannot_tell():
     """Two arms none of whose cells is in state `strategy` (z carries no strategy information in
     either) differ by noise, whatever their interval says: never a sign."""
+    from latentstrat.aggregate.columns import FAMILY_COL
     from latentstrat.aggregate.contrasts import arm_contrasts
 
+    m = "delta_matched_router_score"
     c = pd.DataFrame(
         {
             "primary_cell": ["p1", "p2"],
             "comparison_cell": ["r1", "r2"],
+            FAMILY_COL: ["a", "b"],
+            "beta_label": ["beta=.01", "beta=.01"],
             "primary_state": ["empty", "other"],
             "comparison_state": ["empty", "empty"],
+            "stratum": ["empty", "used"],
             "primary_n_seeds": [2, 2],
             "comparison_n_seeds": [2, 2],
-            "delta_matched_router_score": [-0.08, -0.09],
-            "delta_matched_router_score_se_test": [0.005, 0.005],
-            "delta_matched_router_score_ci_low": [-0.10, -0.11],
-            "delta_matched_router_score_ci_high": [-0.05, -0.06],
+            m: [-0.08, -0.09],
+            f"{m}_se_test": [0.005, 0.005],
+            f"{m}_ci_low": [-0.10, -0.11],
+            f"{m}_ci_high": [-0.05, -0.06],
+            f"{m}_noise_known": [True, True],
+            f"{m}_train_var": [1e-5, 1e-5],
+            f"{m}_train_df": [1.0, 1.0],
+            f"{m}_seed_var": [2e-5, 2e-5],
         }
     )
-    noises = {"mean": {"matched_router_score": {"var": 1e-5, "df": 10, "settings": 5}}}
-    noise = arm_contrasts({"mean": c}, None, noises, metrics=["matched_router_score"]).iloc[0]
+    noise = arm_contrasts({"mean": c}, None, metrics=["matched_router_score"]).iloc[0]
     assert noise.verdict == "cannot tell" and "strategy" in noise.why and noise.strategy_cells == 0
     assert noise.both_empty_cells == 1
     signal = arm_contrasts(
-        {"mean": c.assign(primary_state=["strategy", "other"])}, None, noises, metrics=["matched_router_score"]
+        {"mean": c.assign(primary_state=["strategy", "other"])}, None, metrics=["matched_router_score"]
     ).iloc[0]
     assert signal.verdict == "negative" and signal.cells_negative == 2 and signal.why == ""
 
@@ -366,9 +421,9 @@ def test_power_arithmetic_by_hand():
     # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
     assert np.isnan(detectable_difference(float("nan"), 0.1))
-    # 12 cells, SE_test 0.01, training sd 0.1: SE(n)^2 = 0.01^2 + 0.1^2 * (2 / n) / 12
-    assert se_with_seeds(0.01, 0.1, 12, 2) == pytest.approx(np.sqrt(1e-4 + 0.01 / 12))
-    # to detect 0.07: 2.8016^2 (1e-4 + 0.01 / (6 n)) <= 0.0049 -> n >= 0.01 / 6 / (0.0049 / 7.849 - 1e-4) = 3.19 -> 4
-    assert seeds_to_detect(0.01, 0.1, 12, 0.07) == 4
+    # 12 cells, SE_test 0.01, a replicate's paired delta sd 0.2: SE(n)^2 = 0.01^2 + 0.2^2 / n / 12
+    assert se_with_seeds(0.01, 0.2, 12, 2) == pytest.approx(np.sqrt(1e-4 + 0.04 / 24))
+    # to detect 0.07: 2.8016^2 (1e-4 + 0.04 / (12 n)) <= 0.0049 -> n >= 0.04 / 12 / (0.0049 / 7.849 - 1e-4) = 6.36 -> 7
+    assert seeds_to_detect(0.01, 0.2, 12, 0.07) == 7
     assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]

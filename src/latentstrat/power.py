@@ -3,13 +3,14 @@ a `cannot tell` (design section 6, docs/design.md).
 
 A verdict comes from a 95% interval of a delta (`aggregate.contrasts.arm_contrasts`) whose
 variance has two parts: the test inputs' (the paired bootstrap, SE_test) and training noise (the
-seed-to-seed variance sigma^2 pooled over replicated settings, divided by each setting's seeds:
-SE_training). A true difference d is found (the interval excludes 0) with 80% power when
-|d| >= (t_0.975 + t_0.8) * SE, about 2.80 * SE: the *detectable difference* printed next to every
-verdict, from the same variance as the interval.
+spread of each setting's paired delta across its replicate seeds, sigma_d^2 per replicate,
+divided by its seeds: SE_training). A true difference d is found (the interval excludes 0) with
+80% power when |d| >= (t_0.975 + t_0.8) * SE, about 2.80 * SE: the *detectable difference* printed
+next to every verdict, from the same variance as the interval (its agreement with the power
+measured by simulation: `python -m latentstrat.bench calibrate`).
 
 A `cannot tell` whose arms do carry strategy information is a matter of power. More seeds shrink
-the training part only: with n seeds per setting, SE(n)^2 = SE_test^2 + sigma^2 * (2 / n) / cells
+the training part only: with n seeds per setting, SE(n)^2 = SE_test^2 + sigma_d^2 / n / cells
 (the test split is already used as configured). The follow-up adds seeds until the detectable
 difference reaches the effect to settle: the observed mean delta, or `report.near_zero_delta`
 when the observed delta is smaller than that (then the follow-up tells "no difference larger than
@@ -40,18 +41,19 @@ def detectable_difference(ci_low: float, ci_high: float) -> float:
     return DETECT * standard_error(ci_low, ci_high)
 
 
-def se_with_seeds(se_test: float, sd_training: float, cells: int, seeds: int) -> float:
-    """SE of a mean common-cell delta over `cells` settings with `seeds` seeds in both arms."""
-    return math.sqrt(se_test**2 + sd_training**2 * (2 / seeds) / cells)
+def se_with_seeds(se_test: float, sd_delta: float, cells: int, seeds: int) -> float:
+    """SE of a mean common-cell delta over `cells` settings with `seeds` seeds in both arms, one
+    replicate's paired delta varying by sd_delta from seed to seed."""
+    return math.sqrt(se_test**2 + sd_delta**2 / seeds / cells)
 
 
-def seeds_to_detect(se_test: float, sd_training: float, cells: int, effect: float, max_n: int = 10_000) -> int | None:
+def seeds_to_detect(se_test: float, sd_delta: float, cells: int, effect: float, max_n: int = 10_000) -> int | None:
     """The fewest seeds per setting at which DETECT * SE reaches `effect`; None when the test
     inputs' SE alone keeps it above (no number of seeds settles it)."""
     if not (effect > 0) or DETECT * se_test >= effect:
         return None
     n = 1
-    while DETECT * se_with_seeds(se_test, sd_training, cells, n) > effect:
+    while DETECT * se_with_seeds(se_test, sd_delta, cells, n) > effect:
         n += 1
         if n > max_n:
             return None

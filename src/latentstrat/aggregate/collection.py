@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from latentstrat import host
-from latentstrat.aggregate.columns import DELTA_METRICS
-from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, scale_table, training_noise
+from latentstrat.aggregate.columns import ROUTER_METRIC
+from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts, scale_table
 from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
     availability_table,
@@ -74,26 +74,69 @@ def comparison_arm_rows(summary: pd.DataFrame, role: pd.Series, comparisons: dic
     return {a: (seed_means(r) if "n_seeds" not in r.columns else r) for a, r in arms.items()}
 
 
+def cell_rows(summary: pd.DataFrame, comparisons: dict) -> dict:
+    """cell id -> its metrics row, over the collection's cells and the external tables' rows (the
+    paired deltas per replicate seed: contrasts.setting_training)."""
+    out = {}
+    for df in [summary, *comparisons.values()]:
+        if df is not None and "cell_id" in df.columns:
+            out.update({str(r["cell_id"]): r for _, r in df.iterrows()})
+    return out
+
+
 def contrast_tables(
-    primary_rows: pd.DataFrame, arms: dict, grid_axes, bootstrap: dict | None, states: pd.DataFrame
+    primary_rows: pd.DataFrame,
+    arms: dict,
+    grid_axes,
+    bootstrap: dict | None,
+    states: pd.DataFrame,
+    cells: dict,
+    primary_metric: str = ROUTER_METRIC,
 ) -> tuple[dict, dict, dict]:
-    """(tables common_cells, arm_contrasts, unmatched_rows, reference_scale; common rows and
-    unmatched primary rows per comparison arm). Each contrast's training noise is pooled over the
-    setting rows of its two arms (contrasts.training_noise)."""
-    commons, unmatched, noises = {}, {}, {}
+    """(tables common_cells, arm_contrasts, contrast_by_family, unmatched_rows, reference_scale;
+    common rows and unmatched primary rows per comparison arm). Training noise is measured on
+    each setting's paired delta across its replicate seeds (contrasts.training_terms); the
+    contrast per family is over `primary_metric`."""
+    commons, unmatched = {}, {}
     state_of = dict(zip(states.cell_id, states.state)) if len(states) else None
     for arm, rows in arms.items():
-        noises[arm] = {m: training_noise([primary_rows, rows], m) for m in DELTA_METRICS}
         commons[arm], unmatched[arm] = common_cells(
-            primary_rows, rows, grid_axes, arm, bootstrap=bootstrap, noise=noises[arm], states=state_of
+            primary_rows, rows, grid_axes, arm, bootstrap=bootstrap, cells=cells, states=state_of
         )
+    contrasts = arm_contrasts(commons, bootstrap)
     t = {
         "common_cells": concat_tables(commons.values()),
-        "arm_contrasts": arm_contrasts(commons, bootstrap, noises),
+        "arm_contrasts": contrasts,
+        "contrast_by_family": family_contrasts(commons, bootstrap, primary_metric),
         "unmatched_rows": concat_tables(unmatched.values()),
         "reference_scale": scale_table(primary_rows, arms, commons),
     }  # the z-free reference scale per arm
     return t, commons, unmatched
+
+
+def verdict_tables(data: CollectionData, settings: dict) -> tuple[dict, dict]:
+    """The verdict's part of the aggregate, from cells to contrasts: setting rows (seed means with
+    intervals), cell states, comparison arms' setting rows, common cells and arm contrasts.
+    Returns (tables, context: primary_rows, arms, commons, unmatched). The calibration harness
+    (bench calibrate) runs simulated collections through exactly this."""
+    summary, bootstrap = data.summary, data.bootstrap
+    role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
+    t = {"summary_by_setting": setting_rows(summary, bootstrap)}
+    primary_rows = setting_rows(summary[role == "primary"], bootstrap)
+    t["cell_states"] = cell_states(summary, settings)
+    t["cell_state_counts"] = state_counts(t["cell_states"])
+    arms = comparison_arm_rows(summary, role, data.comparisons, bootstrap)
+    contrasts, commons, unmatched = contrast_tables(
+        primary_rows,
+        arms,
+        data.grid_axes,
+        bootstrap,
+        t["cell_states"],
+        cell_rows(summary, data.comparisons),
+        settings.get("primary_metric") or ROUTER_METRIC,
+    )
+    t.update(contrasts)
+    return t, {"primary_rows": primary_rows, "arms": arms, "commons": commons, "unmatched": unmatched}
 
 
 def write_tables(t: dict, out_dir: Path, meta: dict) -> None:
@@ -138,23 +181,19 @@ def aggregate_tables(
 ) -> dict:
     """All aggregate tables from a collection's data; writes parquet + CSV under out_dir.
     Returns {name: DataFrame}."""
-    summary, state, grid_axes, bootstrap = data.summary, data.state, data.grid_axes, data.bootstrap
+    summary, state, grid_axes = data.summary, data.state, data.grid_axes
     role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
     primary_cells = summary[role == "primary"]
+    settings = report_settings((meta or {}).get("report"))
+    verdict, ctx = verdict_tables(data, settings)
     t: dict[str, pd.DataFrame] = {
         "summary": summary,
         "collection_state": state,
         "collection_state_counts": collection_state_counts(state),
-        "summary_by_setting": setting_rows(summary, bootstrap),
+        **verdict,
     }
-    primary_rows = setting_rows(primary_cells, bootstrap)
+    primary_rows, arms, commons, unmatched = ctx["primary_rows"], ctx["arms"], ctx["commons"], ctx["unmatched"]
     t["metric_distributions"] = metric_distributions(primary_rows)
-    settings = report_settings((meta or {}).get("report"))
-    t["cell_states"] = cell_states(summary, settings)
-    t["cell_state_counts"] = state_counts(t["cell_states"])
-    arms = comparison_arm_rows(summary, role, data.comparisons, bootstrap)
-    contrasts, commons, unmatched = contrast_tables(primary_rows, arms, grid_axes, bootstrap, t["cell_states"])
-    t.update(contrasts)
     t["derived_diagnostics"] = derived_diagnostics(primary_rows)
     primary_metric, ranking_note = ranking_metric(primary_rows, primary_metric)
     t["top_rows"], t["bottom_rows"] = top_bottom(primary_rows, primary_metric, top_k)

@@ -10,5 +10,6 @@ DELTA_METRICS = [
     "final_answer_accuracy",
     "active_reconstruction_objective",
 ]
+ROUTER_METRIC = "router_information"  # the primary endpoint by default: the heterogeneity table is over it
 FALLBACK_METRIC = "matched_router_score"  # for external summary tables that have no router information
 SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]

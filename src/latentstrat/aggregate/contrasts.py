@@ -1,7 +1,9 @@
 """Setting rows of the primary arm against each comparison arm: common cells (paired settings
 with deltas and their 95% intervals), the arm contrasts with their verdicts (training noise in
-every interval: `training_noise`), and the inferred z-free reference scale of each arm on those
-cells (`scale_table`).
+every interval, measured on the paired delta: `training_terms`; a sign-flip test beside it), the
+contrast per reconstruction family (`family_contrasts`), and the inferred z-free reference scale
+of each arm on those cells (`scale_table`). Their error rates are measured by simulation through
+this code (`python -m latentstrat.bench calibrate`, docs/design.md "Verdicts").
 
 A comparison arm is run here or read from an external comparison summary table (columns in
 docs/comparison-table.md). Deltas are primary minus comparison arm.
@@ -35,11 +37,15 @@ CONTRAST_COLUMNS = [
     "why",
     "detectable_delta",
     "training_noise_in_interval",
+    "se",
+    "interval_df",
     "se_test",
     "se_training",
     "training_noise_sd",
     "training_noise_df",
     "training_noise_settings",
+    "training_noise_strata",
+    "sign_flip_p",
     "test_ci_low",
     "test_ci_high",
     "seeds_min",
@@ -49,6 +55,21 @@ CONTRAST_COLUMNS = [
     "cells_negative",
     "cells_positive",
     "cells_cannot_tell",
+]
+# the heterogeneity table (family_contrasts): a contrast over one family's settings / all the others'
+FAMILY_CONTRAST_COLUMNS = [
+    "comparison_arm",
+    "metric",
+    FAMILY_COL,
+    "part",
+    "n_cells",
+    "mean_delta",
+    "ci_low",
+    "ci_high",
+    "verdict",
+    "why",
+    "training_noise_in_interval",
+    "sign_flip_p",
 ]
 
 
@@ -85,24 +106,102 @@ def n_seeds(row) -> int:
 
 
 # ----------------------------------------------------------------------------- training noise
+#
+# The design this estimator rests on (docs/design.md, "Verdicts"): every cell trains with its own
+# seed (cells.training_seed, from its settings and its replicate seed) and the two cells of a pair
+# with the same one. Settings are then independent draws, and a setting's training noise is
+# measured on the paired delta itself: the spread of primary minus comparison across its
+# replicate seeds. A setting with one replicate borrows the pooled spread of the replicated
+# settings of its stratum (`stratum_of`); a stratum with no replicated setting leaves the
+# training noise unknown.
+
+STRATA = ("empty", "used", "all")
 
 
-def training_noise(rows, m: str) -> dict | None:
-    """The seed-to-seed (training) variance of metric m, pooled over every setting row of `rows`
-    (DataFrames of setting rows: the two arms of a contrast) that has two or more seeds:
-    sum (n - 1) sd^2 / sum (n - 1). Returns {var, df, settings}, or None when no setting has two
-    seeds (training noise unknown). Assumes one training variance for every cell of both arms
-    (stated in the report); the seeds share the test inputs, so the spread also carries the part
-    of test-input noise that differs between two models: the estimate errs on the wide side."""
-    num = df = settings = 0.0
-    for r in rows:
-        if r is None or r.empty or f"{m}_std" not in r.columns or "n_seeds" not in r.columns:
-            continue
-        ok = r[(r.n_seeds >= 2) & r[f"{m}_std"].notna()]
-        num += float(((ok.n_seeds - 1) * ok[f"{m}_std"].astype(float) ** 2).sum())
-        df += float((ok.n_seeds - 1).sum())
-        settings += len(ok)
-    return {"var": num / df, "df": df, "settings": int(settings)} if df else None
+def stratum_of(primary_state: str, comparison_state: str) -> str:
+    """A setting's training-noise stratum: `empty` when every cell of both arms is `empty` (z
+    unused on either side: the paired delta moves by test-input noise only), `used` when cell
+    states are known and any cell uses z, `all` when states are unknown (external tables)."""
+    if not primary_state or not comparison_state or "unknown" in (primary_state + comparison_state):
+        return "all"
+    return "empty" if primary_state == comparison_state == "empty" else "used"
+
+
+def _seed_order(seed: str):
+    return (len(seed), seed)
+
+
+def seed_values(row, m: str, cells: dict | None) -> list[tuple[str, float]]:
+    """(replicate seed, value of m) of each cell of a setting row; [] when its cells are not at hand
+    (`cells`: cell id -> that cell's metrics row)."""
+    if not cells:
+        return []
+    ids = [i for i in str(row.get("cell_ids", row.get("cell_id", ""))).split(",") if i]
+    out = []
+    for i in ids:
+        r = cells.get(i)
+        if r is None:
+            return []
+        v = r.get(m, math.nan)
+        out.append((format_value(r.get("seed", "")), float(v) if pd.notna(v) else math.nan))
+    return out
+
+
+def paired_seed_deltas(pv: list, cv: list) -> list[float] | None:
+    """Primary minus comparison value per replicate: cells with the same replicate seed pair up
+    (they trained with the same seed); arms with seeds of their own (an A/A arm) pair by replicate
+    order. None when the arms have different numbers of replicates (or none)."""
+    if not pv or len(pv) != len(cv):
+        return None
+    if {s for s, _ in pv} == {s for s, _ in cv}:
+        c = dict(cv)
+        return [v - c[s] for s, v in pv]
+    return [
+        a - b
+        for (_, a), (_, b) in zip(
+            sorted(pv, key=lambda t: _seed_order(t[0])), sorted(cv, key=lambda t: _seed_order(t[0]))
+        )
+    ]
+
+
+def setting_training(p, c, m: str, cells: dict | None) -> dict:
+    """The training noise of one setting's mean delta from its own replicates:
+    {var: variance of the setting's mean delta, df, seed_var: variance of one replicate's delta}.
+    - paired (k >= 2 replicates in both arms, cells at hand): var(d_r) / k on k - 1 df;
+    - unpaired (>= 2 seeds in both arms, only their SDs known): s_p^2 / k_p + s_c^2 / k_c, Welch df;
+    - else unreplicated: NaN (its stratum's pooled spread stands in: `stratum_pools`)."""
+    d = paired_seed_deltas(seed_values(p, m, cells), seed_values(c, m, cells))
+    if d is not None and len(d) >= 2 and all(math.isfinite(x) for x in d):
+        k, sv = len(d), float(np.var(d, ddof=1))
+        return {"var": sv / k, "df": float(k - 1), "seed_var": sv}
+    kp, kc = n_seeds(p), n_seeds(c)
+    sp, sc = p.get(f"{m}_std", math.nan), c.get(f"{m}_std", math.nan)
+    if kp >= 2 and kc >= 2 and pd.notna(sp) and pd.notna(sc):
+        a, b = float(sp) ** 2 / kp, float(sc) ** 2 / kc
+        df = (a + b) ** 2 / (a**2 / (kp - 1) + b**2 / (kc - 1)) if a + b > 0 else float(kp + kc - 2)
+        return {"var": a + b, "df": df, "seed_var": float(sp) ** 2 + float(sc) ** 2}
+    return {"var": math.nan, "df": math.nan, "seed_var": math.nan}
+
+
+def stratum_pools(c: pd.DataFrame, m: str) -> dict:
+    """stratum -> {seed_var, df, settings}: the replicated settings' per-replicate delta variances
+    pooled with their degrees of freedom, per stratum; a stratum with none is absent."""
+    col = f"delta_{m}"
+    if c.empty or f"{col}_seed_var" not in c.columns:
+        return {}
+    out = {}
+    ok = c[c[f"{col}_seed_var"].notna() & c[col].notna()]
+    for stratum, g in ok.groupby("stratum", sort=False):
+        df = float(g[f"{col}_train_df"].sum())
+        if df > 0:
+            seed_var = float((g[f"{col}_train_df"] * g[f"{col}_seed_var"]).sum()) / df
+            out[stratum] = {"seed_var": seed_var, "df": df, "settings": len(g)}
+    return out
+
+
+def _borrowed_factor(r) -> float:
+    """A setting's mean-delta variance in units of one replicate's delta variance: (1/k_p + 1/k_c) / 2."""
+    return (1 / r.primary_n_seeds + 1 / r.comparison_n_seeds) / 2
 
 
 def t_quantile(q: float, df: float) -> float:
@@ -112,20 +211,38 @@ def t_quantile(q: float, df: float) -> float:
     return float(stats.norm.ppf(q) if not math.isfinite(df) else stats.t.ppf(q, df))
 
 
-def combine(se_test: float, var_training: float, df_training: float) -> tuple[float, float]:
-    """(SE, df) of an estimate whose test-input variance se_test^2 is known (infinite df) and
-    whose training variance var_training rests on df_training seed degrees of freedom
-    (Welch-Satterthwaite)."""
-    v = se_test**2 + var_training
-    df = v**2 / (var_training**2 / df_training) if var_training > 0 else math.inf
-    return math.sqrt(v), df
+def combine_terms(se_test: float, terms: list[tuple[float, float]]) -> tuple[float, float]:
+    """(SE, df) of an estimate whose variance is se_test^2 (the test inputs': infinite df) plus
+    independent training terms (variance, df) (Welch-Satterthwaite)."""
+    v = se_test**2 + sum(t for t, _ in terms)
+    den = sum(t**2 / d for t, d in terms if t > 0)
+    return math.sqrt(v), (v**2 / den if den > 0 else math.inf)
 
 
 def interval_with_noise(d: float, se_test: float, var_training: float, df_training: float):
-    """(low, high, SE, df) of the 95% t interval of estimate d with both noises."""
-    se, df = combine(se_test, var_training, df_training)
+    """(low, high, SE, df) of the 95% t interval of estimate d with the test inputs' noise and one
+    training term."""
+    se, df = combine_terms(se_test, [(var_training, df_training)])
     half = t_quantile(0.975, df) * se
     return d - half, d + half, se, df
+
+
+def sign_flip_p(deltas) -> float:
+    """Two-sided p-value of the sign-flip (randomization) test of mean delta = 0 over independent
+    settings' paired deltas: the share of the 2^n sign assignments whose |mean| reaches the observed
+    one (all of them up to 16 settings, else 20000 drawn with a fixed seed). Needs no variance
+    model, only that a setting's delta is as likely + as - under no difference; its smallest
+    p-value is 2 / 2^n (n <= 5 settings can never reach 0.05)."""
+    d = np.asarray([x for x in deltas if pd.notna(x)], dtype=float)
+    n = len(d)
+    if n == 0:
+        return math.nan
+    if n <= 16:
+        signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
+    else:
+        signs = np.random.default_rng(0).choice([-1, 1], (20000, n))
+    observed = abs(d.mean())
+    return float(np.mean(np.abs(signs @ d) / n >= observed - 1e-12))
 
 
 # ----------------------------------------------------------------------------- common cells
@@ -154,6 +271,28 @@ def _states_of(row, states: dict | None) -> str:
     return ",".join(sorted({states[i] for i in ids if i in states}))
 
 
+def _setting_intervals(out: pd.DataFrame, metrics) -> None:
+    """Each common setting's delta interval: test inputs plus its training noise (its own
+    replicates', else its stratum's pooled spread); the test inputs' alone when neither is known
+    (the per-setting verdicts then read cannot tell)."""
+    for m in metrics:
+        col = f"delta_{m}"
+        if col not in out.columns:
+            continue
+        pools = stratum_pools(out, m)
+        lo, hi, known = [], [], []
+        for _, r in out.iterrows():
+            var, df = r[f"{col}_train_var"], r[f"{col}_train_df"]
+            if pd.isna(var) and r.stratum in pools:
+                var, df = pools[r.stratum]["seed_var"] * _borrowed_factor(r), pools[r.stratum]["df"]
+            if pd.notna(var) and pd.notna(r[col]) and math.isfinite(r[f"{col}_se_test"]):
+                a, b, _, _ = interval_with_noise(float(r[col]), float(r[f"{col}_se_test"]), float(var), float(df))
+                lo.append(a), hi.append(b), known.append(True)
+            else:
+                lo.append(r[f"{col}_ci_low"]), hi.append(r[f"{col}_ci_high"]), known.append(False)
+        out[f"{col}_ci_low"], out[f"{col}_ci_high"], out[f"{col}_noise_known"] = lo, hi, known
+
+
 def common_cells(
     primary: pd.DataFrame,
     comparison: pd.DataFrame,
@@ -161,15 +300,17 @@ def common_cells(
     arm: str,
     metrics=DELTA_METRICS,
     bootstrap: dict | None = None,
-    noise: dict | None = None,
+    cells: dict | None = None,
     states: dict | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(common rows with comparison/primary values and deltas, primary rows without a match).
 
-    Rows are setting-level (seed means). Delta = primary - comparison with its 95% interval
-    (`delta_<m>_ci_low/_ci_high`): the paired bootstrap over test inputs (the replicates resample
-    the same test examples in both cells, metrics.resample_counts), widened by the training noise
-    `noise[m]` (training_noise) when known. `states`: cell id -> cell state, shown per side.
+    Rows are setting-level (seed means). Delta = primary - comparison, with its test-input SE
+    (`delta_<m>_se_test`: the paired bootstrap over test inputs, the replicates resampling the
+    same test examples in both cells, metrics.resample_counts), its training noise from its own
+    replicates (`_train_var`, `_train_df`, `_seed_var`: setting_training; `cells`: cell id -> metrics
+    row) and its 95% interval with both (`_ci_low/_ci_high`). `states`: cell id -> cell state,
+    shown per side and deciding the setting's stratum (stratum_of).
     """
     keys = pair_keys(primary, comparison, grid_axes)
     p_pre, c_pre = arm_prefix(primary, comparison)
@@ -191,28 +332,30 @@ def common_cells(
             )
             continue
         row = {"comparison_arm": arm, **ident}
-        if states:
-            row["primary_state"], row["comparison_state"] = _states_of(p, states), _states_of(c, states)
+        row["primary_state"], row["comparison_state"] = _states_of(p, states), _states_of(c, states)
+        row["stratum"] = stratum_of(row["primary_state"], row["comparison_state"])
         row["primary_n_seeds"], row["comparison_n_seeds"] = n_seeds(p), n_seeds(c)
         pr, cr = setting_replicates(p, bootstrap), setting_replicates(c, bootstrap)
         for m in metrics:
             cv, pv = float(c.get(m, math.nan)), float(p.get(m, math.nan))
             row[f"{c_pre}_{m}"], row[f"{p_pre}_{m}"], row[f"delta_{m}"] = cv, pv, pv - cv
             lo, hi, se_test = delta_test(p, c, m, pr, cr)
-            nz = (noise or {}).get(m)
-            if nz and math.isfinite(se_test):
-                var = nz["var"] * (1 / n_seeds(p) + 1 / n_seeds(c))
-                lo, hi, _, _ = interval_with_noise(pv - cv, se_test, var, nz["df"])
             row[f"delta_{m}_ci_low"], row[f"delta_{m}_ci_high"] = lo, hi
             row[f"delta_{m}_se_test"] = se_test
+            tr = setting_training(p, c, m, cells)
+            row[f"delta_{m}_train_var"], row[f"delta_{m}_train_df"] = tr["var"], tr["df"]
+            row[f"delta_{m}_seed_var"] = tr["seed_var"]
             if f"{m}_std" in p.index and n_seeds(p) > 1:
                 row[f"{p_pre}_{m}_std"] = p[f"{m}_std"]
         row["primary_cell"] = p.get("cell_ids", p.get("cell_id"))
         row["comparison_cell"] = c.get("cell_ids", c.get("cell_id"))
         rows.append(row)
-    return pd.DataFrame(rows), pd.DataFrame(
-        unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"]
-    )
+    out = pd.DataFrame(rows)
+    if len(out):
+        _setting_intervals(out, metrics)
+        if not states:
+            out = out.drop(columns=["primary_state", "comparison_state"])
+    return out, pd.DataFrame(unmatched, columns=["comparison_arm", FAMILY_COL, "beta_label", "primary_cell", "reason"])
 
 
 # ----------------------------------------------------------------------------- arm contrasts
@@ -251,46 +394,72 @@ def mean_delta_test(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[fl
     return math.nan, math.nan, math.nan
 
 
-def _cell_verdicts(c: pd.DataFrame, m: str, noise_known: bool) -> list[str]:
+def training_terms(ok: pd.DataFrame, m: str) -> tuple[list[tuple[float, float]], list[str], dict]:
+    """The training-noise terms of the mean delta's variance (times n^2): one per replicated
+    setting (its own paired spread), one per stratum for its unreplicated settings (the stratum's
+    pooled spread, on the pool's df); the labels of unreplicated settings whose stratum has no
+    replicated setting (training noise unknown there); and the pools."""
     col = f"delta_{m}"
-    if not noise_known:
-        return ["cannot tell"] * int(c[col].notna().sum())
-    return [verdict(a, b) for a, b, d in zip(c[f"{col}_ci_low"], c[f"{col}_ci_high"], c[col]) if pd.notna(d)]
+    pools = stratum_pools(ok, m)
+    terms, unknown, borrowed = [], [], {}
+    for _, r in ok.iterrows():
+        if pd.notna(r[f"{col}_train_var"]):
+            terms.append((float(r[f"{col}_train_var"]), float(r[f"{col}_train_df"])))
+        elif r.stratum in pools:
+            borrowed[r.stratum] = borrowed.get(r.stratum, 0.0) + _borrowed_factor(r)
+        else:
+            unknown.append(f"{r[FAMILY_COL]} {r.beta_label}")
+    terms += [(pools[s]["seed_var"] * f, pools[s]["df"]) for s, f in borrowed.items()]
+    return terms, unknown, pools
 
 
-def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, noise: dict | None) -> dict:
+def _why_unknown(n: int, unknown: list[str]) -> str:
+    if not n:
+        return "no common cell with a value on both sides"
+    return (
+        f"training noise unknown for {len(unknown)} of {n} settings ({', '.join(unknown[:4])}"
+        + (", ..." if len(unknown) > 4 else "")
+        + "): no replicated setting in their stratum (add `replicates:` or seeds)"
+    )
+
+
+def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> dict:
     """One arm contrast: comparison arm `arm`, its common cells c, metric m (see arm_contrasts)."""
     col = f"delta_{m}"
-    ok = c[c[col].notna()]
-    mean = float(ok[col].mean()) if len(ok) else math.nan
-    t_lo, t_hi, se_test = mean_delta_test(c, m, bootstrap)
+    ok = c[c[col].notna()] if col in c.columns else c.iloc[0:0]
     n = len(ok)
+    mean = float(ok[col].mean()) if n else math.nan
+    t_lo, t_hi, se_test = mean_delta_test(ok, m, bootstrap) if n else (math.nan,) * 3
     seeds = pd.concat([ok.primary_n_seeds, ok.comparison_n_seeds]) if n else pd.Series([1])
-    known = noise is not None and n > 0 and math.isfinite(se_test)
+    terms, unknown, pools = training_terms(ok, m) if n else ([], [], {})
+    known = n > 0 and not unknown and math.isfinite(se_test)
+    train_var = sum(t for t, _ in terms) / n**2 if n else math.nan
     if known:
-        var = noise["var"] * float((1 / ok.primary_n_seeds + 1 / ok.comparison_n_seeds).sum()) / n**2
-        lo, hi, se, df = interval_with_noise(mean, se_test, var, noise["df"])
+        se, df = combine_terms(se_test, [(t / n**2, d) for t, d in terms])
+        half = t_quantile(0.975, df) * se
+        lo, hi = mean - half, mean + half
         detect = (t_quantile(0.975, df) + t_quantile(0.8, df)) * se
         v, why = verdict(lo, hi), ""
     else:
-        var, (lo, hi), detect = math.nan, (t_lo, t_hi), power.DETECT * se_test
-        v = "cannot tell"
-        why = (
-            "training noise unknown: no setting of either arm has two seeds (add `replicates:` or seeds)"
-            if n
-            else "no common cell with a value on both sides"
-        )
+        se, df, (lo, hi), detect = se_test, math.inf, (t_lo, t_hi), power.DETECT * se_test
+        v, why = "cannot tell", _why_unknown(n, unknown)
+    replicated = ok[ok[f"{col}_seed_var"].notna()] if n else ok
+    seed_sd = math.sqrt(float(replicated[f"{col}_seed_var"].mean())) if len(replicated) else math.nan
+    t_df = combine_terms(0.0, terms)[1] if terms else math.nan
     states = [str(s) for col_s in ("primary_state", "comparison_state") if col_s in ok.columns for s in ok[col_s]]
     all_known = bool(states) and all(s and "unknown" not in s for s in states)
     strategy_cells = sum("strategy" in s for s in states) if all_known else None
-    both_empty = (
-        int(((ok.primary_state == "empty") & (ok.comparison_state == "empty")).sum())
-        if "primary_state" in ok.columns
-        else None
-    )
+    both_empty = int((ok.stratum == "empty").sum()) if n and all_known else None
     if m in ROUTER_SCORES and strategy_cells == 0 and n:
         v, why = "cannot tell", "no cell of either arm carries strategy information (no cell in state `strategy`)"
-    each = _cell_verdicts(c, m, known)
+    each = (
+        [
+            verdict(a, b) if k else "cannot tell"
+            for a, b, k in zip(ok[f"{col}_ci_low"], ok[f"{col}_ci_high"], ok[f"{col}_noise_known"])
+        ]
+        if n
+        else []
+    )
     return {
         "comparison_arm": arm,
         "metric": m,
@@ -302,11 +471,15 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, nois
         "why": why,
         "detectable_delta": detect,
         "training_noise_in_interval": bool(known),
+        "se": se,
+        "interval_df": df,
         "se_test": se_test,
-        "se_training": math.sqrt(var) if known else math.nan,
-        "training_noise_sd": math.sqrt(noise["var"]) if noise else math.nan,
-        "training_noise_df": noise["df"] if noise else 0.0,
-        "training_noise_settings": noise["settings"] if noise else 0,
+        "se_training": math.sqrt(train_var) if known else math.nan,
+        "training_noise_sd": seed_sd,
+        "training_noise_df": t_df,
+        "training_noise_settings": len(replicated),
+        "training_noise_strata": ", ".join(f"{s}: {p['settings']} settings, {p['df']:g} df" for s, p in pools.items()),
+        "sign_flip_p": sign_flip_p(ok[col]) if n else math.nan,
         "test_ci_low": t_lo,
         "test_ci_high": t_hi,
         "seeds_min": int(seeds.min()),
@@ -319,23 +492,48 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, nois
     }
 
 
-def arm_contrasts(commons: dict, bootstrap: dict | None, noises: dict, metrics=DELTA_METRICS) -> pd.DataFrame:
-    """Per comparison arm and metric: the mean common-cell delta (primary - arm) and its 95%
-    interval with training noise (the paired bootstrap over test inputs, widened by the pooled
-    seed-to-seed variance `noises[arm][m]`, a t interval with Welch-Satterthwaite df), the
-    verdict from it and the smallest difference it could detect (80% power at 5%). Without an
-    estimate of training noise the verdict is `cannot tell` and the interval shown is the test
-    inputs' alone. A router-score contrast in which no cell of either arm is in state `strategy`
-    compares noise with noise: cannot tell, whatever its interval. Also how many single-cell
-    deltas are negative / positive / cannot tell."""
+def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) -> pd.DataFrame:
+    """Per comparison arm and metric: the mean common-setting delta (primary - arm), its 95% t
+    interval with the test inputs' noise (the paired bootstrap of the mean) and training noise
+    (training_terms, Welch-Satterthwaite df), the verdict from it, the smallest difference it could
+    detect (80% power at 5%, the same variance) and the sign-flip test's p-value over the settings'
+    deltas. Where the training noise of some setting is unknown the verdict is `cannot tell` and
+    the interval shown is the test inputs' alone. A router-score contrast in which no cell of
+    either arm is in state `strategy` compares noise with noise: cannot tell, whatever its
+    interval. Also how many single-setting deltas are negative / positive / cannot tell."""
     rows = [
-        contrast_row(arm, c, m, bootstrap, (noises.get(arm) or {}).get(m))
+        contrast_row(arm, c, m, bootstrap)
         for arm, c in commons.items()
         if c is not None and not c.empty
         for m in metrics
         if f"delta_{m}" in c.columns
     ]
     return pd.DataFrame(rows, columns=CONTRAST_COLUMNS)
+
+
+def family_contrasts(commons: dict, bootstrap: dict | None, metric: str) -> pd.DataFrame:
+    """Heterogeneity of a contrast over reconstruction families, for `metric`: per comparison arm
+    and family, the contrast over that family's settings alone (`only`) and over every other
+    family's (`without`: leave one family out), each with its interval and verdict (contrast_row)."""
+    rows = []
+    for arm, c in commons.items():
+        if c is None or c.empty or f"delta_{metric}" not in c.columns:
+            continue
+        for fam in c[FAMILY_COL].unique():
+            for part, sub in (("only", c[c[FAMILY_COL] == fam]), ("without", c[c[FAMILY_COL] != fam])):
+                if sub.empty:
+                    continue
+                r = contrast_row(arm, sub, metric, bootstrap)
+                rows.append(
+                    {
+                        "comparison_arm": arm,
+                        "metric": metric,
+                        FAMILY_COL: fam,
+                        "part": part,
+                        **{k: r[k] for k in FAMILY_CONTRAST_COLUMNS[4:]},
+                    }
+                )
+    return pd.DataFrame(rows, columns=FAMILY_CONTRAST_COLUMNS)
 
 
 def differing_keys(p: pd.Series, c: pd.Series, ignore=("token_aggregation", "seed")) -> tuple[list[str], list[str]]:
