@@ -118,6 +118,7 @@ def _records(rng, n_per=20):
                         "followed_strategy": followed,
                         "ambiguous": k % 5 == 0,
                         "router_z": list(z + 0.1 * rng.standard_normal(6)),
+                        "router_mu": list(np.zeros(6)),  # x alone tells nothing: z carries the strategy
                         "posterior_mu": list(rng.standard_normal(6)),
                     }
                 )
@@ -140,7 +141,7 @@ def test_probe_task_and_global(tmp_path):
     assert r.loc["posterior", "n"] == 32
     assert abs(r.loc["posterior", "accuracy"] - 0.5) <= 0.25
     assert (back["cell_id"] == "c1").all() and (back["task"] == "sorting").all()
-    assert len(out) == 3
+    assert list(out["probe"]) == ["within_task_router", "router_information", "router_mu_information", "posterior"]
     # per probed example: its id, label and out-of-fold correctness (the bootstrap's input)
     router = r.loc["within_task_router"]
     assert len(router["example_ids"]) == len(router["labels"]) == len(router["oof_correct"]) == 30
@@ -226,20 +227,31 @@ def test_information_of_an_empty_z_is_about_0():
         assert res.C <= 1e-2  # the inner CV picked strong regularization on noise
 
 
+def _top_bits(prior, n_train):
+    """The most bits an example can gain: the probe certain and right, its p = 1 mixed with the
+    class frequency at weight 1 / n_train (probes.mixed_probability)."""
+    return float(np.log2(probes.mixed_probability(1.0, prior, n_train)) - np.log2(prior))
+
+
 def test_information_when_z_fixes_the_strategy_is_the_entropy_of_the_followed_mix():
     """Hand-computed: z fixes the strategy, 60 of one and 20 of the other (stratified 5-fold:
     every training fold holds 48 and 16, frequencies 3/4 and 1/4). Each example gains
-    -log2(frequency) bits: log2(4/3) = 0.415 for the common one, 2 for the rare one; their mean
-    is H(3/4, 1/4) = 0.811 bits. A balanced pair gains 1 bit each."""
+    -log2(frequency) bits, less the mixing with the frequencies at weight 1/64:
+    log2(4/3) + log2(1 - 1/256) = 0.409 for the common one, 2 + log2(1 - 3/256) = 1.983 for the
+    rare one; their mean is H(3/4, 1/4) = 0.811 bits less 0.007. A balanced pair gains 1 bit
+    each less 0.011."""
     rng = np.random.default_rng(21)
     y = rng.permutation(np.repeat(["a", "b"], [60, 20]))
     res = probes.information_probe(_separable(y, rng), y, folds=5, seed=0)
     bits = dict(zip(res.labels, res.oof_bits))
-    assert bits["a"] == pytest.approx(np.log2(4 / 3), abs=0.01) and bits["b"] == pytest.approx(2.0, abs=0.01)
+    top_a, top_b = _top_bits(0.75, 64), _top_bits(0.25, 64)
+    assert (top_a, top_b) == (pytest.approx(0.4094, abs=1e-4), pytest.approx(1.9830, abs=1e-4))
+    assert top_a - 0.005 < bits["a"] <= top_a and top_b - 0.005 < bits["b"] <= top_b
     h = -(0.75 * np.log2(0.75) + 0.25 * np.log2(0.25))
-    assert res.bits == pytest.approx(h, abs=0.01) and h == pytest.approx(0.8113, abs=1e-4)
+    assert h == pytest.approx(0.8113, abs=1e-4)
+    assert res.bits == pytest.approx(0.75 * top_a + 0.25 * top_b, abs=0.005)
     y = np.repeat(["a", "b"], 40)
-    assert probes.information_probe(_separable(y, rng), y, folds=5).bits == pytest.approx(1.0, abs=0.01)
+    assert probes.information_probe(_separable(y, rng), y, folds=5).bits == pytest.approx(_top_bits(0.5, 64), abs=0.005)
 
 
 def test_information_of_a_collapsed_mix_is_0():
@@ -264,11 +276,13 @@ def test_router_information_row_normalizes_by_the_data_mix_over_all_test_example
     r = probes.probe_task(CFG, rec, "sorting", tmp_path / "p.parquet").set_index("probe").loc["router_information"]
     assert r.status == "ok" and r.n_task == 40 and r.n == 30
     assert r.strategy_entropy == pytest.approx(1.0)
-    assert r.information == pytest.approx(0.75, abs=0.01)
+    # each followed example: 1 bit less the mixing at weight 1/24 (24 training examples per fold)
+    assert r.information == pytest.approx(0.75 * _top_bits(0.5, 24), abs=0.005)
+    assert 0.75 * _top_bits(0.5, 24) == pytest.approx(0.7272, abs=1e-4)
     assert len(r.oof_bits) == len(r.example_ids) == 30
-    # addition: 3 strategies, 15 followed each of 20: log2(3) bits each over H = log2(3)
+    # addition: 3 strategies, 15 followed each of 20: log2(3) bits each (less the mixing) over H = log2(3)
     a = probes.probe_task(CFG, rec, "addition", tmp_path / "a.parquet").set_index("probe").loc["router_information"]
-    assert a.information == pytest.approx(0.75, abs=0.02)
+    assert a.information == pytest.approx(0.75 * _top_bits(1 / 3, 36) / np.log2(3), abs=0.01)
 
 
 # ----------------------------------------------------------------------------- folds
@@ -332,7 +346,7 @@ def test_probe_cell_writes_every_task_and_the_global_probe_equal_to_one_at_a_tim
     for task, path in zip(("addition", "sorting"), outs):
         one = probes.probe_task(CFG, rec, task, tmp_path / f"{task}.parquet")
         pd.testing.assert_frame_equal(read_parquet(path), read_parquet(tmp_path / f"{task}.parquet"))
-        assert len(one) == 3
+        assert len(one) == 4
     probes.probe_global(CFG, rec, tmp_path / "g.parquet")
     pd.testing.assert_frame_equal(read_parquet(outs[-1]), read_parquet(tmp_path / "g.parquet"))
     with pytest.raises(ValueError, match="2 tasks need 3 output paths"):

@@ -14,10 +14,17 @@ Two kinds of probe:
   no baseline for comparing cells: dividing by 1 - chance rewards a collapsed mix.
 - `information_probe`: the primary endpoint's per-task measurement (docs/design.md, "Primary
   endpoint"). Per probed example, out of fold, the bits the probe's prediction gains over the
-  training fold's class frequencies: log2 p_probe(s | z) - log2 p_prior(s). Their mean is a
+  training fold's class frequencies: log2 p(s | z) - log2 p_prior(s). Their mean is a
   cross-validated estimate of the mutual information I(z; s) in bits: about 0 when z says nothing
   (the probe's L2 strength is chosen by an inner CV on log-loss, so on noise it falls back to the
   class frequencies), 0 when one strategy is followed (nothing to tell), H(s) when z fixes s.
+  p is the probe's probability mixed with the training fold's class frequencies, weight
+  1 / n_train (`mixed_probability`): no example costs more than log2(n_train) bits below the
+  prior, where a clip at 1e-12 let one confidently wrong prediction cost ~40 bits.
+  The CV is repeated over `repeats` fold seeds (config `probes.information_repeats`): an
+  example's bits are the mean over the repeats (`oof_bits`), and the repeats themselves are kept
+  (`oof_bits_repeats`) so the bootstrap can carry the probe's own variance (fold split and
+  refit; cell_metrics.information_replicates).
 
 Probes on the evaluate records of a cell:
 - within_task_router: per task, router-sampled z -> the strategy the generation followed
@@ -28,6 +35,8 @@ Probes on the evaluate records of a cell:
   the entropy of the data's strategy mix on them (`strategy_entropy`, the true strategies of the same
   test inputs: one baseline for every cell evaluated on them): 0 = z says nothing, 1 = z fixes the
   strategy of every generation;
+- router_mu_information: the same, from the router's mean `router_mu` instead of the sampled z:
+  what x alone tells about the followed strategy through the router (z's mean is a function of x);
 - posterior: per task, posterior mean mu_q(x, y_true) -> the true strategy (examples whose
   true trace is unambiguous);
 - global_router: over all tasks, router-sampled z -> "task:followed_strategy".
@@ -45,7 +54,9 @@ import pandas as pd
 
 from latentstrat.io import read_parquet, write_parquet
 
-PROBE_NAMES = ("within_task_router", "router_information", "posterior", "global_router")
+PROBE_NAMES = ("within_task_router", "router_information", "router_mu_information", "posterior", "global_router")
+# the information probes: probe name -> the record column of its features
+INFORMATION_PROBES = {"router_information": "router_z", "router_mu_information": "router_mu"}
 PROBE_COLUMNS = [
     "cell_id",
     "task",
@@ -69,7 +80,10 @@ PROBE_COLUMNS = [
     "labels",
     "oof_correct",
     "oof_bits",
+    "oof_bits_repeats",
 ]
+# columns a probe table written before them may lack (read as absent: one repeat)
+OPTIONAL_PROBE_COLUMNS = ("oof_bits_repeats",)
 # the record columns the probes read
 PROBE_RECORD_COLUMNS = [
     "cell_id",
@@ -79,11 +93,11 @@ PROBE_RECORD_COLUMNS = [
     "followed_strategy",
     "ambiguous",
     "router_z",
+    "router_mu",
     "posterior_mu",
 ]
 # inverse L2 strengths the information probe chooses from by inner CV on log-loss (1e-4 .. 1e2)
 INFORMATION_CS = tuple(float(c) for c in np.logspace(-4, 2, 13))
-_EPS = 1e-12  # probabilities are clipped here before the log (scikit-learn's log_loss clips likewise)
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,8 @@ class ProbeResult:
     oof_correct: tuple = ()  # out-of-fold prediction correct, per probed example (bootstrap intervals)
     oof_bits: tuple = ()  # information probe: out-of-fold bits gained over the class frequencies, per probed example
     bits: float = math.nan  # information probe: mean of oof_bits (I_cv(z; s) over the probed examples)
-    C: float = math.nan  # information probe: median over folds of the L2 strength the inner CV chose
+    C: float = math.nan  # information probe: median over folds and repeats of the L2 strength the inner CV chose
+    oof_bits_repeats: tuple = ()  # information probe: [repeats][probed example] bits, one fold seed each
 
     def to_row(self, **keys) -> dict:
         d = asdict(self)
@@ -116,6 +131,7 @@ class ProbeResult:
             "labels": list(self.labels),
             "oof_correct": [bool(c) for c in self.oof_correct],
             "oof_bits": [float(b) for b in self.oof_bits],
+            "oof_bits_repeats": [[float(b) for b in r] for r in self.oof_bits_repeats],
         }
 
 
@@ -254,31 +270,59 @@ def linear_probe(
     )
 
 
-def information_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000) -> ProbeResult:
+def mixed_probability(p_probe, p_prior, n_train: int):
+    """The probability the information probe scores: the probe's, mixed with the training fold's
+    class frequency at weight 1 / n_train, (1 - w) p_probe + w p_prior. An example then gains at
+    least log2(w p_prior) - log2(p_prior) = -log2(n_train) bits: one confidently wrong
+    prediction costs at most log2(n_train) bits (where a 1e-12 clip let it cost ~40), and a
+    confident right one loses at most -log2(1 - w (1 - p_prior)) bits (0.003 bits for n_train =
+    240, balanced classes)."""
+    w = 1.0 / n_train
+    return (1.0 - w) * np.asarray(p_probe, dtype=float) + w * np.asarray(p_prior, dtype=float)
+
+
+def _cv_bits(X, y, folds: int, seed: int, max_iter: int) -> tuple[np.ndarray, list[float]]:
+    """(out-of-fold bits per example, the L2 strength chosen per fold) over
+    stratified_folds(y, folds, seed), the inner CV seeded by `seed` too."""
+    bits, chosen = np.zeros(len(y)), []
+    fold = stratified_folds(y, folds, seed)
+    for f in range(folds):
+        te = fold == f
+        classes, counts = np.unique(y[~te], return_counts=True)
+        prior = dict(zip(classes, counts / counts.sum()))
+        model = _fit(_logistic_cv(folds, seed, max_iter), X[~te], y[~te])
+        proba = model.predict_proba(X[te])
+        col = {c: i for i, c in enumerate(model.classes_)}
+        p_prior = np.array([prior[s] for s in y[te]])
+        p = mixed_probability(proba[np.arange(int(te.sum())), [col[s] for s in y[te]]], p_prior, int((~te).sum()))
+        bits[te] = np.log2(p) - np.log2(p_prior)
+        chosen.append(float(np.ravel(model[-1].C_)[0]))
+    return bits, chosen
+
+
+def information_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000, repeats: int = 1) -> ProbeResult:
     """Cross-validated information from features X [n, d] to labels y [n] (module docstring):
-    per probed example, out of fold over `stratified_folds`, log2 p(y | x) of the logistic probe
-    (L2 strength by inner CV on log-loss) minus log2 of the training fold's frequency of y.
-    `bits` is their mean. Fewer than 2 classes (after dropping rare ones): every probed example
-    carries 0 bits (status ok: one followed strategy leaves nothing for z to tell)."""
+    per probed example, out of fold over `stratified_folds`, log2 of the logistic probe's p(y | x)
+    (L2 strength by inner CV on log-loss; mixed with the class frequencies, `mixed_probability`)
+    minus log2 of the training fold's frequency of y. The CV runs `repeats` times, repeat r on the
+    fold seed `seed + r` (repeat 0 is the single CV of `repeats=1`): `oof_bits_repeats` holds every
+    repeat's bits, `oof_bits` their mean per example, `bits` the mean of that. Fewer than 2 classes
+    (after dropping rare ones): every probed example carries 0 bits in every repeat (status ok: one
+    followed strategy leaves nothing for z to tell)."""
+    if repeats < 1:
+        raise ValueError(f"information_probe: need repeats >= 1, got {repeats}")
     X, y = _checked(X, y, "information_probe")
     X, y, kept, dropped, n_dropped = _drop_rare(X, y, folds)
     n, k = len(y), len(set(y.tolist()))
-    bits = np.zeros(n)
+    per_repeat = np.zeros((repeats, n))
     reason, chosen = "", []
     if k < 2:
         reason = f"{k} strateg{'ies' if k != 1 else 'y'} followed among {n} probed examples: 0 bits"
     else:
-        fold = stratified_folds(y, folds, seed)
-        for f in range(folds):
-            te = fold == f
-            classes, counts = np.unique(y[~te], return_counts=True)
-            prior = dict(zip(classes, counts / counts.sum()))
-            model = _fit(_logistic_cv(folds, seed, max_iter), X[~te], y[~te])
-            proba = model.predict_proba(X[te])
-            col = {c: i for i, c in enumerate(model.classes_)}
-            p = np.clip(proba[np.arange(int(te.sum())), [col[s] for s in y[te]]], _EPS, 1.0)
-            bits[te] = np.log2(p) - np.log2([prior[s] for s in y[te]])
-            chosen.append(float(np.ravel(model[-1].C_)[0]))
+        for r in range(repeats):
+            per_repeat[r], c = _cv_bits(X, y, folds, seed + r, max_iter)
+            chosen += c
+    bits = per_repeat.mean(axis=0)
     return ProbeResult(
         float("nan"),
         max(Counter(y.tolist()).values()) / n if n else float("nan"),
@@ -297,6 +341,7 @@ def information_probe(X, y, folds: int = 5, seed: int = 0, max_iter: int = 1000)
         tuple(float(b) for b in bits),
         float(bits.mean()) if n else 0.0,
         float(np.median(chosen)) if chosen else float("nan"),
+        tuple(tuple(float(b) for b in row) for row in per_repeat),
     )
 
 
@@ -344,21 +389,29 @@ def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
     return res.to_row(cell_id=cell_id, task=task, probe=probe, example_ids=ids)
 
 
-def _information_row(cfg, cell_id, task, X, y, example_ids, task_rows: pd.DataFrame) -> dict:
-    """The router_information row of a task: `information` = the probed examples' out-of-fold bits
-    summed, over the task's test examples (`n_task`) and the entropy of their true strategies
-    (`strategy_entropy`, bits)."""
+def information_repeats(cfg) -> int:
+    """`probes.information_repeats` (1 in a config written before the key)."""
+    return int(cfg["probes"].get("information_repeats", 1))
+
+
+def _information_row(cfg, cell_id, task, X, y, example_ids, task_rows: pd.DataFrame, probe: str) -> dict:
+    """An information probe's row of a task (`probe`: router_information or router_mu_information):
+    `information` = the probed examples' out-of-fold bits (mean over the repeats) summed, over the
+    task's test examples (`n_task`) and the entropy of their true strategies (`strategy_entropy`,
+    bits)."""
     p = cfg["probes"]
     if len(y) == 0:
         res = _empty_result(p["folds"], "ok", "no generation followed exactly one strategy: 0 bits")
     else:
-        res = information_probe(X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"])
+        res = information_probe(
+            X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"], repeats=information_repeats(cfg)
+        )
     h = entropy_bits(task_rows["strategy"])
     n_task = len(task_rows)
     info = float(sum(res.oof_bits)) / n_task / h if h > 0 else float("nan")
     status, reason = ("ok", res.reason) if h > 0 else ("na", "the task's test inputs have one true strategy")
     ids = [str(example_ids[i]) for i in res.kept]
-    row = res.to_row(cell_id=cell_id, task=task, probe="router_information", example_ids=ids)
+    row = res.to_row(cell_id=cell_id, task=task, probe=probe, example_ids=ids)
     return {**row, "information": info, "strategy_entropy": h, "n_task": n_task, "status": status, "reason": reason}
 
 
@@ -383,7 +436,8 @@ def posterior_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataFrame:
-    """Within-task router probe, router information and posterior probe of one task: three rows."""
+    """Within-task router probe, router information, router-mean information and posterior probe
+    of one task: four rows."""
     rows = df[df["task"] == task]
     if rows.empty:
         raise ValueError(
@@ -401,7 +455,10 @@ def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataF
     return pd.DataFrame(
         [
             _probe_row(cfg, cid, task, "within_task_router", Xr, yr, ids_r),
-            _information_row(cfg, cid, task, Xr, yr, ids_r, rows),
+            _information_row(cfg, cid, task, Xr, yr, ids_r, rows, "router_information"),
+            _information_row(
+                cfg, cid, task, _features(r, "router_mu", records_path), yr, ids_r, rows, "router_mu_information"
+            ),
             _probe_row(cfg, cid, task, "posterior", Xq, yq, ids_q),
         ],
         columns=PROBE_COLUMNS,
@@ -446,8 +503,10 @@ def probe_cell(cfg: dict, records_path, tasks, out_paths) -> pd.DataFrame:
 
 
 def read_probes(paths) -> pd.DataFrame:
-    """Concatenate probe tables (per task and global), checking their columns."""
-    frames = [read_parquet(p, "probe table", columns=PROBE_COLUMNS) for p in paths]
+    """Concatenate probe tables (per task and global), checking their columns (a table written
+    before an OPTIONAL_PROBE_COLUMNS column reads it as missing values)."""
+    required = [c for c in PROBE_COLUMNS if c not in OPTIONAL_PROBE_COLUMNS]
+    frames = [read_parquet(p, "probe table", columns=required).reindex(columns=PROBE_COLUMNS) for p in paths]
     if not frames:
         return pd.DataFrame(columns=PROBE_COLUMNS)
     return pd.concat(frames, ignore_index=True)
