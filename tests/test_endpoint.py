@@ -47,6 +47,7 @@ def records(cell_id, followed_mix, rng, informative=False, n=150, d=16):
                     "posterior_mu": list(rng.standard_normal(d) * 0.01),
                     "correct": True,
                     "matched_strategies": [followed[i]],
+                    "n_supervised": 10,
                     **{m: 1.0 for m in ("reconstruction_loss", "base_relative_reconstruction")},
                     **{m: 1.0 for m in ("tokcc_reconstruction_loss", "active_reconstruction_objective")},
                     "kl_prior_loss": 0.01,

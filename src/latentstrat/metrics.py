@@ -15,7 +15,7 @@ from latentstrat.families import ACTIVE_METRIC, TERMS
 # the version of what the probe and metrics jobs write (probe tables, a cell's metrics row): their
 # rules take it as a param, so a change that makes cached tables unreadable reruns those jobs once
 # (never training); bump it with such a change
-CELL_TABLES_VERSION = 2
+CELL_TABLES_VERSION = 3
 ACTIVE_UNIT_VARIANCE = 0.01  # a latent dimension is active when Var_x(mu_q - mu_r) exceeds this
 
 
@@ -35,6 +35,36 @@ _M = [
         "the primary endpoint (docs/design.md): per task, the cross-validated information I_cv(z; s) in bits between "
         "router-sampled z and the strategy the generation followed, per test example, over the entropy of the data's "
         "strategy mix; mean over tasks. 0 = z says nothing (or one strategy is followed), 1 = z fixes the strategy",
+    ),
+    Metric(
+        "router_mu_information",
+        "router-mean information",
+        None,
+        "router_information's probe on the router's mean mu_r(x) instead of the sampled z: what x alone tells "
+        "about the followed strategy (per task, bits per test example over the entropy of the data's strategy "
+        "mix; mean over tasks). router_information above it is what the sampled z adds beyond x",
+    ),
+    Metric(
+        "single_strategy_share",
+        "single-strategy share",
+        None,
+        "router_information's first part: per task, the share of generations that follow exactly one strategy; "
+        "mean over tasks",
+    ),
+    Metric(
+        "followed_strategy_entropy",
+        "followed-strategy entropy",
+        None,
+        "router_information's second part: per task, the entropy (bits) of the strategies the single-strategy "
+        "generations follow; mean over tasks",
+    ),
+    Metric(
+        "router_information_of_followed",
+        "router information of the followed mix",
+        True,
+        "router_information's third part: per task, the bits per single-strategy generation over the followed "
+        "mix's entropy (NaN where it is 0); mean over the tasks where defined. Per task router_information = "
+        "share x this x followed entropy / data entropy",
     ),
     Metric("matched_router_score", "matched router score", True, "within_task_router_probe x strategy_match_rate"),
     Metric(
@@ -75,6 +105,14 @@ _M = [
         False,
         "raw reconstruction over the entangled model's (raw / S_ref): 1 = the entangled model, below 1 = z carries "
         "information",
+    ),
+    Metric(
+        "token_base_relative_reconstruction",
+        "token-weighted base-relative reconstruction",
+        False,
+        "the cell's test NLL summed over examples and supervised tokens over the entangled model's (sum of b) on "
+        "the same tokens: one weighting whatever the token aggregation (base_relative_reconstruction is "
+        "token-weighted under sum, example-weighted under mean). 1 = the entangled model",
     ),
     Metric(
         "tokcc_reconstruction_loss",
@@ -118,6 +156,14 @@ _M = [
     ),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
+# metrics a metrics row written before them (or an external table) lacks: NaN there (`derive`)
+LATER_METRICS = (
+    "router_mu_information",
+    "single_strategy_share",
+    "followed_strategy_entropy",
+    "router_information_of_followed",
+    "token_base_relative_reconstruction",
+)
 # the order of the original study's "Metric Distributions" table
 DISTRIBUTION_METRICS = list(METRICS)
 # a training history (long format): the cell trainer's rows; the entangle stage's have no cell_id
@@ -223,6 +269,8 @@ def derive(row: dict) -> dict:
     The identities the tests check on every row live here and nowhere else.
     """
     out = dict(row)
+    for name in LATER_METRICS:
+        out.setdefault(name, math.nan)
     out["matched_router_score"] = _nan_if_missing(row.get("within_task_router_probe")) * _nan_if_missing(
         row.get("strategy_match_rate")
     )
@@ -247,6 +295,8 @@ BOOT_SEED = 20261201
 # per-cell test metrics that get a 95% bootstrap interval (<metric>_ci_low / _ci_high)
 BOOTSTRAP_METRICS = [
     "router_information",
+    "router_mu_information",
+    "token_base_relative_reconstruction",
     "final_answer_accuracy",
     "strategy_match_rate",
     *LOSS_METRICS,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.cell.probes import read_probes
+from latentstrat.cell.probes import INFORMATION_PROBES, entropy_bits, read_probes
 from latentstrat.cells import CELL_KEYS, beta_label
 from latentstrat.families import family_label
 from latentstrat.io import read_parquet, write_parquet
@@ -48,8 +48,11 @@ METRIC_RECORD_COLUMNS = [
     "followed_strategy",
     "router_mu",
     "posterior_mu",
+    "n_supervised",
     *LOSS_METRICS,
 ]
+# the reference stage's table (base.reference.TOKENS_COLUMNS) as token_base_relative_reconstruction reads it
+REFERENCE_TOKEN_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 PROVENANCE = [
     "code_version",
     "code_commit",
@@ -90,16 +93,105 @@ def _probe_summary(probes, name: str) -> dict:
     }
 
 
-def _information_summary(probes) -> dict:
-    """router_information: the mean over tasks of the router_information rows' `information`
-    (every task has one: a task where z says nothing reads 0, never NA, so both arms of a contrast
-    average over the same tasks); `_tasks` counts them and `_task_list` names them."""
-    ok = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")]
+def _information_summary(probes, name: str = "router_information") -> dict:
+    """An information probe's metric (router_information, router_mu_information): the mean over
+    tasks of its rows' `information` (every task has one: a task where z says nothing reads 0,
+    never NA, so both arms of a contrast average over the same tasks); `_tasks` counts them and
+    `_task_list` names them. NaN without rows (a probe table written before the probe)."""
+    ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
     return {
-        "router_information": float(ok["information"].astype(float).mean()) if len(ok) else math.nan,
-        "router_information_tasks": int(len(ok)),
-        "router_information_task_list": ",".join(sorted(ok["task"])),
+        name: float(ok["information"].astype(float).mean()) if len(ok) else math.nan,
+        f"{name}_tasks": int(len(ok)),
+        f"{name}_task_list": ",".join(sorted(ok["task"])),
     }
+
+
+def endpoint_decomposition(records, probes) -> dict:
+    """router_information taken apart, per task t of the records, then the mean over tasks:
+
+    - single_strategy_share s_t: the share of the task's generations that follow exactly one
+      strategy (m_t of n_t; strategy_match_rate counts those that match one or more);
+    - followed_strategy_entropy h_t: the entropy (bits) of the strategies those m_t follow;
+    - router_information_of_followed r_t = (sum of the task's oof bits / m_t) / h_t: what z tells
+      about the followed strategy relative to the mix the cell actually follows (0 = nothing,
+      1 = z fixes it); NaN where h_t = 0 (one strategy followed: nothing to tell), and the cell's
+      value is the mean over the tasks where it is defined (NaN when none is).
+
+    Per task the parts multiply back exactly: I_t = s_t * r_t * h_t / H_t, with H_t the entropy of
+    the data's strategy mix (`strategy_entropy`, the same in every cell evaluated on the test
+    inputs), and I_t = 0 where h_t = 0. The cell's router_information is the mean over tasks of
+    that product, so it equals the product of the three means over H only when the parts do not
+    vary across tasks: read the means for which part moved, not as factors that multiply."""
+    info = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")].set_index("task")
+    shares, entropies, rhos = [], [], []
+    for task, g in records.groupby("task", sort=True):
+        followed = g["followed_strategy"].dropna()
+        m = len(followed)
+        h = entropy_bits(followed) if m else 0.0
+        shares.append(m / len(g))
+        entropies.append(h)
+        if task in info.index and m and h > 0:
+            rhos.append(float(np.sum(np.asarray(info.loc[task, "oof_bits"], dtype=float))) / m / h)
+    return {
+        "single_strategy_share": float(np.mean(shares)) if shares else math.nan,
+        "followed_strategy_entropy": float(np.mean(entropies)) if entropies else math.nan,
+        "router_information_of_followed": float(np.mean(rhos)) if rhos else math.nan,
+    }
+
+
+def reference_sums(tokens: pd.DataFrame) -> dict:
+    """What token_base_relative_reconstruction needs from the reference stage's tokens table
+    (`tokens.parquet`): per test example (task, example_id) its n_supervised and the entangled
+    model's summed NLL sum_t b_it (`b_sum`), and n_bar, the mean n_supervised over train (the
+    `sum_scaled` aggregation's divisor, as objective.aggregate_tokens)."""
+    test = tokens[tokens["split"] == "test"]
+    train = tokens[tokens["split"] == "train"]
+    keys = list(zip(test["task"], test["example_id"].astype(str)))
+    return {
+        "b_sum": dict(zip(keys, (float(np.sum(np.asarray(b, dtype=float))) for b in test["b"]))),
+        "n_supervised": dict(zip(keys, test["n_supervised"].astype(int))),
+        "n_bar": float(train["n_supervised"].mean()) if len(train) else math.nan,
+    }
+
+
+def summed_nll(records, aggregation: str, n_bar: float = math.nan) -> np.ndarray:
+    """Per example, the cell's summed test NLL sum_t l_it, undoing the aggregation of its
+    `reconstruction_loss` A_i(l): times n_supervised under `mean`, as is under `sum`, times n_bar
+    under `sum_scaled`."""
+    raw = records["reconstruction_loss"].astype(float).to_numpy()
+    if aggregation == "mean":
+        return raw * records["n_supervised"].astype(float).to_numpy()
+    if aggregation == "sum":
+        return raw
+    if aggregation == "sum_scaled":
+        return raw * n_bar
+    raise ValueError(f"unknown token aggregation {aggregation!r}")
+
+
+def reference_b_sum(records, reference: dict) -> np.ndarray:
+    """Per record, the entangled model's summed NLL of the same example (reference_sums), checked
+    against the record's n_supervised."""
+    out = np.empty(len(records))
+    for i, (t, e, n) in enumerate(zip(records["task"], records["example_id"].astype(str), records["n_supervised"])):
+        if (t, e) not in reference["b_sum"]:
+            raise ValueError(f"reference tokens have no test row for example {e!r} (task {t}): stale reference stage?")
+        if int(reference["n_supervised"][(t, e)]) != int(n):
+            raise ValueError(
+                f"reference tokens: example {e!r} (task {t}) has n_supervised={reference['n_supervised'][(t, e)]}, "
+                f"the evaluate records {n}"
+            )
+        out[i] = reference["b_sum"][(t, e)]
+    return out
+
+
+def token_base_relative(records, aggregation: str, reference: dict | None) -> float:
+    """token_base_relative_reconstruction: sum over the test examples and their supervised tokens of
+    the cell's NLL over the same sum of the entangled model's b, whatever the cell's aggregation
+    (base_relative_reconstruction is token-weighted under `sum` and example-weighted under `mean`).
+    NaN without the reference stage's sums."""
+    if reference is None:
+        return math.nan
+    return float(summed_nll(records, aggregation, reference["n_bar"]).sum() / reference_b_sum(records, reference).sum())
 
 
 def active_units(records) -> int:
@@ -138,26 +230,63 @@ def shared_task_gap(probes) -> float:
     return float((post[shared] - router[shared]).mean()) if shared else math.nan
 
 
-def _information_replicates(probes, by_task: dict, C: dict, n_boot: int) -> np.ndarray:
-    """[n_boot] replicates of router_information: per task, the resampled test examples' bits
-    (0 for those the probe did not see) summed, over the number drawn and the task's strategy
-    entropy (the data's, fixed); mean over tasks."""
-    ok = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")]
+def _repeat_bits(pr) -> np.ndarray:
+    """[repeats, probed examples] bits of an information probe row: its `oof_bits_repeats`, or
+    its `oof_bits` as one repeat (a table written before the repeats, or a hand-made one)."""
+    reps = pr.get("oof_bits_repeats")
+    if reps is not None and not (np.isscalar(reps) and pd.isna(reps)) and len(reps):
+        return np.stack([np.asarray(r, dtype=float) for r in reps])
+    return np.asarray(pr["oof_bits"], dtype=float)[None, :]
+
+
+def information_replicates(
+    probes, by_task: dict, C: dict, n_boot: int, name: str = "router_information", frozen: bool = False
+) -> np.ndarray:
+    """[n_boot] replicates of an information metric (router_information, router_mu_information):
+    per task, the resampled test examples' bits (0 for those the probe did not see) summed, over
+    the number drawn and the task's strategy entropy (the data's, fixed); mean over tasks.
+
+    The probe's own variance: replicate j takes its bits from one repeat of the probe's CV,
+    repeat j mod R (R = `probes.information_repeats`: R fold splits, the probe refitted on each),
+    not from their mean. The replicates then spread by the test-input resampling and by how much
+    the task's estimate moves between fold splits and refits; the frozen mean bits (`frozen=True`,
+    the interval before the repeats) carry the first only, and their interval is too narrow where
+    the estimate depends on the split (few examples, a weak signal, an L2 strength the inner CV
+    picks differently per split). The mixture is centred on the cell's value (the mean of the
+    per-repeat estimates is the estimate from the mean bits). It keeps each repeat's full spread
+    rather than the spread of a mean of R repeats: the repeats refit on the same examples, so
+    averaging them removes the fold-assignment noise of one split but not the probe's
+    training-sample noise, which the between-split spread stands in for (on the wide side). With
+    R = 1 the replicates equal the frozen ones exactly. The draws stay paired across cells: the
+    same resampled test examples (resample_counts) and the same repeat index per replicate."""
+    ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
+    pick = np.arange(n_boot)
     per_task = []
     for _, pr in ok.iterrows():
-        ids = by_task[pr["task"]]["example_id"].astype(str)
-        bits = pd.Series(0.0, index=ids.to_numpy())
-        bits.loc[[str(e) for e in pr["example_ids"]]] = np.asarray(pr["oof_bits"], dtype=float)
+        ids = by_task[pr["task"]]["example_id"].astype(str).to_numpy()
+        pos_of = {e: i for i, e in enumerate(ids)}
+        pos = np.array([pos_of[str(e)] for e in pr["example_ids"]], dtype=int)
+        reps = _repeat_bits(pr)
+        if frozen:
+            reps = reps.mean(axis=0, keepdims=True)
+        bits = np.zeros((len(reps), len(ids)))
+        bits[:, pos] = reps
         w = C[pr["task"]]
-        per_task.append((w @ bits.to_numpy()) / w.sum(1) / float(pr["strategy_entropy"]))
+        sums = w @ bits.T  # [n_boot, R]
+        per_task.append(sums[pick, pick % len(reps)] / w.sum(1) / float(pr["strategy_entropy"]))
     return np.mean(per_task, axis=0) if per_task else np.full(n_boot, np.nan)
 
 
-def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT_SEED):
+def bootstrap_replicates(
+    records, probes, n_boot: int = N_BOOT, seed: int = BOOT_SEED, aggregation: str | None = None, reference=None
+):
     """[n_boot, metric] replicates of the cell's test metrics (BOOTSTRAP_METRICS), test examples
     resampled within task. Probe accuracies resample the probes' out-of-fold predictions (the
     probes are not refit: the interval covers test-set sampling, not refitting); a replicate's
-    chance level is its majority-class share, so the chance-corrected values move with it."""
+    chance level is its majority-class share, so the chance-corrected values move with it. The
+    information metrics carry the probe's variance too (information_replicates).
+    token_base_relative_reconstruction needs the cell's `aggregation` and the `reference` sums
+    (reference_sums); NaN without them."""
     tasks = sorted(records["task"].unique())
     by_task = {t: records[records["task"] == t] for t in tasks}
     C = resample_counts({t: len(g) for t, g in by_task.items()}, n_boot, seed)
@@ -167,7 +296,16 @@ def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT
     def mean_of(values_by_task):
         return sum(C[t] @ np.asarray(v, dtype=float) for t, v in values_by_task.items()) / N
 
-    rep["router_information"] = _information_replicates(probes, by_task, C, n_boot)
+    for name in INFORMATION_PROBES:
+        rep[name] = information_replicates(probes, by_task, C, n_boot, name)
+    if reference is not None and aggregation is not None:
+        num = {t: summed_nll(g, aggregation, reference["n_bar"]) for t, g in by_task.items()}
+        den = {t: reference_b_sum(g, reference) for t, g in by_task.items()}
+        rep["token_base_relative_reconstruction"] = sum(C[t] @ num[t] for t in tasks) / sum(
+            C[t] @ den[t] for t in tasks
+        )
+    else:
+        rep["token_base_relative_reconstruction"] = np.full(n_boot, np.nan)
     rep["final_answer_accuracy"] = mean_of({t: g["correct"].astype(bool) for t, g in by_task.items()})
     rep["strategy_match_rate"] = mean_of({t: g["matched_strategies"].map(len).gt(0) for t, g in by_task.items()})
     for m in LOSS_METRICS:
@@ -205,12 +343,14 @@ def bootstrap_replicates(records, probes, n_boot: int = N_BOOT, seed: int = BOOT
     return pd.DataFrame({m: rep[m] for m in BOOTSTRAP_METRICS})
 
 
-def cell_metrics_row(cell: dict, records, probes) -> dict:
+def cell_metrics_row(cell: dict, records, probes, reference: dict | None = None) -> dict:
     """One cell's metrics row from its evaluate records and probe tables (design section 6, docs/design.md).
 
     final_answer_accuracy = mean correct; strategy_match_rate = share of generations matching
     >= 1 strategy; probes = means over tasks of the 'ok' per-task probes (global: its row);
-    losses = means of the per-example losses; derived metrics by `derive`.
+    losses = means of the per-example losses; router_information's parts (endpoint_decomposition);
+    token_base_relative_reconstruction from the `reference` sums (reference_sums; NaN without);
+    derived metrics by `derive`.
     """
     row = {
         "cell_id": cell["cell_id"],
@@ -224,7 +364,10 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
     row["strategy_match_rate"] = float(records["matched_strategies"].map(len).gt(0).mean())
     for name in LOSS_METRICS:
         row[name] = float(records[name].astype(float).mean())
-    row.update(_information_summary(probes))
+    for name in INFORMATION_PROBES:
+        row.update(_information_summary(probes, name))
+    row.update(endpoint_decomposition(records, probes))
+    row["token_base_relative_reconstruction"] = token_base_relative(records, cell["token_aggregation"], reference)
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
     row["active_units"] = active_units(records)
@@ -238,12 +381,20 @@ def cell_metrics_row(cell: dict, records, probes) -> dict:
 
 
 def write_cell_metrics(
-    cfg: dict, cell: dict, records_path, probe_paths, out_path, bootstrap_path=None, train_summary_path=None
+    cfg: dict,
+    cell: dict,
+    records_path,
+    probe_paths,
+    out_path,
+    bootstrap_path=None,
+    train_summary_path=None,
+    reference_tokens_path=None,
 ):
     """Check that records and probe tables belong to `cell` and cover its tasks, then write
     the one-row metrics.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
     the bootstrap replicates (bootstrap.parquet beside it, or `bootstrap_path`). Returns the row
-    as a DataFrame."""
+    as a DataFrame. `reference_tokens_path`: the reference stage's tokens.parquet, which
+    token_base_relative_reconstruction needs (NaN without it)."""
     records = read_parquet(records_path, "evaluate records", columns=METRIC_RECORD_COLUMNS)
     if records.empty:
         raise ValueError(f"evaluate records {records_path} have no rows")
@@ -264,11 +415,15 @@ def write_cell_metrics(
         missing = sorted(task_set - set(probes.loc[probes["probe"] == name, "task"]))
         if missing:
             raise ValueError(f"probe tables {[str(p) for p in probe_paths]} lack the {name} probe of {missing}")
-    row = cell_metrics_row(cell, records, probes)
+    reference = None
+    if reference_tokens_path is not None:
+        tokens = read_parquet(reference_tokens_path, "reference tokens", columns=REFERENCE_TOKEN_COLUMNS)
+        reference = reference_sums(tokens)
+    row = cell_metrics_row(cell, records, probes, reference)
     if train_summary_path is not None:  # provenance: the code, host and times the cell trained with
         summary = json.loads(Path(train_summary_path).read_text())
         row.update({f"train_{k}": summary.get(k) for k in PROVENANCE})
-    reps = bootstrap_replicates(records, probes)
+    reps = bootstrap_replicates(records, probes, aggregation=cell["token_aggregation"], reference=reference)
     for m in BOOTSTRAP_METRICS:
         row[f"{m}_ci_low"], row[f"{m}_ci_high"] = interval(reps[m])
     df = pd.DataFrame([row])
