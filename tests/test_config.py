@@ -22,12 +22,12 @@ def minimal(**over):
     return cfg
 
 
-def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_at_beta_001():
+def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_at_beta_001_and_01():
     cfg = default_cfg()
     cells = K.expand_cells(cfg)
     primary = [c for c in cells if c.role == "primary"]
     matched = [c for c in cells if c.arm == "matched_mean"]
-    assert len(primary) == 16 and len(matched) == 16 and len(cells) == 32  # 12 settings + 4 replicates each
+    assert len(primary) == 20 and len(matched) == 20 and len(cells) == 40  # 12 settings + 8 replicates each
     assert {c.settings["token_aggregation"] for c in primary} == {"sum"}
     assert {c.settings["token_aggregation"] for c in matched} == {"mean"}
     # the arms differ in token aggregation alone: the same settings, schedule and seeds
@@ -35,8 +35,8 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     assert sorted(map(str, map(strip, primary))) == sorted(map(str, map(strip, matched)))
     assert {c.settings["beta_schedule"] for c in cells} == {"lin300"}  # a KL warm-up in both arms
     replicated = [c for c in primary if c.settings["seed"] != 314159]
-    assert {c.settings["seed"] for c in replicated} == {314160} and {c.settings["beta"] for c in replicated} == {0.01}
-    assert len(replicated) == 4
+    assert {c.settings["seed"] for c in replicated} == {314160}
+    assert {c.settings["beta"] for c in replicated} == {0.01, 0.1} and len(replicated) == 8
     assert "agg-sum_fam-raw_beta-0.01_sched-lin300_seed-314159" in {c.cell_id for c in primary}
     assert "agg-mean_fam-dist_norm_beta-1_sched-lin300_seed-314159" in {c.cell_id for c in matched}
     # the endpoint and the contrast are declared in the config
@@ -210,8 +210,9 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)
-    # sum_scaled for raw only (it equals sum for the normalized families); + the beta 0.01 replicates
-    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 16, "matched_mean": 16, "sum_scaled": 4, "mean_lin100": 12}
+    # sum_scaled for raw only (it equals sum for the normalized families); + the beta 0.01 and 0.1
+    # replicates
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 20, "matched_mean": 20, "sum_scaled": 5, "mean_lin100": 16}
     assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"lin300"}
     # the default collection's cells are all in it (reused on the same base)
     assert {c.cell_id for c in K.expand_cells(default)} <= {c.cell_id for c in cells}
@@ -222,6 +223,33 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     for c in by_arm["matched_mean"]:
         p = prim[(c.settings["reconstruction_family"], c.settings["beta"], c.settings["seed"])]
         assert {k for k in p if p[k] != c.settings[k]} == {"token_aggregation"}
+
+
+def test_aa_collection_is_sum_against_itself_on_the_default_base_with_its_own_seeds():
+    """config/aa.yaml: the primary arm `sum` against an arm `aa` with the same settings and other
+    replicate seeds, 4 families x betas 0.01, 0.1, two seeds per setting in both arms."""
+    cfg = C.load_config(ROOT / "config" / "aa.yaml")
+    default = default_cfg()
+    assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"] == "embedded-6task-v7"
+    assert cfg["report"]["primary_contrast"] == "aa" and cfg["train"] == default["train"]
+    cells = K.expand_cells(cfg)
+    by_arm = {}
+    for c in cells:
+        by_arm.setdefault(c.arm, []).append(c)
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 16, "aa": 16}
+    assert {c.settings["seed"] for c in by_arm["sum"]} == {314159, 314160}
+    assert {c.settings["seed"] for c in by_arm["aa"]} == {271828, 271829}
+    strip = lambda c: {k: v for k, v in c.settings.items() if k != "seed"}  # noqa: E731
+    # the same settings in both arms, token aggregation included: the arms differ in seeds alone
+    assert sorted(map(str, map(strip, by_arm["sum"]))) == sorted(map(str, map(strip, by_arm["aa"])))
+    assert {c.settings["token_aggregation"] for c in cells} == {"sum"}
+    assert {(c.settings["reconstruction_family"], c.settings["beta"]) for c in cells} == {
+        (f, b) for f in ("raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95") for b in (0.01, 0.1)
+    }
+    # the primary arm's cells are the default collection's (reused on the same base)
+    assert {c.cell_id for c in by_arm["sum"]} <= {c.cell_id for c in K.expand_cells(default)}
+    # every cell its own training seed: no two cells of the A/A collection share their luck
+    assert len({K.training_seed(c.settings) for c in cells}) == len(cells)
 
 
 def test_extends_missing_parent_names_the_key(tmp_path):

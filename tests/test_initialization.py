@@ -121,12 +121,14 @@ def test_controls_a_random_z_projection_or_untrained_slot_tokens_break_the_invar
     torch.nn.init.normal_(model.z_proj.weight, std=0.02)
     l, b, m, _ = step0_token_nll(cfg, cell, base, model)
     assert (l[m] - b[m]).abs().max() > 1e-3
-    # 2. slot tokens the entangled model never saw (their embeddings at random init)
+    # 2. slot tokens the entangled model never saw (their embeddings at random init, drawn from a
+    # generator of their own: over draws the mean NLL rises by 3.5-5%, single tokens' by ~1 nat)
     model = build_model(cfg, cell, tok, base / "entangle")
     emb = model.lm.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for t in (data.Z_OPEN, data.Z_SLOT, data.Z_CLOSE):
-            emb[tok.convert_tokens_to_ids(t)].normal_(0, 0.02)
+            emb[tok.convert_tokens_to_ids(t)] = torch.randn(emb.shape[1], generator=gen) * 0.02
     l, b, m, _ = step0_token_nll(cfg, cell, base, model)
-    assert float(l[m].mean()) > float(b[m].mean()) * 1.05
-    np.testing.assert_array_less(1e-3, float((l[m] - b[m]).abs().max()))
+    assert float(l[m].mean()) > float(b[m].mean()) * 1.02
+    np.testing.assert_array_less(0.1, float((l[m] - b[m]).abs().max()))

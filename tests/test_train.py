@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from base_helpers import TINY
-from latentstrat.cells import expand_cells
+from latentstrat.cells import expand_cells, training_seed
 from latentstrat.config import load_config
 from latentstrat.io import write_parquet
 
@@ -88,6 +88,8 @@ def test_outputs_and_determinism(base, tmp_path):
     assert a.grad_clip.loc[3] == 1.0
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["tokens_per_s"] > 0
+    # the seed the cell trained on (its settings' and replicate seed's, not the replicate seed)
+    assert summary["training_seed"] == training_seed(cell) != cell["seed"]
 
 
 def test_step0_is_before_any_update(base, tmp_path):
@@ -104,18 +106,22 @@ def test_step0_is_before_any_update(base, tmp_path):
 
 
 def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base, tmp_path):
-    """Cells that start from one model read one step-0 validation: their history and weights are
-    exactly what measuring step 0 in the cell gives, for two cells with different objectives;
-    a cell with another seed (other weights, other noise) is refused with the folder named."""
+    """Cells that start from one model (the two arms of a pair: one training seed) read one step-0
+    validation: their history and weights are exactly what measuring step 0 in the cell gives,
+    for the two cells of a pair (different objectives); a cell of another setting or another
+    replicate seed (another training seed: other weights, other noise) is refused with the
+    folder named."""
     from latentstrat.cell.step0 import step0_validation
     from latentstrat.cell.train import train_cell
-    from latentstrat.cells import INIT_KEYS
+    from latentstrat.cells import init_id, init_settings
 
     cfg, cell = tiny_cfg(steps=3, eval_every=3)
     s0 = tmp_path / "step0"
-    step0_validation(cfg, {k: cell[k] for k in INIT_KEYS}, base["data_dir"], base["entangle_dir"], s0, threads=1)
+    step0_validation(cfg, init_settings(cell), base["data_dir"], base["entangle_dir"], s0, threads=1)
     args = (base["data_dir"], base["entangle_dir"], base["reference_dir"])
-    for i, c in enumerate([cell, {**cell, "reconstruction_family": "raw", "token_aggregation": "mean", "beta": 1.0}]):
+    pair = {**cell, "token_aggregation": "mean"}
+    assert init_id(pair) == init_id(cell)
+    for i, c in enumerate([cell, pair]):
         train_cell(cfg, c, *args, tmp_path / f"own{i}", threads=1)
         train_cell(cfg, c, *args, tmp_path / f"shared{i}", threads=1, step0_dir=s0)
         own, shared = (pd.read_parquet(tmp_path / f"{d}{i}" / "history.parquet") for d in ("own", "shared"))
@@ -123,8 +129,9 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
         w_own, w_sh = (weights(tmp_path / f"{d}{i}") for d in ("own", "shared"))
         assert all(torch.equal(w_own[k], w_sh[k]) for k in w_own)
         assert own[own.step == 0].metric.nunique() > 15
-    with pytest.raises(ValueError, match=f"step-0 validation {s0}.*another model"):
-        train_cell(cfg, {**cell, "seed": cell["seed"] + 1}, *args, tmp_path / "other", threads=1, step0_dir=s0)
+    for other in ({**cell, "seed": cell["seed"] + 1}, {**pair, "reconstruction_family": "raw", "beta": 1.0}):
+        with pytest.raises(ValueError, match=f"step-0 validation {s0}.*another model"):
+            train_cell(cfg, other, *args, tmp_path / "other", threads=1, step0_dir=s0)
 
 
 @pytest.mark.slow

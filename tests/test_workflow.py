@@ -34,17 +34,36 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
     assert rc == 0, out[-3000:]
     train = [c for r, c, _ in jobs if r == "train"]
-    assert len(train) == len(set(train)) == 32
-    assert sum(c.startswith("agg-sum_") for c in train) == 16  # 12 settings + 4 replicates at beta 0.01
-    assert sum(c.startswith("agg-mean_") for c in train) == 16  # the matched arm
+    assert len(train) == len(set(train)) == 40
+    assert sum(c.startswith("agg-sum_") for c in train) == 20  # 12 settings + 8 replicates at beta 0.01, 0.1
+    assert sum(c.startswith("agg-mean_") for c in train) == 20  # the matched arm
     assert all("_sched-lin300_" in c for c in train)  # the same warm-up in both arms
-    assert sum(c.endswith("seed-314160") for c in train) == 8 and all("beta-0.01" in c for c in train if "314160" in c)
+    replicated = [c for c in train if c.endswith("seed-314160")]
+    assert len(replicated) == 16 and all("beta-0.01_" in c or "beta-0.1_" in c for c in replicated)
     assert "agg-sum_fam-raw_beta-1_sched-lin300_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probes"] == n["metrics"] == n["evaluate"] == 32  # one probe job per cell, every task in it
+    assert n["probes"] == n["metrics"] == n["evaluate"] == 40  # one probe job per cell, every task in it
+    # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
+    # model (their training seed), every other cell from its own
+    assert n["step0"] == 20
     # each cell's probes + metrics form one group job (one Slurm submission per cell)
-    assert out.count("Group job probe") == 32
+    assert out.count("Group job probe") == 40
+
+
+def test_smoke_and_aa_configs_list_their_step0_jobs(wd):
+    """The smoke collection (24 cells, 12 pairs) runs 12 step-0 validations; the A/A collection
+    (32 cells, both arms `sum`, no two cells with one training seed) 32, and lists every job."""
+    rc, jobs, out = dry_run(wd, configfile="config/smoke.yaml")
+    assert rc == 0, out[-3000:]
+    n = rules(jobs)
+    assert (n["train"], n["step0"]) == (24, 12), n
+    rc, jobs, out = dry_run(wd, configfile="config/aa.yaml")
+    assert rc == 0, out[-3000:]
+    n = rules(jobs)
+    assert (n["train"], n["evaluate"], n["metrics"], n["step0"], n["report"]) == (32, 32, 32, 32, 1), n
+    train = [c for r, c, _ in jobs if r == "train"]
+    assert sum(c.endswith(("seed-271828", "seed-271829")) for c in train) == 16
 
 
 def test_config_overrides_expand_any_axes(wd):
@@ -244,10 +263,12 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     rc, jobs, out = dry_run(done, config=["grid={beta: [0.01, 0.1, 1, 10]}"])
     assert rc == 0, out[-3000:]
     cells = {c for r, c, _ in jobs if r in CELL_RULES}
-    # 4 families at the new beta, in both arms (the matched arm takes the primary grid's betas)
+    # 4 families at the new beta, in both arms (the matched arm takes the primary grid's betas),
+    # each pair from its own model: 4 new step-0 validations
     assert len(cells) == 8 and all("_beta-10_" in c for c in cells)
     assert sum(c.startswith("agg-sum_") for c in cells) == 4
-    assert rules(jobs) == Counter(train=8, evaluate=8, probes=8, metrics=8, aggregate=1, report=1, all=1)
+    n = rules(jobs)
+    assert n == Counter(step0=4, train=8, evaluate=8, probes=8, metrics=8, aggregate=1, report=1, all=1), n
 
 
 def _recreate(files, content=None):

@@ -8,10 +8,17 @@ place that turns it into cells; Snakemake's common.smk and every stage call it.
 Cell ids are canonical strings built from the cell's settings (never from the position in a
 grid): `agg-sum_fam-raw_beta-0.01_seed-314159`, plus `key-value` for every other cell setting
 that differs from the schema default (e.g. `sched-lin100`). `1` and `1.0` are the same beta.
+
+Seeds: a cell's `seed` is its replicate seed (it names the cell). What seeds its training (the
+model as built, the batch order, the z noise, the validation noise) is its training seed
+(`training_seed`), drawn from the replicate seed and every other setting except
+token_aggregation: cells of different settings are independent, and the two cells of a pair
+(differing in token_aggregation alone) share one training seed, so their paired delta cancels it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -84,14 +91,48 @@ def cell_id(settings: dict) -> str:
     return "_".join(parts)
 
 
-# the cell settings that decide its model as built (model.build_model): cells that agree on them
-# start from the same weights and share one step-0 validation (step0.step0_validation)
-INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "seed")
+# the cell settings a cell's training seed is not drawn from: the ablated axis, so the two arms
+# of a pair share one training seed (and one model at step 0)
+NOT_SEEDING = ("token_aggregation",)
+
+
+def training_seed(settings: dict) -> int:
+    """The seed of a cell's training (model as built, batch order, z noise, validation noise): a
+    non-negative 31-bit int from the sha256 of the canonical text (format_value) of the replicate
+    `seed` and every other cell setting except token_aggregation. Cells that differ only in
+    token_aggregation (a pair) get the same one; any other difference gives another one."""
+    missing = [k for k in CELL_KEYS if k not in settings and k not in NOT_SEEDING]
+    if missing:
+        raise KeyError(f"training_seed: cell settings lack {', '.join(missing)}")
+    text = ";".join(f"{k}={format_value(settings[k])}" for k in CELL_KEYS if k not in NOT_SEEDING)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def cell_training_seed(cell: dict) -> int:
+    """The training seed of a cell dict, or of a model's settings as built (`init_settings`): its
+    `training_seed` when it names one, else `training_seed` of its settings."""
+    if "training_seed" in cell:
+        return int(cell["training_seed"])
+    return training_seed(cell)
+
+
+# the settings that decide a cell's model as built (model.build_model: the backbone, the adapters
+# and heads, seeded by the training seed): cells that agree on them start from the same weights
+# and share one step-0 validation (step0.step0_validation): the two arms of a pair
+INIT_KEYS = ("init", "adaptation", "latent_dim", "z_slots", "training_seed")
+INIT_ID_KEYS = {**ID_KEYS, "training_seed": "tseed"}
+
+
+def init_settings(settings: dict) -> dict:
+    """A cell's model as built: its INIT_KEYS, the training seed included."""
+    return {k: cell_training_seed(settings) if k == "training_seed" else settings[k] for k in INIT_KEYS}
 
 
 def init_id(settings: dict) -> str:
-    """The name of a cell's model at step 0, from its INIT_KEYS, e.g. init-entangled_adapt-lora_..."""
-    return "_".join(f"{ID_KEYS[k]}-{format_value(settings[k])}" for k in INIT_KEYS)
+    """The name of a cell's model at step 0 (cell settings or `init_settings`), from its INIT_KEYS,
+    e.g. init-entangled_adapt-lora_zdim-64_slots-1_tseed-1234567."""
+    init = settings if "training_seed" in settings else init_settings(settings)
+    return "_".join(f"{INIT_ID_KEYS[k]}-{format_value(init[k])}" for k in INIT_KEYS)
 
 
 def _canon(v):

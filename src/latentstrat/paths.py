@@ -160,7 +160,8 @@ class Paths:
     def train_dir(self, cid: str) -> Path:
         return self.cell_dir(cid) / "train"
 
-    # the step-0 validation shared by the cells that start from one model (cells.init_id)
+    # the step-0 validation shared by the cells that start from one model (cells.init_id: the two
+    # arms of a pair)
     def step0_dir(self, iid: str) -> Path:
         return self.base_dir / "step0" / self.work_key / iid
 

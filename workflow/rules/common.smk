@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from latentstrat.cells import INIT_KEYS, expand_cells, external_arms, init_id
+from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, training_seed
 from latentstrat.config import ConfigError, base_guard, from_snakemake, tokenizer_identity
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
@@ -24,8 +24,9 @@ except ConfigError as e:
 P = Paths.from_config(CFG)
 CELLS = {c.cell_id: c for c in expand_cells(CFG)}
 TASKS = list(CFG["data"]["tasks"])
-# the cells' models as built: cells that agree on INIT_KEYS share one step-0 validation
-INITS = {init_id(c.settings): {k: c.settings[k] for k in INIT_KEYS} for c in CELLS.values()}
+# the cells' models as built (cells.INIT_KEYS, the training seed among them): the cells that
+# agree on them, the two arms of a pair, share one step-0 validation
+INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
 logger.info(
@@ -93,9 +94,10 @@ def init_json(wildcards):
 
 
 def cell_work_json(wildcards):
-    """The cell's id and settings only (no arm or role): what its shared work depends on."""
+    """The cell's id, settings and training seed (cells.training_seed; no arm or role): what its
+    shared work depends on."""
     c = _cell(wildcards)
-    return {"cell_id": c.cell_id, **c.settings}
+    return {"cell_id": c.cell_id, **c.settings, "training_seed": training_seed(c.settings)}
 
 
 # ----------------------------------------------------------------------------- resources

@@ -1,6 +1,7 @@
 # Stage 4 (per cell): disentangle router / generator / posterior. Checkpoints under
 # train/checkpoints/ are not outputs, so a preempted or cancelled job resumes from them.
-# The cells that start from one model (same init settings) share its step-0 validation.
+# The cells that start from one model (same init settings and training seed: the two arms of a
+# pair) share its step-0 validation.
 
 
 checkpoint step0:

@@ -1,10 +1,10 @@
 """The shared step-0 validation: cells that start from the same model (the same
-cells.INIT_KEYS: init, adaptation, latent_dim, z_slots, seed) share its measurements at step 0
-(validation.measure_model: the validation passes, probes and decodes), taken once per init by
-the step0 job (`step0_validation`). Each cell's trainer checks that its own weights, validation
-split and settings hash to the measurement's fingerprint (`load_step0`: an error otherwise) and
-adds its own objective's losses and gradient shares; its history is then the same as measuring
-in the cell, to the bit (tests/test_train.py).
+cells.INIT_KEYS: init, adaptation, latent_dim, z_slots and training seed; the two arms of a pair)
+share its measurements at step 0 (validation.measure_model: the validation passes, probes and
+decodes), taken once per init by the step0 job (`step0_validation`). Each cell's trainer checks
+that its own weights, validation split and settings hash to the measurement's fingerprint
+(`load_step0`: an error otherwise) and adds its own objective's losses and gradient shares; its
+history is then the same as measuring in the cell, to the bit (tests/test_train.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from latentstrat import data
 from latentstrat.cell.validation import GAUSSIANS, measure_model, prepare_validation
-from latentstrat.cells import init_id
+from latentstrat.cells import cell_training_seed, init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.metrics import history_name
 from latentstrat.modeling.backbone import device_for
@@ -91,16 +91,17 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
 
 
 def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, threads: int | None = None) -> str:
-    """The step-0 validation that every cell starting from the model `init` (cells.INIT_KEYS:
-    the settings that decide a cell's model as built) shares: measured once here, read by each
-    cell's trainer after it checks that its own model is this one. Returns the fingerprint."""
+    """The step-0 validation that every cell starting from the model `init` (cells.init_settings:
+    the settings that decide a cell's model as built, its training seed among them) shares:
+    measured once here, read by each cell's trainer after it checks that its own model is this
+    one. Returns the fingerprint."""
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     tokenizer = data.load_tokenizer(data_dir)
     val_df = data.load_split(data_dir, "validation").reset_index(drop=True)
     model = build_model(cfg, init, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(device_for(cfg))
     val = prepare_validation(cfg, init, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
     fingerprint = step0_fingerprint(model, cfg, val)
-    measured = measure_model(model, tokenizer, cfg, val, int(init["seed"]))
+    measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(init))
     save_step0(measured, fingerprint, init, val_df, out_dir)
     print(
         f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "

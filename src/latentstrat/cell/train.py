@@ -6,7 +6,8 @@ Per step: one posterior pass (z ~ q, reparameterized) and one router+generator p
 S_ref, T_ref, n_bar from its scales.json (reference.load_b, reference.cell_objective: never
 recomputed, the same numbers the evaluate stage reads); batches are task-mixed
 (data.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
-of (seed, step), so a resumed run replays exactly what an uninterrupted one does.
+of (seed, step), the seed being the cell's training seed (cells.training_seed: shared by the two
+arms of a pair), so a resumed run replays exactly what an uninterrupted one does.
 
 The model is validated at step 0 (before any update; shared by the cells of one init:
 latentstrat.cell.step0), every `train.eval_every` steps and at the end (latentstrat.cell.validation). A
@@ -34,6 +35,7 @@ from latentstrat import data, host
 from latentstrat.base.reference import cell_objective, load_b
 from latentstrat.cell.step0 import load_step0, step0_fingerprint
 from latentstrat.cell.validation import prepare_validation, validate
+from latentstrat.cells import cell_training_seed
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
@@ -189,7 +191,8 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
     checkpoint in the cell directory is never resumed (Slurm preemption keeps it equal)."""
     h = hashlib.sha256()
     sections = {k: cfg.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
-    h.update(json.dumps({"cell": cell, **sections}, sort_keys=True, default=str).encode())
+    seeded = {"cell": cell, "training_seed": cell_training_seed(cell), **sections}
+    h.update(json.dumps(seeded, sort_keys=True, default=str).encode())
     model_dir = Path(entangle_dir) / "model"  # every file: a sharded checkpoint has several
     files = [Path(data_dir) / "train.parquet"] + (sorted(model_dir.iterdir()) if model_dir.is_dir() else [])
     for f in files:
@@ -298,6 +301,7 @@ def train_cell(
     wall, tokens = run.wall, run.tokens
     summary = {
         "cell_id": cid,
+        "training_seed": cell_training_seed(cell),
         "steps": run.step,
         "wall_time_s": wall,
         "train_tokens": tokens,
@@ -362,7 +366,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     """The updates from `run.step` to `train.steps`, advancing `run` in place: validation
     and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
     `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
-    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], int(setup.cell["seed"]), setup.train
+    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], cell_training_seed(setup.cell), setup.train
     clip, val = setup.clip, setup.val
     dev = device_of(model)
     progress = Progress(cid, tcfg["steps"], run.step)

@@ -29,6 +29,7 @@ import torch
 
 from latentstrat import data
 from latentstrat.cell.probes import linear_probe
+from latentstrat.cells import cell_training_seed
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, derive
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import device_of
@@ -55,7 +56,7 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     `rows`, the decoded subset, and one noise draw per row for z ~ q and z ~ router."""
     val_df = val_df.reset_index(drop=True)
     rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
-    gen = torch.Generator().manual_seed(int(cell["seed"]) + 17)
+    gen = torch.Generator().manual_seed(cell_training_seed(cell) + 17)
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {
@@ -83,7 +84,7 @@ def validate(
     rows = val["rows"]
     sub = val["df"].loc[rows]
     if measured is None:
-        measured = measure_model(model, tokenizer, cfg, val, int(cell["seed"]))
+        measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(cell))
     metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
     metrics[SCORED_NAMES["matched_router_score"]] = scored_matched(metrics)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from latentstrat.cells import cell_training_seed
 from latentstrat.modeling.backbone import build_backbone, load_entangled, packable, packed_hidden
 
 ADAPTERS = ("generator", "posterior")
@@ -448,8 +449,9 @@ def _read_safetensors(path: Path, what: str) -> dict:
 def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()) -> LatentStrategyModel:
     """Backbone per `init` (entangled: the entangle stage's model; direct: from the config, with
     the tokens the data stage added, `data.added_token_ids`, at the mean embedding), wrapped
-    with the cell's latent settings. Seeded: the same cell builds the same model."""
-    torch.manual_seed(int(cell["seed"]))
+    with the cell's latent settings. Seeded by the cell's training seed (cells.cell_training_seed):
+    the same cell, or the other arm of its pair, builds the same model."""
+    torch.manual_seed(cell_training_seed(cell))
     if cell["init"] == "entangled":
         backbone = load_entangled(
             entangle_dir, dtype=cfg["backbone"]["dtype"], attn_implementation=cfg["backbone"]["attn_implementation"]
