@@ -92,36 +92,39 @@ def contrast_tables(
     states: pd.DataFrame,
     cells: dict,
     primary_metric: str = ROUTER_METRIC,
+    descriptive: bool = True,
 ) -> tuple[dict, dict, dict]:
     """(tables common_cells, arm_contrasts, contrast_by_family, unmatched_rows, reference_scale;
     common rows and unmatched primary rows per comparison arm). Training noise is measured on
     each setting's paired delta across its replicate seeds (contrasts.training_terms); the
-    contrast per family is over `primary_metric`."""
+    contrast per family is over `primary_metric`. `descriptive=False` leaves out the tables no
+    verdict reads (the contrast per family, the reference scale)."""
     commons, unmatched = {}, {}
     state_of = dict(zip(states.cell_id, states.state)) if len(states) else None
     for arm, rows in arms.items():
         commons[arm], unmatched[arm] = common_cells(
             primary_rows, rows, grid_axes, arm, bootstrap=bootstrap, cells=cells, states=state_of
         )
-    contrasts = arm_contrasts(commons, bootstrap)
     t = {
         "common_cells": concat_tables(commons.values()),
-        "arm_contrasts": contrasts,
-        "contrast_by_family": family_contrasts(commons, bootstrap, primary_metric),
+        "arm_contrasts": arm_contrasts(commons, bootstrap),
         "unmatched_rows": concat_tables(unmatched.values()),
-        "reference_scale": scale_table(primary_rows, arms, commons),
-    }  # the z-free reference scale per arm
+    }
+    if descriptive:
+        t["contrast_by_family"] = family_contrasts(commons, bootstrap, primary_metric)
+        t["reference_scale"] = scale_table(primary_rows, arms, commons)  # the z-free reference scale per arm
     return t, commons, unmatched
 
 
-def verdict_tables(data: CollectionData, settings: dict) -> tuple[dict, dict]:
+def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = True) -> tuple[dict, dict]:
     """The verdict's part of the aggregate, from cells to contrasts: setting rows (seed means with
     intervals), cell states, comparison arms' setting rows, common cells and arm contrasts.
     Returns (tables, context: primary_rows, arms, commons, unmatched). The calibration harness
-    (bench calibrate) runs simulated collections through exactly this."""
+    (bench calibrate) runs simulated collections through exactly this, with `descriptive=False`:
+    without the tables no verdict reads (summary_by_setting, contrast_by_family, reference_scale)."""
     summary, bootstrap = data.summary, data.bootstrap
     role = summary["role"] if "role" in summary.columns else pd.Series("primary", index=summary.index)
-    t = {"summary_by_setting": setting_rows(summary, bootstrap)}
+    t = {"summary_by_setting": setting_rows(summary, bootstrap)} if descriptive else {}
     primary_rows = setting_rows(summary[role == "primary"], bootstrap)
     t["cell_states"] = cell_states(summary, settings)
     t["cell_state_counts"] = state_counts(t["cell_states"])
@@ -134,6 +137,7 @@ def verdict_tables(data: CollectionData, settings: dict) -> tuple[dict, dict]:
         t["cell_states"],
         cell_rows(summary, data.comparisons),
         settings.get("primary_metric") or ROUTER_METRIC,
+        descriptive,
     )
     t.update(contrasts)
     return t, {"primary_rows": primary_rows, "arms": arms, "commons": commons, "unmatched": unmatched}

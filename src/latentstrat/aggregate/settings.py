@@ -90,18 +90,27 @@ def setting_intervals(rows: pd.DataFrame, bootstrap: dict | None) -> pd.DataFram
     rows = rows.copy()
     if rows.empty or "n_seeds" not in rows.columns:
         return rows
-    for i, r in rows.iterrows():
+    metrics = [m for m in METRICS if m in rows.columns]
+    cols: dict[str, list] = {}  # column -> values per row (NaN where a row has one seed), set at once
+    for pos, (_, r) in enumerate(rows.iterrows()):
         n = int(r["n_seeds"])
         if n < 2:
             continue
         reps = setting_replicates(r, bootstrap)
-        for m in [m for m in METRICS if m in rows.columns]:
+        for m in metrics:
             if reps is not None and m in reps[1]:
-                rows.loc[i, f"{m}_ci_low"], rows.loc[i, f"{m}_ci_high"] = interval(reps[0][:, reps[1].index(m)])
+                lo, hi = interval(reps[0][:, reps[1].index(m)])
+                cols.setdefault(f"{m}_ci_low", {})[pos], cols.setdefault(f"{m}_ci_high", {})[pos] = lo, hi
             sd = r.get(f"{m}_std", math.nan)
             if pd.notna(sd) and pd.notna(r[m]):
                 half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-                rows.loc[i, f"{m}_seed_ci_low"], rows.loc[i, f"{m}_seed_ci_high"] = r[m] - half, r[m] + half
+                cols.setdefault(f"{m}_seed_ci_low", {})[pos] = r[m] - half
+                cols.setdefault(f"{m}_seed_ci_high", {})[pos] = r[m] + half
+    for c, by_pos in cols.items():
+        old = rows[c].to_numpy(dtype=float, copy=True) if c in rows.columns else np.full(len(rows), np.nan)
+        for pos, v in by_pos.items():
+            old[pos] = v
+        rows[c] = old
     return rows
 
 

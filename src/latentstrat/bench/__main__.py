@@ -1,4 +1,4 @@
-"""python -m latentstrat.bench train|decode|entangle|curve|seedscale [options]"""
+"""python -m latentstrat.bench train|decode|entangle|curve|seedscale|calibrate [options]"""
 
 import importlib
 import sys
@@ -9,6 +9,7 @@ COMMANDS = {
     "entangle": "latentstrat.bench.entangle",
     "curve": "latentstrat.bench.curve",
     "seedscale": "latentstrat.bench.seedscale",
+    "calibrate": "latentstrat.bench.calibrate",
 }
 
 

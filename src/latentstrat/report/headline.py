@@ -1,8 +1,9 @@
 """The headline: the primary endpoint's verdict on the primary contrast, declared before the data
 (docs/design.md, "Primary endpoint" and "Verdicts"), with its interval, the detectable
-difference, the seeds behind it, whether training noise is in the interval, and the cell states
-per arm. analysis.md opens with it and brief.yaml carries it (`headline`); every number is read
-off the aggregate tables.
+difference, the seeds behind it, whether training noise is in the interval, the sign-flip test
+beside it, the cell states per arm, which families carry the mean, and the cell sanity check it
+rests on (a verdict over a failing cell reads `cannot tell`). analysis.md opens with it and
+brief.yaml carries it; every number is read off the aggregate tables.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import math
 
 import pandas as pd
 
+from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import label
 from latentstrat.report.tables import fmt, md_table
 
 SECONDARY = "matched_router_score"  # the original study's router score, kept in every table
+ALPHA = 0.05  # the sign-flip test's level, the interval's (95%)
 
 
 def _primary_arm(t: dict) -> str:
@@ -92,8 +95,21 @@ def headline(t: dict, meta: dict) -> dict:
         seeds_per_cell={"min": int(r.seeds_min), "max": int(r.seeds_max)},
         training_noise_in_interval=bool(r.training_noise_in_interval),
         common_cells=int(r.n_cells),
+        sign_flip_p=_num(r.get("sign_flip_p")),
+        interval_df=_num(r.get("interval_df")),
+        training_noise_strata=str(r.get("training_noise_strata") or ""),
     )
+    out["randomization_agrees"] = _randomization_agrees(out)
     out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
+    out["by_family"], out["carried_by"] = heterogeneity(t, arm, metric, out["verdict"])
+    failing = failing_cells(t, arm)
+    out["failing_cells"] = failing
+    if failing and out["verdict"] != "cannot tell":
+        out["verdict_before_sanity"] = out["verdict"]
+        out["verdict"] = "cannot tell"
+        out["why"] = f"it rests on {len(failing)} cell(s) that fail the cell sanity check ({', '.join(failing[:3])}" + (
+            ", ...)" if len(failing) > 3 else ")"
+        )
     sec = _contrast(t, arm, SECONDARY) if metric != SECONDARY else None
     if sec is not None and _num(sec.mean_delta) is not None and out["delta"] is not None:
         if sec.mean_delta * out["delta"] < 0:
@@ -103,6 +119,52 @@ def headline(t: dict, meta: dict) -> dict:
                 "verdict": str(sec.verdict),
             }
     return out
+
+
+def _randomization_agrees(h: dict) -> bool | None:
+    """Does the sign-flip test (p < ALPHA) agree with the interval (a sign)? None without a p-value
+    or without training noise in the interval."""
+    p = h.get("sign_flip_p")
+    if p is None or not h["training_noise_in_interval"]:
+        return None
+    return (p < ALPHA) == (h["verdict"] in ("negative", "positive"))
+
+
+def failing_cells(t: dict, arm: str | None) -> list[str]:
+    """The cells of the contrast's common settings that fail the cell sanity check."""
+    c, sanity = t.get("common_cells", pd.DataFrame()), t.get("cell_sanity", pd.DataFrame())
+    if arm is None or c.empty or sanity.empty or "passed" not in sanity.columns:
+        return []
+    failed = set(sanity.loc[sanity.passed.eq(False), "cell_id"])
+    rows = c[c.comparison_arm == arm]
+    ids = [i for col in ("primary_cell", "comparison_cell") for v in rows[col] for i in str(v).split(",") if i]
+    return sorted(set(ids) & failed)
+
+
+def heterogeneity(t: dict, arm: str | None, metric: str, verdict: str) -> tuple[dict, list[str]]:
+    """(per family: the contrast over its settings alone and without them; the families that carry
+    the verdict: leaving one out turns a sign into `cannot tell` or the other sign, or, for a
+    `cannot tell`, leaving it out gives a sign)."""
+    f = t.get("contrast_by_family", pd.DataFrame())
+    if arm is None or f.empty:
+        return {}, []
+    f = f[(f.comparison_arm == arm) & (f.metric == metric)]
+    by, carried = {}, []
+    for fam, g in f.groupby(FAMILY_COL, sort=False):
+        parts = {
+            r.part: {
+                "delta": _num(r.mean_delta),
+                "ci_low": _num(r.ci_low),
+                "ci_high": _num(r.ci_high),
+                "verdict": r.verdict,
+            }
+            for r in g.itertuples()
+        }
+        by[str(fam)] = parts
+        without = parts.get("without", {}).get("verdict")
+        if without is not None and without != verdict:
+            carried.append(str(fam))
+    return by, carried
 
 
 def _mix_numbers(t: dict, arms: list[str]) -> str:
@@ -157,6 +219,7 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
         f"difference this collection could detect (80% power, 5% two-sided, the same variance): "
         f"{fmt(h['detectable_delta'])}. {state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
     )
+    out += _qualifiers_md(t, h)
     if h.get("attribution") and h["attribution"] != "supported":
         evidence = h.get("attribution_evidence") or "the paired cells differ in more than token aggregation"
         out.append(
@@ -181,6 +244,69 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
             f"{both} common cell(s) are `empty` in both arms (z unused on either side): a finding in itself; they "
             "enter the contrast with their near-zero values.\n"
         )
+    return out
+
+
+def _aggregation_of(t: dict, arm: str) -> str:
+    s = t.get("summary_by_setting", pd.DataFrame())
+    if s.empty or "arm" not in s.columns or "token_aggregation" not in s.columns:
+        return ""
+    aggs = set(s.loc[s.arm == arm, "token_aggregation"])
+    return aggs.pop() if len(aggs) == 1 else ""
+
+
+def _qualifiers_md(t: dict, h: dict) -> list[str]:
+    """What qualifies the verdict: cell sanity, the sign-flip test, the families that carry it."""
+    out, arm, primary = [], h["primary_contrast"]["comparison_arm"], h["primary_contrast"]["primary_arm"]
+    if h.get("verdict_before_sanity"):
+        out.append(
+            f"**Cell sanity**: the interval alone reads {h['verdict_before_sanity']}, but {h['why']}: the finding "
+            "reads `cannot tell` until those cells are fixed or rerun (Cell Sanity Check in results.md).\n"
+        )
+    p = h.get("sign_flip_p")
+    if p is not None:
+        agrees = h.get("randomization_agrees")
+        word = {True: "agrees", False: "**disagrees**", None: "stands beside it"}[agrees]
+        out.append(
+            f"Sign-flip (randomization) test over the {h['common_cells']} settings' paired deltas, which needs no "
+            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}); it {word} with the interval"
+            + (
+                ". Where they disagree, read the verdict as fragile: the interval's variance model and the settings' "
+                "own signs tell different stories."
+                if agrees is False
+                else "."
+            )
+            + "\n"
+        )
+    by = h.get("by_family") or {}
+    if by:
+        parts = []
+        for fam, d in by.items():
+            only = d.get("only") or {}
+            if only.get("delta") is not None:
+                parts.append(
+                    f"{fam} {fmt(only['delta'])} ({fmt(only['ci_low'])} to {fmt(only['ci_high'])}, {only['verdict']})"
+                )
+        out.append("Per family (its settings alone): " + "; ".join(parts) + ".\n")
+    for fam in h.get("carried_by") or []:
+        w = by.get(fam, {}).get("without") or {}
+        lead = (
+            "The verdict is carried by"
+            if h.get("verdict_before_sanity", h["verdict"]) != "cannot tell"
+            else "Leaving out"
+        )
+        text = (
+            f"{lead} **{fam}**: without its settings the contrast reads {w.get('verdict')} ({fmt(w.get('delta'))}, "
+            f"{fmt(w.get('ci_low'))} to {fmt(w.get('ci_high'))})"
+        )
+        if fam == "raw" and {_aggregation_of(t, primary), _aggregation_of(t, arm)} == {"sum", "mean"}:
+            text += (
+                ". Under `mean` the raw reconstruction is a per-token mean while the KL is per example, so at the "
+                "same beta the KL weighs about n_bar (the mean number of supervised tokens) times more than under "
+                "`sum`: the `mean` raw cells start later or not at all, and the raw pair differs by whether z is used "
+                "rather than by how it is used"
+            )
+        out.append(text + ".\n")
     return out
 
 

@@ -1,0 +1,384 @@
+"""Calibration of the verdict: its error rate measured by simulation, not assumed.
+
+    python -m latentstrat.bench calibrate                           # the default collection's design
+    python -m latentstrat.bench calibrate --configfile config/aa.yaml --draws 2000
+    python -m latentstrat.bench calibrate --fit results/sum-ablation-embedded/aggregate
+
+Draws many collections of cell records from a declared generative model (`Scenario`) with the
+design of a collection config (its cells, arms, seeds and replicates: cells.expand_cells), and
+runs each through the project's own aggregate code from cells to verdict
+(`aggregate.collection.verdict_tables`: setting rows, cell states, paired deltas, training noise,
+interval, verdict, sign-flip test). Under the null (both arms share every setting's true value)
+it prints, per scenario, with Monte Carlo standard errors:
+- the false-sign rate: how often the headline reads `negative` or `positive` (target <= 5%);
+- coverage: how often the 95% interval holds the true delta (target >= 95%);
+- mean t^2 = (delta / SE)^2: near 1 when the SE is right (for a t statistic on df degrees of
+  freedom its expectation is df / (df - 2), printed beside it); a biased variance shows here
+  with far fewer draws than in the false-sign rate;
+- the sign-flip test's rate of p < 0.05;
+- the detectable difference the report prints (median over the null draws) and the power
+  measured at that true difference (target 80% +- 5%).
+
+The generative model of one cell's router information (the primary endpoint):
+- per setting (family x beta): its true value when the latent starts (`values`) and the
+  probability that a cell starts at all (`p_start`; 1 always, 0 never: `empty`; in between:
+  bistable, a seed decides);
+- seed luck: a latent normal per cell, correlated `rho_pair` between the two arms of a pair (they
+  share the training seed) and `rho_setting` across the settings of one replicate (a seed effect
+  shared across settings); it decides the start (below the start quantile) and moves the value of
+  a started cell by `sd_train_used` (an empty cell by `sd_train_empty`);
+- test inputs: every cell's value carries test-input noise `sd_test`, a part `rho_test` of it
+  shared by all cells (the same test inputs); bootstrap replicates are drawn the same way, shared
+  part shared replicate by replicate, as the cells' real bootstrap shares its resampled inputs.
+Declared scenarios (`SCENARIOS`) and one fitted to a finished collection (`fit_scenario`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from latentstrat.cells import beta_label, expand_cells
+from latentstrat.families import family_label
+from latentstrat.metrics import METRICS
+
+METRIC = "router_information"
+N_BOOT = 200  # bootstrap replicates per simulated cell (the cells' own use metrics.N_BOOT)
+# what the cell-state rules may read besides router information, when the metric registry has them
+MAYBE_REGISTERED = (
+    "router_mu_information",
+    "router_mu_information_ci_low",
+    "router_mu_information_ci_high",
+    "token_base_relative_reconstruction",
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A generative model of a collection's cell records under the null (module docstring).
+    `values` / `p_start`: (family, beta) -> the setting's true router information when started /
+    its start probability; settings not named take `value_by_beta` / `p_by_beta`."""
+
+    name: str
+    what: str
+    value_by_beta: dict = field(default_factory=lambda: {0.01: 0.55, 0.1: 0.43, 1.0: 0.0})
+    p_by_beta: dict = field(default_factory=lambda: {0.01: 1.0, 0.1: 0.0, 1.0: 0.0})
+    values: dict = field(default_factory=dict)
+    p_start: dict = field(default_factory=dict)
+    sd_test: float = 0.02
+    rho_test: float = 0.5
+    sd_train_used: float = 0.05
+    sd_train_empty: float = 0.003
+    rho_pair: float = 0.5
+    rho_setting: float = 0.0
+
+    def value(self, family: str, beta: float) -> float:
+        return float(self.values.get((family, beta), self.value_by_beta.get(beta, 0.5)))
+
+    def start(self, family: str, beta: float) -> float:
+        return float(self.p_start.get((family, beta), self.p_by_beta.get(beta, 1.0)))
+
+
+# The main job's cells on a fresh clone (2-core Intel Xeon, 1200 x 32, lin300): at beta 0.01 every
+# normalized family carries the strategy in both arms (router information 0.45-0.59), raw only under
+# `sum`; at beta 0.1 tokcc_a0.25 in both arms (0.42-0.43), dist_tokcc only under `sum`, raw and
+# dist_norm in neither; every beta 1 cell empty. Under the null both arms share each setting, so a
+# setting that started in one arm only is bistable (p_start 0.5). Test-input SE of one cell's router
+# information about 0.02 (6 tasks x 300 test inputs); seed-to-seed spread of a started cell about 0.05.
+DEFAULT_VALUES = {("tokcc_a0.25", 0.1): 0.43, ("dist_tokcc_0.05_0.95", 0.1): 0.43, ("raw", 0.01): 0.5}
+STARTS_EVERY_NORMALIZED = {("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 1.0}
+
+SCENARIOS = {
+    "independent": Scenario(
+        "independent",
+        "no bistable cell, no seed effect across settings: the textbook case",
+        values=DEFAULT_VALUES,
+        p_start=STARTS_EVERY_NORMALIZED,
+    ),
+    "bistable": Scenario(
+        "bistable",
+        "two beta 0.1 settings start or not by the seed (p 0.5), values 0.43",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+    ),
+    "shared-seed": Scenario(
+        "shared-seed",
+        "bistable, and seed luck shared across the settings of a replicate (correlation 0.3)",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        rho_setting=0.3,
+    ),
+    "default": Scenario(
+        "default",
+        "the main job's pattern: raw at 0.01 and dist_tokcc at 0.1 bistable, tokcc at 0.1 started",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+    ),
+    "noisy": Scenario(
+        "noisy",
+        "bistable with 3x the training noise and 2x the test-input noise",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        sd_train_used=0.15,
+        sd_test=0.04,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- design
+
+
+def design(cfg: dict) -> pd.DataFrame:
+    """One row per cell of the config: cell id, arm, role, settings, the setting (pair) index and
+    the replicate index (the rank of the cell's seed within its arm and setting)."""
+    rows = [c.to_json() for c in expand_cells(cfg)]
+    d = pd.DataFrame(rows)
+    d["setting"] = d.groupby(["reconstruction_family", "beta"], sort=False).ngroup()
+    d["replicate"] = d.groupby(["arm", "setting"])["seed"].rank(method="dense").astype(int) - 1
+    d["family_label"] = [family_label(f) for f in d.reconstruction_family]
+    d["beta_label"] = [beta_label(b) for b in d.beta]
+    return d
+
+
+# ----------------------------------------------------------------------------- one draw
+
+
+def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float = 0.0):
+    """A simulated collection with design d: (summary of cell metrics rows, bootstrap dict).
+    `shift` is added to every primary cell's true value (the alternative)."""
+    n = len(d)
+    n_set, n_rep = int(d.setting.max()) + 1, int(d.replicate.max()) + 1
+    g = rng.standard_normal(n_rep)[d.replicate.to_numpy()]  # shared by the settings of a replicate
+    h = rng.standard_normal((n_set, n_rep))[d.setting.to_numpy(), d.replicate.to_numpy()]  # shared by a pair
+    e = rng.standard_normal(n)
+    rs, rp = sc.rho_setting, max(sc.rho_pair, sc.rho_setting)
+    luck = math.sqrt(rs) * g + math.sqrt(rp - rs) * h + math.sqrt(1 - rp) * e
+    fam, beta = d.reconstruction_family.to_numpy(), d.beta.to_numpy(dtype=float)
+    p = np.array([sc.start(f, b) for f, b in zip(fam, beta)])
+    value = np.array([sc.value(f, b) for f, b in zip(fam, beta)])
+    started = luck < stats.norm.ppf(np.clip(p, 1e-12, 1 - 1e-12))
+    started[p >= 1] = True
+    started[p <= 0] = False
+    # the value's own training noise: independent of the start draw given the structure
+    noise = math.sqrt(rs) * rng.standard_normal(n_rep)[d.replicate.to_numpy()]
+    noise += math.sqrt(rp - rs) * rng.standard_normal((n_set, n_rep))[d.setting.to_numpy(), d.replicate.to_numpy()]
+    noise += math.sqrt(1 - rp) * rng.standard_normal(n)
+    truth = np.where(started, value + sc.sd_train_used * noise, sc.sd_train_empty * noise)
+    truth = truth + shift * (d.role.to_numpy() == "primary")
+    shared, own = math.sqrt(sc.rho_test), math.sqrt(1 - sc.rho_test)
+    observed = truth + sc.sd_test * (shared * rng.standard_normal() + own * rng.standard_normal(n))
+    tau = rng.standard_normal(N_BOOT)
+    reps = observed[:, None] + sc.sd_test * (shared * tau[None, :] + own * rng.standard_normal((n, N_BOOT)))
+    lo, hi = np.percentile(reps, [2.5, 97.5], axis=1)
+    summary = d.drop(columns=["setting", "replicate"]).assign(
+        router_information=observed,
+        router_information_ci_low=lo,
+        router_information_ci_high=hi,
+        router_mu_information=0.0,
+        router_mu_information_ci_low=-0.005,
+        router_mu_information_ci_high=0.005,
+        kl_prior_loss=np.where(started, 2.0, 0.001),
+        base_relative_reconstruction=np.where(started, 0.4, 1.0),
+        token_base_relative_reconstruction=np.where(started, 0.4, 1.0),
+    )
+    registered = {c for m in METRICS for c in (m, f"{m}_ci_low", f"{m}_ci_high")}
+    summary = summary.drop(columns=[c for c in MAYBE_REGISTERED if c not in registered])
+    boot = {cid: pd.DataFrame({METRIC: reps[i]}) for i, cid in enumerate(d.cell_id)}
+    return summary, boot
+
+
+def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict) -> dict:
+    """The project's verdict on one simulated collection (aggregate.collection.verdict_tables)."""
+    from latentstrat.aggregate.collection import CollectionData, verdict_tables
+
+    data = CollectionData(summary, None, {}, ["reconstruction_family", "beta"], None, boot)
+    t, _ = verdict_tables(data, thr, descriptive=False)
+    a = t["arm_contrasts"]
+    r = a[(a.comparison_arm == arm) & (a.metric == METRIC)].iloc[0]
+    return {
+        k: r[k] for k in ("verdict", "mean_delta", "ci_low", "ci_high", "se", "interval_df", "detectable_delta")
+    } | {
+        "known": bool(r.training_noise_in_interval),
+        "sign_flip_p": float(r.sign_flip_p),
+    }
+
+
+# ----------------------------------------------------------------------------- a scenario
+
+
+def rate(x) -> tuple[float, float]:
+    """(share, its Monte Carlo SE) of a boolean array."""
+    x = np.asarray(x, dtype=float)
+    p = float(x.mean()) if len(x) else math.nan
+    return p, math.sqrt(p * (1 - p) / len(x)) if len(x) else math.nan
+
+
+def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int, power_draws: int, seed: int) -> dict:
+    """The null draws and the power draws of one scenario: the row `table` prints."""
+    rng = np.random.default_rng(seed)
+    null = pd.DataFrame([analyse(*draw(d, sc, rng), arm, thr) for _ in range(draws)])
+    known = null[null.known]
+    t2 = (known.mean_delta / known.se) ** 2
+    dfs = known.interval_df[np.isfinite(known.interval_df) & (known.interval_df > 2)]
+    detect = float(null.detectable_delta.median())
+    row = {
+        "scenario": sc.name,
+        "draws": draws,
+        "noise_known": float(null.known.mean()),
+        "false_sign": rate(null.verdict != "cannot tell"),
+        "coverage": rate((known.ci_low <= 0) & (0 <= known.ci_high)),
+        "mean_t2": (float(t2.mean()), float(t2.std(ddof=1) / math.sqrt(len(t2))) if len(t2) > 1 else math.nan),
+        "t2_expected": float((dfs / (dfs - 2)).median()) if len(dfs) else 1.0,
+        "sign_flip": rate(null.sign_flip_p < 0.05),
+        "median_df": float(known.interval_df.median()) if len(known) else math.nan,
+        "detectable": detect,
+    }
+    if power_draws and math.isfinite(detect):
+        alt = pd.DataFrame([analyse(*draw(d, sc, rng, shift=detect), arm, thr) for _ in range(power_draws)])
+        row["power"] = rate(alt.verdict == "positive")
+        ok = alt[alt.known]
+        row["coverage_alt"] = rate((ok.ci_low <= detect) & (detect <= ok.ci_high))
+    return row
+
+
+def checks(row: dict) -> list[str]:
+    """The targets a scenario's row misses (empty when it passes): false-sign rate <= 5% and
+    coverage >= 95%, each within 2 Monte Carlo SEs; power at the detectable difference 75-85%."""
+    out = []
+    fs, fs_se = row["false_sign"]
+    if fs - 2 * fs_se > 0.05:
+        out.append(f"false-sign rate {fs:.3f} > 0.05")
+    cov, cov_se = row["coverage"]
+    if cov + 2 * cov_se < 0.95:
+        out.append(f"coverage {cov:.3f} < 0.95")
+    if "power" in row:
+        pw, pw_se = row["power"]
+        if not (0.75 - 2 * pw_se <= pw <= 0.85 + 2 * pw_se):
+            out.append(f"power {pw:.3f} outside 0.75-0.85")
+    return out
+
+
+def _pm(v: tuple[float, float]) -> str:
+    return f"{v[0]:.3f} ± {v[1]:.3f}"
+
+
+def table(rows: list[dict]) -> str:
+    """The scenarios' Markdown table (± one Monte Carlo SE)."""
+    head = (
+        "| scenario | draws | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | sign-flip p<.05 | "
+        "median df | detectable | power at it | meets targets |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        miss = checks(r)
+        lines.append(
+            f"| {r['scenario']} | {r['draws']} | {_pm(r['false_sign'])} | {_pm(r['coverage'])} | "
+            f"{r['mean_t2'][0]:.2f} ± {r['mean_t2'][1]:.2f} ({r['t2_expected']:.2f}) | {_pm(r['sign_flip'])} | "
+            f"{r['median_df']:.1f} | {r['detectable']:.3f} | {_pm(r['power']) if 'power' in r else 'NA'} | "
+            f"{'yes' if not miss else 'no: ' + '; '.join(miss)} |"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- fitted to a collection
+
+
+def fit_scenario(aggregate_dir) -> Scenario:
+    """A null scenario fitted to a finished collection's aggregate tables (summary.parquet and
+    cell_states.parquet): per setting, the share of its cells (both arms, every seed) that use z
+    (p_start) and their mean router information (the value); the test-input SE as the cells'
+    median bootstrap half-width / 1.96; the training noise of a started cell as the pooled
+    within-arm seed-to-seed SD of settings whose cells all started, of an empty cell likewise."""
+    from latentstrat.io import read_parquet
+
+    agg = Path(aggregate_dir)
+    s = read_parquet(agg / "summary.parquet", "aggregate summary")
+    st = read_parquet(agg / "cell_states.parquet", "aggregate cell states")[["cell_id", "state"]]
+    s = s.merge(st, on="cell_id", how="left")
+    s["beta"] = s.beta.astype(float)
+    s["used"] = s.state.ne("empty")
+    values, p_start = {}, {}
+    for (fam, beta), g in s.groupby(["reconstruction_family", "beta"]):
+        p_start[(fam, beta)] = float(g.used.mean())
+        values[(fam, beta)] = float(g.loc[g.used, METRIC].mean()) if g.used.any() else 0.0
+    sd_test = float(((s[f"{METRIC}_ci_high"] - s[f"{METRIC}_ci_low"]) / (2 * 1.959964)).median())
+
+    def pooled(mask) -> float:
+        num = den = 0.0
+        for _, g in s[mask].groupby(["arm", "reconstruction_family", "beta"]):
+            if len(g) >= 2:
+                num += float(g[METRIC].var(ddof=1)) * (len(g) - 1)
+                den += len(g) - 1
+        return math.sqrt(num / den) if den else math.nan
+
+    all_used = s.groupby(["arm", "reconstruction_family", "beta"]).used.transform("all")
+    none_used = ~s.groupby(["arm", "reconstruction_family", "beta"]).used.transform("any")
+    sd_used, sd_empty = pooled(all_used), pooled(none_used)
+    name = str(s["collection"].iloc[0]) if "collection" in s.columns else agg.parent.name
+    return Scenario(
+        f"fitted: {name}",
+        f"fitted to {agg}",
+        values=values,
+        p_start=p_start,
+        sd_test=sd_test,
+        sd_train_used=sd_used if math.isfinite(sd_used) else 0.05,
+        sd_train_empty=sd_empty if math.isfinite(sd_empty) else 0.003,
+    )
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench calibrate",
+        description="Measure the verdict's false-sign rate, coverage, mean t^2 and power by simulation "
+        "through the project's own contrast code (docs/design.md, 'Verdicts').",
+    )
+    ap.add_argument("--configfile", default="config/config.yaml", help="the collection whose design is simulated")
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="declared scenario(s); default all")
+    ap.add_argument(
+        "--fit", action="append", default=[], help="a finished collection's aggregate folder to fit a scenario to"
+    )
+    ap.add_argument("--draws", type=int, default=1000, help="null collections per scenario")
+    ap.add_argument(
+        "--power-draws", type=int, default=400, help="collections at the detectable difference per scenario"
+    )
+    ap.add_argument("--seed", type=int, default=20261203, help="the simulation's seed")
+    ap.add_argument("--arm", default=None, help="comparison arm (default: the config's primary contrast)")
+    args = ap.parse_args(argv)
+
+    from latentstrat.aggregate.collection import report_settings
+    from latentstrat.config import load_config
+
+    cfg = load_config(args.configfile)
+    thr = report_settings(cfg.get("report"))
+    arm = args.arm or thr.get("primary_contrast") or cfg["comparison_arms"][0]["name"]
+    d = design(cfg)
+    scenarios = [SCENARIOS[s] for s in (args.scenario or SCENARIOS)] + [fit_scenario(p) for p in args.fit]
+    print(
+        f"design: {args.configfile}: {len(d)} cells, {d.setting.nunique()} settings, "
+        f"seeds per setting {d.groupby(['arm', 'setting']).size().min()}-{d.groupby(['arm', 'setting']).size().max()}; "
+        f"contrast {cfg['primary_arm']} vs {arm}"
+    )
+    rows = []
+    for i, sc in enumerate(scenarios):
+        t0 = time.perf_counter()
+        rows.append(run_scenario(d, sc, arm, thr, args.draws, args.power_draws, args.seed + i))
+        print(f"  {sc.name}: {sc.what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(table(rows))
+    failed = [r["scenario"] for r in rows if checks(r)]
+    print("all scenarios meet the targets" if not failed else f"missed in: {', '.join(failed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
