@@ -173,3 +173,25 @@ def test_simulated_aa_collections_read_a_sign_at_most_5_percent_of_the_time():
         signs_test_only += verdict(d - 1.96 * se_t, d + 1.96 * se_t) != "cannot tell"
     assert signs / n_sims <= 0.05 + 0.025
     assert signs_test_only / n_sims > 0.3
+
+
+def test_a_strategy_cell_needs_more_than_x_alone_tells_and_one_weighting_decides_empty():
+    """`strategy` needs the router information's interval above the router-mean information (what
+    x alone tells) and above the declared floor; `empty` reads the per-token base-relative
+    reconstruction when the row has it, whatever the aggregation's own weighting says."""
+    row = {
+        "kl_prior_loss": 2.0,
+        "base_relative_reconstruction": 0.45,
+        "router_information": 0.12,
+        "router_information_ci_low": 0.08,
+        "router_information_ci_high": 0.16,
+    }
+    assert cell_state(row, 0.1, 0.02)[0] == "strategy"
+    got, why = cell_state({**row, "router_mu_information": 0.10}, 0.1, 0.02)
+    assert got == "other" and "x alone" in why  # a router mean that depends on x tells as much
+    assert cell_state({**row, "router_mu_information": 0.05}, 0.1, 0.02)[0] == "strategy"
+    assert cell_state(row, 0.1, 0.02, floor=0.1)[0] == "other"
+    # example-weighted 0.45 under `mean`, but per token the generator gains nothing: empty
+    got, why = cell_state({**row, "token_base_relative_reconstruction": 0.99}, 0.1, 0.02)
+    assert got == "empty" and "per-token" in why
+    assert cell_state({**row, "token_base_relative_reconstruction": 0.5}, 0.1, 0.02)[0] == "strategy"
