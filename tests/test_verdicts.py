@@ -377,10 +377,12 @@ def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp
     # training part shrinks with seeds
     n = next(n for n in range(1, 1000) if DETECT * se_with_seeds(row.se_test, row.training_noise_sd, 12, n) <= 0.03)
     n = min(max(n, 3), 10)
-    assert cfg["seeds"] == [314159 + k for k in range(n)]
+    # n fresh seeds after every seed in use, tested on their own by the follow-up's headline
+    fresh = [314161 + k for k in range(n)]
+    assert cfg["seeds"] == [314159, 314160, *fresh] and cfg["report"]["headline_seeds"] == fresh
     assert cfg["collection"] == "toy-power-followup"
-    assert len(expand_cells(cfg)) == 24 * n
-    assert f"Adds {24 * (n - 2)} cells" in followup.read_text() and "--cores 2" in followup.read_text()
+    assert len(expand_cells(cfg)) == 24 * (n + 2)
+    assert f"Adds {24 * n} cells" in followup.read_text() and "--cores 2" in followup.read_text()
 
 
 def test_one_seed_gets_a_followup_that_measures_the_training_noise(tmp_path):
@@ -389,7 +391,7 @@ def test_one_seed_gets_a_followup_that_measures_the_training_noise(tmp_path):
     row, out = run_with_config(tmp_path, delta=-0.2, noise=0.0, half_width=0.01, seeds=(314159,))
     assert row.verdict == "cannot tell" and row.why.startswith("training noise unknown")
     cfg = load_config(out / "followup.yaml")
-    assert cfg["seeds"] == [314159, 314160]
+    assert cfg["seeds"] == [314159, 314160] and cfg["report"].get("headline_seeds") is None
     assert "2 seeds per setting measure it" in (out / "followup.yaml").read_text()
 
 
@@ -427,3 +429,27 @@ def test_power_arithmetic_by_hand():
     assert seeds_to_detect(0.01, 0.2, 12, 0.07) == 7
     assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]
+
+
+def test_a_followup_headline_tests_its_fresh_seeds_on_their_own(tmp_path):
+    """report.headline_seeds: the headline's contrast is over the cells of those seeds alone (here
+    seeds 3 and 4, whose arms differ clearly) while the contrast over every seed (seeds 1 and 2 too,
+    whose arms do not differ) stands beside it."""
+    import yaml
+
+    rng = np.random.default_rng(3)
+    mean = 0.5 + rng.normal(0, 0.05, (12, 1))
+    seeds = (1, 2, 3, 4)
+    shift = np.array([0.0, 0.0, -0.2, -0.2])
+    summary = arm_table(tmp_path / "sum.csv", "sum", mean + shift + seed_noise(rng, 0.02, 4), 0.02, seeds)
+    comparison = arm_table(tmp_path / "mean.csv", "mean", mean + seed_noise(rng, 0.02, 4), 0.02, seeds)
+    cfg = write_config(tmp_path / "collection.yaml", list(seeds))
+    raw = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**raw, "report": {"headline_seeds": [3, 4]}}))
+    out = tmp_path / "out"
+    args = ["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]
+    assert report_cli(args) == 0
+    brief = yaml.safe_load((out / "brief.yaml").read_text())
+    assert brief["verdict"] == "negative" and brief["delta"] == pytest.approx(-0.2, abs=0.03)
+    assert brief["pooled"]["delta"] == pytest.approx(-0.1, abs=0.03) and brief["headline_seeds"] == "3,4"
+    assert "fresh seeds (3,4) on their own" in (out / "analysis.md").read_text()

@@ -108,13 +108,18 @@ def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int
 def followup_text(plan: dict) -> str:
     """The follow-up config's YAML (with its reasons as comments) from `plan`:
     collection, extends (path relative to where the file is written), seeds, needs (followup_need
-    rows), cells_now, cells_added, seconds_per_cell, parallel_cells."""
+    rows), fresh_seeds (the headline's), cells_now, cells_added, seconds_per_cell, parallel_cells."""
     lines = [
         f"# Follow-up of collection {plan['collection']}: more seeds to settle what it could not tell.",
         "# Written by its report from the variance of its verdicts (latentstrat.power); run it with",
         f"#   snakemake --configfile {plan['path']} --cores 2",
         "# Cells of the collection are reused (same base and cell work); only the new seeds train.",
     ]
+    if plan.get("fresh_seeds"):
+        lines += [
+            "# Its headline tests the fresh seeds on their own (report.headline_seeds): a second look at 5%",
+            "# on data the first look never saw; the contrast over every seed stands beside it.",
+        ]
     for n in plan["needs"]:
         lines.append(f"# - {need_text(n)}")
     lines += [
@@ -122,8 +127,10 @@ def followup_text(plan: dict) -> str:
         f"extends: {plan['extends']}",
         f"collection: {plan['collection']}-followup",
         "seeds: [" + ", ".join(str(s) for s in plan["seeds"]) + "]",
-        "",
     ]
+    if plan.get("fresh_seeds"):
+        lines += ["report:", "  headline_seeds: [" + ", ".join(str(s) for s in plan["fresh_seeds"]) + "]"]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -140,7 +140,26 @@ def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = Tru
         descriptive,
     )
     t.update(contrasts)
+    fresh = settings.get("headline_seeds")
+    if fresh:  # a follow-up: the headline tests its fresh seeds on their own (the pooled contrast beside it)
+        t["headline_contrasts"] = fresh_seed_contrasts(data, settings, fresh)
     return t, {"primary_rows": primary_rows, "arms": arms, "commons": commons, "unmatched": unmatched}
+
+
+def fresh_seed_contrasts(data: CollectionData, settings: dict, seeds) -> pd.DataFrame:
+    """The arm contrasts over the cells whose replicate seed is one of `seeds` alone
+    (report.headline_seeds): the follow-up's own look, on cells the first look never saw."""
+    wanted = {format_value(s) for s in seeds}
+
+    def fresh(df: pd.DataFrame) -> pd.DataFrame:
+        return df[df["seed"].map(format_value).isin(wanted)] if "seed" in df.columns else df.iloc[0:0]
+
+    summary, comparisons = fresh(data.summary), {a: fresh(df) for a, df in data.comparisons.items()}
+    if summary.empty:
+        return arm_contrasts({}, None)
+    sub = CollectionData(summary, data.state, comparisons, data.grid_axes, data.history, data.bootstrap)
+    t, _ = verdict_tables(sub, {**settings, "headline_seeds": None}, descriptive=False)
+    return t["arm_contrasts"].assign(seeds=",".join(sorted(wanted)))
 
 
 def write_tables(t: dict, out_dir: Path, meta: dict) -> None:
@@ -324,6 +343,7 @@ def aggregate_from_tables(
         "comparison_tables": [str(p) for p in comparison_paths],
         "history_table": str(history_path or ""),
         "configfile": str(Path(config_path).resolve()) if config_path else None,
+        **({"report": cfg["report"]} if cfg else {}),
     }
     t = aggregate_tables(
         CollectionData(summary, state, comparisons, grid_axes_from_rows(summary), history),

@@ -442,7 +442,12 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> d
         v, why = verdict(lo, hi), ""
     else:
         se, df, (lo, hi), detect = se_test, math.inf, (t_lo, t_hi), power.DETECT * se_test
-        v, why = "cannot tell", _why_unknown(n, unknown)
+        v = "cannot tell"
+        why = (
+            _why_unknown(n, unknown)
+            if unknown or not n
+            else "no test-input interval (no bootstrap replicates or intervals)"
+        )
     replicated = ok[ok[f"{col}_seed_var"].notna()] if n else ok
     seed_sd = math.sqrt(float(replicated[f"{col}_seed_var"].mean())) if len(replicated) else math.nan
     t_df = combine_terms(0.0, terms)[1] if terms else math.nan

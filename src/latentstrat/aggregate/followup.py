@@ -63,8 +63,17 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores
     if not needs:
         return {"needed": False, "metric": metric}
     n = max(x["seeds"] for x in needs)
-    new_seeds = next_seeds(seeds, n)
-    n_now, n_then = len(expand_cells(cfg)), len(expand_cells({**cfg, "seeds": new_seeds}))
+    # n fresh seeds per setting, after every seed the collection has used (replicates included):
+    # the follow-up's headline tests them on their own (report.headline_seeds), a look at 5% on data
+    # the first look never saw, so the two looks do not add up to more than 5% false signs
+    # (when no look has tested anything yet, training noise being unknown, the seeds simply add up)
+    now = expand_cells(cfg)
+    if any(x["training_noise_known"] for x in needs):
+        fresh = next_seeds([max(int(c.settings["seed"]) for c in now)], n + 1)[1:]
+        new_seeds = seeds + fresh
+    else:
+        fresh, new_seeds = [], next_seeds(seeds, n)
+    n_now, n_then = len(now), len(expand_cells({**cfg, "seeds": new_seeds}))
     seconds = float(costs.total_s.mean()) if len(costs) else math.nan
     threads = int(cfg["resources"]["threads"]) or 1
     return {
@@ -73,6 +82,7 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores
         "collection": cfg["collection"],
         "needs": needs,
         "seeds": new_seeds,
+        "fresh_seeds": fresh,
         "cells_now": n_now,
         "cells_added": n_then - n_now,
         "seconds_per_cell": seconds,

@@ -16,6 +16,8 @@ TABLES = [
     "metric_distributions",
     "common_cells",
     "arm_contrasts",
+    "headline_contrasts",
+    "contrast_by_family",
     "unmatched_rows",
     "reference_scale",
     "derived_diagnostics",
