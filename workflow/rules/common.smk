@@ -174,12 +174,21 @@ UPSTREAM = {"entangle": ("data",), "reference": ("data", "entangle"), "step0": (
 
 def lost_base_stages():
     """The base stages with a missing output while a later stage's output (or a cell's trained
-    model) exists: a lost base folder, not a base still to be built."""
+    model) exists: a lost base folder, not a base still to be built. A step-0 validation is lost
+    only when a cell that starts from its model was trained: a new setting's (its own training
+    seed, its own model) is still to be built."""
     stages = list(BASE_STAGE_FILES)
     later = {s: [f for t in stages[i + 1:] for f in BASE_STAGE_FILES[t]] for i, s in enumerate(stages)}
-    trained = [P.train_files(cid)["summary"] for cid in CELLS]
-    return [s for s in stages if any(not Path(f).exists() for f in BASE_STAGE_FILES[s])
-            and any(Path(f).exists() for f in later[s] + trained)]
+    trained = {cid: P.train_files(cid)["summary"] for cid in CELLS}
+
+    def lost(s):
+        if s == "step0":
+            return any(any(not Path(f).exists() for f in P.step0_files(init_id(c.settings)).values())
+                       and Path(trained[cid]).exists() for cid, c in CELLS.items())
+        return (any(not Path(f).exists() for f in BASE_STAGE_FILES[s])
+                and any(Path(f).exists() for f in later[s] + list(trained.values())))
+
+    return [s for s in stages if lost(s)]
 
 
 LOST_BASE = lost_base_stages()
