@@ -131,6 +131,7 @@ def test_contrast_interval_by_hand():
     from scipy import stats
 
     from latentstrat.aggregate.contrasts import contrast_row
+    from latentstrat.power import detect_factor
 
     c = _contrast_frame(
         delta_m=[-0.1, -0.2],
@@ -151,7 +152,10 @@ def test_contrast_interval_by_hand():
     assert row["mean_delta"] == pytest.approx(-0.15) and row["interval_df"] == pytest.approx(df)
     assert row["se_test"] == pytest.approx(se_test) and row["se_training"] == pytest.approx(np.sqrt(sum(terms)))
     assert (row["ci_low"], row["ci_high"]) == (pytest.approx(-0.15 - half), pytest.approx(-0.15 + half))
-    assert row["detectable_delta"] == pytest.approx((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se)
+    # the true difference found with 80% power by the t test on those df (noncentral t), in SEs
+    factor = detect_factor(df)
+    assert stats.nct.sf(stats.t.ppf(0.975, df), df, factor) == pytest.approx(0.8, abs=1e-3)
+    assert row["detectable_delta"] == pytest.approx(factor * se)
     assert row["verdict"] == ("negative" if -0.15 + half < 0 else "cannot tell")
     assert row["training_noise_settings"] == 1 and row["training_noise_sd"] == pytest.approx(np.sqrt(0.005))
     # the unreplicated setting in a stratum with no replicated setting: training noise unknown there
@@ -429,6 +433,12 @@ def test_power_arithmetic_by_hand():
     assert seeds_to_detect(0.01, 0.2, 12, 0.07) == 7
     assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]
+    # the detectable difference in SEs: 2.80 with a known variance; the noncentral t's with few df
+    from latentstrat.power import DETECT, detect_factor, t_power
+
+    assert detect_factor(float("inf")) == DETECT and t_power(DETECT, float("inf")) == pytest.approx(0.8, abs=1e-6)
+    assert detect_factor(2) == pytest.approx(5.65, abs=0.01) and detect_factor(8) == pytest.approx(3.20, abs=0.01)
+    assert t_power(detect_factor(4), 4) == pytest.approx(0.8, abs=1e-6)
 
 
 def test_a_followup_headline_tests_its_fresh_seeds_on_their_own(tmp_path):

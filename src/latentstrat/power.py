@@ -5,9 +5,10 @@ A verdict comes from a 95% interval of a delta (`aggregate.contrasts.arm_contras
 variance has two parts: the test inputs' (the paired bootstrap, SE_test) and training noise (the
 spread of each setting's paired delta across its replicate seeds, sigma_d^2 per replicate,
 divided by its seeds: SE_training). A true difference d is found (the interval excludes 0) with
-80% power when |d| >= (t_0.975 + t_0.8) * SE, about 2.80 * SE: the *detectable difference* printed
-next to every verdict, from the same variance as the interval (its agreement with the power
-measured by simulation: `python -m latentstrat.bench calibrate`).
+80% power when |d| >= k(df) * SE: k = 2.80 with a known variance, more with few degrees of freedom
+(the noncentral t: `detect_factor`), the *detectable difference* printed next to every verdict,
+from the same variance as the interval (its agreement with the power measured by simulation:
+`python -m latentstrat.bench calibrate`).
 
 A `cannot tell` whose arms do carry strategy information is a matter of power. More seeds shrink
 the training part only: with n seeds per setting, SE(n)^2 = SE_test^2 + sigma_d^2 / n / cells
@@ -27,6 +28,32 @@ import math
 Z95 = 1.959963984540054  # two-sided 95%
 Z80 = 0.8416212335729143  # one-sided 80% power
 DETECT = Z95 + Z80
+
+
+def t_power(ncp: float, df: float) -> float:
+    """Power of the two-sided 5% t test on df degrees of freedom when the true difference is ncp
+    standard errors (the noncentral t; the normal one for infinite df)."""
+    from scipy import stats
+
+    if not math.isfinite(df):
+        return float(stats.norm.sf(Z95 - ncp) + stats.norm.cdf(-Z95 - ncp))
+    tc = float(stats.t.ppf(0.975, df))
+    lower = float(stats.nct.cdf(-tc, df, ncp))
+    return float(stats.nct.sf(tc, df, ncp)) + (lower if math.isfinite(lower) else 0.0)
+
+
+def detect_factor(df: float, target: float = 0.8) -> float:
+    """The true difference, in standard errors, that the two-sided 5% t test on df degrees of
+    freedom finds with 80% power: (z_0.975 + z_0.8) = 2.80 for infinite df, more for few df, where
+    the estimated SE itself varies (5.7 at 2 df, 3.8 at 4, 3.2 at 8). The detectable difference
+    printed next to a verdict is this times its SE (bisection on t_power)."""
+    if not math.isfinite(df) or df > 1e4:
+        return DETECT
+    lo, hi = 0.0, 200.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_power(mid, df) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def standard_error(ci_low: float, ci_high: float) -> float:

@@ -438,7 +438,7 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> d
         se, df = combine_terms(se_test, [(t / n**2, d) for t, d in terms])
         half = t_quantile(0.975, df) * se
         lo, hi = mean - half, mean + half
-        detect = (t_quantile(0.975, df) + t_quantile(0.8, df)) * se
+        detect = power.detect_factor(df) * se
         v, why = verdict(lo, hi), ""
     else:
         se, df, (lo, hi), detect = se_test, math.inf, (t_lo, t_hi), power.DETECT * se_test

@@ -13,8 +13,10 @@ it prints, per scenario, with Monte Carlo standard errors:
 - the false-sign rate: how often the headline reads `negative` or `positive` (target <= 5%);
 - coverage: how often the 95% interval holds the true delta (target >= 95%);
 - mean t^2 = (delta / SE)^2: near 1 when the SE is right (for a t statistic on df degrees of
-  freedom its expectation is df / (df - 2), printed beside it); a biased variance shows here
-  with far fewer draws than in the false-sign rate;
+  freedom its expectation is df / (df - 2), printed beside it), and the variance ratio, the
+  delta's variance across draws over the mean estimated SE^2 (1 for an unbiased variance, below 1
+  for a conservative one); a biased variance shows here with far fewer draws than in the
+  false-sign rate;
 - the sign-flip test's rate of p < 0.05;
 - the detectable difference the report prints (median over the null draws) and the power
   measured at that true difference (target 80% +- 5%).
@@ -236,6 +238,8 @@ def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int,
         "false_sign": rate(null.verdict != "cannot tell"),
         "coverage": rate((known.ci_low <= 0) & (0 <= known.ci_high)),
         "mean_t2": (float(t2.mean()), float(t2.std(ddof=1) / math.sqrt(len(t2))) if len(t2) > 1 else math.nan),
+        # the delta's variance across draws over the mean estimated variance: 1 when the SE is unbiased
+        "variance_ratio": float((known.mean_delta**2).mean() / (known.se**2).mean()) if len(known) else math.nan,
         "t2_expected": float((dfs / (dfs - 2)).median()) if len(dfs) else 1.0,
         "sign_flip": rate(null.sign_flip_p < 0.05),
         "median_df": float(known.interval_df.median()) if len(known) else math.nan,
@@ -273,15 +277,17 @@ def _pm(v: tuple[float, float]) -> str:
 def table(rows: list[dict]) -> str:
     """The scenarios' Markdown table (± one Monte Carlo SE)."""
     head = (
-        "| scenario | draws | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | sign-flip p<.05 | "
-        "median df | detectable | power at it | meets targets |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| scenario | draws | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | variance ratio | "
+        "sign-flip p<.05 | median df | detectable | power at it | meets targets |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         miss = checks(r)
         lines.append(
             f"| {r['scenario']} | {r['draws']} | {_pm(r['false_sign'])} | {_pm(r['coverage'])} | "
-            f"{r['mean_t2'][0]:.2f} ± {r['mean_t2'][1]:.2f} ({r['t2_expected']:.2f}) | {_pm(r['sign_flip'])} | "
+            f"{r['mean_t2'][0]:.2f} ± {r['mean_t2'][1]:.2f} ({r['t2_expected']:.2f}) | {r['variance_ratio']:.2f} | "
+            f"{_pm(r['sign_flip'])} | "
             f"{r['median_df']:.1f} | {r['detectable']:.3f} | {_pm(r['power']) if 'power' in r else 'NA'} | "
             f"{'yes' if not miss else 'no: ' + '; '.join(miss)} |"
         )
