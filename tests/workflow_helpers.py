@@ -72,9 +72,9 @@ def copy_workflow(dst: Path) -> Path:
     return dst
 
 
-def snakemake(wd: Path, *args, config=(), configfile="config/smoke.yaml"):
+def snakemake(wd: Path, *args, config=(), configfile="config/smoke.yaml", timeout=300):
     cmd = [SNAKEMAKE, "--configfile", configfile, "--config", f"results_dir={wd / 'results'}", *config, *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout)
 
 
 def dry_run(wd: Path, *args, config=(), configfile="config/smoke.yaml"):

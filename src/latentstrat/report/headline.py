@@ -115,7 +115,7 @@ def headline(t: dict, meta: dict) -> dict:
     out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
     out["by_family"], out["carried_by"] = heterogeneity(t, arm, metric, out["verdict"])
     failing = failing_cells(t, arm)
-    out["failing_cells"] = failing
+    out["headline_failing_cells"] = failing
     if failing and out["verdict"] != "cannot tell":
         out["verdict_before_sanity"] = out["verdict"]
         out["verdict"] = "cannot tell"

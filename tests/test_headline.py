@@ -1,0 +1,96 @@
+"""The headline qualified: a verdict that rests on a cell failing the sanity check reads `cannot
+tell`; the family that carries a verdict is named (with the raw-under-mean reason); the sign-flip
+test's disagreement is said."""
+
+import pandas as pd
+
+from latentstrat.aggregate.columns import FAMILY_COL
+from latentstrat.report.headline import headline, headline_md
+
+
+def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_p=0.01):
+    contrast = {
+        "comparison_arm": "matched_mean",
+        "metric": "router_information",
+        "n_cells": 2,
+        "mean_delta": 0.3,
+        "ci_low": 0.1 if verdict == "positive" else -0.1,
+        "ci_high": 0.5,
+        "verdict": verdict,
+        "why": "",
+        "detectable_delta": 0.2,
+        "training_noise_in_interval": True,
+        "seeds_min": 2,
+        "seeds_max": 2,
+        "sign_flip_p": sign_flip_p,
+        "interval_df": 4.0,
+        "training_noise_strata": "used: 2 settings, 2 df",
+    }
+    fam = []
+    for f, only, without in (("raw", "positive", without_raw), ("dist_norm", "cannot tell", "positive")):
+        fam.append(
+            {
+                "comparison_arm": "matched_mean",
+                "metric": "router_information",
+                FAMILY_COL: f,
+                "part": "only",
+                "mean_delta": 0.5,
+                "ci_low": 0.2,
+                "ci_high": 0.8,
+                "verdict": only,
+            }
+        )
+        fam.append(
+            {
+                "comparison_arm": "matched_mean",
+                "metric": "router_information",
+                FAMILY_COL: f,
+                "part": "without",
+                "mean_delta": 0.02,
+                "ci_low": -0.1,
+                "ci_high": 0.14,
+                "verdict": without,
+            }
+        )
+    cells = ["p1", "p2", "c1", "c2"]
+    return {
+        "arm_contrasts": pd.DataFrame([contrast]),
+        "contrast_by_family": pd.DataFrame(fam),
+        "common_cells": pd.DataFrame(
+            {"comparison_arm": ["matched_mean"] * 2, "primary_cell": ["p1", "p2"], "comparison_cell": ["c1", "c2"]}
+        ),
+        "cell_sanity": pd.DataFrame({"cell_id": cells, "passed": [c not in failing for c in cells]}),
+        "collection_state": pd.DataFrame({"arm": ["sum"], "role": ["primary"]}),
+        "summary_by_setting": pd.DataFrame({"arm": ["sum", "matched_mean"], "token_aggregation": ["sum", "mean"]}),
+    }
+
+
+META = {"primary_metric": "router_information", "report": {"primary_contrast": "matched_mean"}}
+
+
+def test_a_verdict_over_a_failing_cell_reads_cannot_tell():
+    h = headline(tables(failing=("c2",)), META)
+    assert h["verdict"] == "cannot tell" and h["verdict_before_sanity"] == "positive"
+    assert h["headline_failing_cells"] == ["c2"] and "c2" in h["why"]
+    text = "\n".join(headline_md(tables(failing=("c2",)), META, h))
+    assert "**Cell sanity**" in text and "reads positive" in text
+    # control: every cell passes, the interval's verdict stands
+    ok = headline(tables(), META)
+    assert ok["verdict"] == "positive" and "verdict_before_sanity" not in ok and ok["headline_failing_cells"] == []
+
+
+def test_the_family_that_carries_the_verdict_is_named_with_its_reason():
+    h = headline(tables(), META)
+    assert h["carried_by"] == ["raw"]  # without raw: cannot tell; without dist_norm: still positive
+    assert h["by_family"]["raw"]["only"]["verdict"] == "positive"
+    text = "\n".join(headline_md(tables(), META, h))
+    assert "carried by **raw**" in text and "n_bar" in text
+    assert headline(tables(without_raw="positive"), META)["carried_by"] == []
+
+
+def test_the_sign_flip_test_disagreeing_is_said():
+    agree = headline(tables(sign_flip_p=0.01), META)
+    assert agree["randomization_agrees"] is True
+    h = headline(tables(sign_flip_p=0.2), META)
+    assert h["randomization_agrees"] is False
+    assert "**disagrees**" in "\n".join(headline_md(tables(sign_flip_p=0.2), META, h))
