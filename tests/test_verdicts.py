@@ -368,7 +368,7 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=(314159, 314160)):
 def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
     from latentstrat.cells import expand_cells
     from latentstrat.config import load_config
-    from latentstrat.power import DETECT, se_with_seeds
+    from latentstrat.power import detect_factor, se_with_seeds
 
     row, out = run_with_config(tmp_path, delta=-0.03, noise=0.1, half_width=0.02)
     assert row.verdict == "cannot tell" and row.training_noise_in_interval
@@ -379,7 +379,11 @@ def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp
     cfg = load_config(followup)  # runnable: extends the collection's config by a relative path
     # seeds sized so that the detectable difference reaches the observed |delta|: only the
     # training part shrinks with seeds
-    n = next(n for n in range(1, 1000) if DETECT * se_with_seeds(row.se_test, row.training_noise_sd, 12, n) <= 0.03)
+    n = next(
+        n
+        for n in range(1, 1000)
+        if detect_factor(max(12 * (n - 1), 1)) * se_with_seeds(row.se_test, row.training_noise_sd, 12, n) <= 0.03
+    )
     n = min(max(n, 3), 10)
     # n fresh seeds after every seed in use, tested on their own by the follow-up's headline
     fresh = [314161 + k for k in range(n)]

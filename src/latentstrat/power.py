@@ -75,12 +75,14 @@ def se_with_seeds(se_test: float, sd_delta: float, cells: int, seeds: int) -> fl
 
 
 def seeds_to_detect(se_test: float, sd_delta: float, cells: int, effect: float, max_n: int = 10_000) -> int | None:
-    """The fewest seeds per setting at which DETECT * SE reaches `effect`; None when the test
-    inputs' SE alone keeps it above (no number of seeds settles it)."""
+    """The fewest seeds per setting at which the detectable difference (detect_factor on the
+    cells' n - 1 df each, times SE) reaches `effect`; None when the test inputs' SE alone keeps it
+    above (no number of seeds settles it)."""
     if not (effect > 0) or DETECT * se_test >= effect:
         return None
     n = 1
-    while DETECT * se_with_seeds(se_test, sd_delta, cells, n) > effect:
+    # with n seeds, each of the `cells` settings measures its training noise on n - 1 df
+    while detect_factor(max(cells * (n - 1), 1)) * se_with_seeds(se_test, sd_delta, cells, n) > effect:
         n += 1
         if n > max_n:
             return None
@@ -128,7 +130,7 @@ def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int
         "seeds_needed": need,
         "seeds": seeds,
         "capped": need > max_seeds,
-        "detectable_then": DETECT * se_with_seeds(se_test, sd, cells, seeds),
+        "detectable_then": detect_factor(max(cells * (seeds - 1), 1)) * se_with_seeds(se_test, sd, cells, seeds),
     }
 
 
