@@ -6,6 +6,7 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import label
+from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.tables import fmt, md_table
 
@@ -372,6 +373,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, hea
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Analysis\n"]
     out += headline_md(t, meta, head)
+    out += decomposition_md(t)  # which part of router_information moved, per arm
     out += empty_groups_md(t, thresholds)
     out += [
         "## Every Contrast\n",
