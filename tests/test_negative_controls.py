@@ -5,6 +5,7 @@ carries every headline key. The quick A/A (config/quick-aa.yaml), whose cells le
 reads `cannot tell` with training noise in the interval, the interval itself deciding (every cell
 `strategy`, so no guard for empty cells speaks)."""
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -51,6 +52,9 @@ def test_an_aa_collection_of_few_step_cells_reads_cannot_tell_with_every_cell_em
     assert analysis.index("## Headline") < analysis.index("## Every Contrast")
     assert "**positive**" not in analysis and "**negative**" not in analysis
     assert "empty` in both arms" in analysis
+    # the per-token base-relative reconstruction (the states' one weighting) reaches every cell row
+    summary = pd.read_parquet(wd / "results" / "aa-few-steps" / "aggregate" / "summary.parquet")
+    assert summary.token_base_relative_reconstruction.notna().all() and len(summary) == 4
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ rule probes:
         str(P.bench_path("probes", "{cell}"))
     group:
         "probe"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 2000, 15),
@@ -21,8 +23,6 @@ rule probes:
         settings=sections("probes"),
         tasks=TASKS,
         tables_version=CELL_TABLES_VERSION,
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/probes.py"
 
@@ -36,6 +36,7 @@ rule metrics:
                     "records": str(P.records_path(w.cell)),
                     "probes": P.probe_files(w.cell, TASKS),
                     "summary": P.train_files(w.cell)["summary"],
+                    "reference_tokens": P.reference_files()["tokens"],
                 },
             )
         ),
@@ -48,6 +49,8 @@ rule metrics:
         str(P.bench_path("metrics", "{cell}"))
     group:
         "probe"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 2000, 10),
@@ -55,7 +58,5 @@ rule metrics:
         cell=cell_json,
         settings=sections("probes"),
         tables_version=CELL_TABLES_VERSION,
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/metrics.py"

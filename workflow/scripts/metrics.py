@@ -12,4 +12,5 @@ with logged(snakemake):
         snakemake.output.metrics,
         snakemake.output.bootstrap,
         train_summary_path=snakemake.input.summary,
+        reference_tokens_path=snakemake.input.reference_tokens,
     )

@@ -21,6 +21,7 @@ def report_thresholds(meta: dict) -> dict:
 def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool = True) -> dict:
     """Write the report of one collection from its cached aggregate tables (figures unless
     `figures=False`). Returns {findings, figures, skipped, seconds}."""
+    from latentstrat.report.decomposition import decomposition
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
     from latentstrat.report.headline import headline
@@ -54,6 +55,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
         "title": meta.get("title") or meta.get("collection"),
         "description": meta.get("description", ""),
         **{k: v for k, v in head.items() if k != "attribution_evidence"},
+        "decomposition": decomposition(tables),
         "cells": {
             "expected": len(st),
             "complete": int((st.status == "complete").sum()) if len(st) else 0,
