@@ -97,6 +97,7 @@ class Scenario:
 # information about 0.02 (6 tasks x 300 test inputs); seed-to-seed spread of a started cell about 0.05.
 DEFAULT_VALUES = {("tokcc_a0.25", 0.1): 0.43, ("dist_tokcc_0.05_0.95", 0.1): 0.43, ("raw", 0.01): 0.5}
 STARTS_EVERY_NORMALIZED = {("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 1.0}
+BISTABLE_AT_01 = {("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5}
 
 SCENARIOS = {
     "independent": Scenario(
@@ -109,13 +110,13 @@ SCENARIOS = {
         "bistable",
         "two beta 0.1 settings start or not by the seed (p 0.5), values 0.43",
         values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_start=BISTABLE_AT_01,
     ),
     "shared-seed": Scenario(
         "shared-seed",
         "bistable, and seed luck shared across the settings of a replicate (correlation 0.3)",
         values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_start=BISTABLE_AT_01,
         rho_setting=0.3,
     ),
     "default": Scenario(
@@ -128,7 +129,7 @@ SCENARIOS = {
         "noisy",
         "bistable with 3x the training noise and 2x the test-input noise",
         values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_start={**BISTABLE_AT_01, ("raw", 0.01): 0.5},
         sd_train_used=0.15,
         sd_test=0.04,
     ),
