@@ -60,3 +60,48 @@ def test_the_harness_catches_an_interval_without_training_noise(default_design, 
     monkeypatch.setattr(contrasts, "combine_terms", lambda se_test, terms: real(se_test, []))
     row = calibrate.run_scenario(d, calibrate.SCENARIOS["bistable"], "matched_mean", thr, 100, 0, seed=2)
     assert row["false_sign"][0] > 0.2
+
+
+def test_a_scenario_fitted_to_a_collection_reads_its_starts_values_and_noise(tmp_path):
+    """fit_scenario on an aggregate folder: per setting the share of cells that use z and their mean
+    router information; the test-input SE from the cells' intervals; the seed spread of started
+    settings (pooled within arm) and of empty ones."""
+    import pandas as pd
+
+    rows, states = [], []
+    for arm in ("sum", "mean"):
+        for seed, (v, state) in zip((1, 2), ((0.5, "strategy"), (0.6, "strategy"))):
+            rows.append(
+                {
+                    "cell_id": f"{arm}-a-{seed}",
+                    "arm": arm,
+                    "reconstruction_family": "dist_norm",
+                    "beta": 0.01,
+                    "seed": seed,
+                    "router_information": v,
+                    "router_information_ci_low": v - 0.0392,
+                    "router_information_ci_high": v + 0.0392,
+                }
+            )
+            states.append({"cell_id": f"{arm}-a-{seed}", "state": state})
+        for seed, (v, state) in zip((1, 2), ((0.4, "strategy"), (0.0, "empty"))):
+            rows.append(
+                {
+                    "cell_id": f"{arm}-b-{seed}",
+                    "arm": arm,
+                    "reconstruction_family": "raw",
+                    "beta": 0.1,
+                    "seed": seed,
+                    "router_information": v,
+                    "router_information_ci_low": v - 0.0392,
+                    "router_information_ci_high": v + 0.0392,
+                }
+            )
+            states.append({"cell_id": f"{arm}-b-{seed}", "state": state})
+    pd.DataFrame(rows).to_parquet(tmp_path / "summary.parquet")
+    pd.DataFrame(states).to_parquet(tmp_path / "cell_states.parquet")
+    sc = calibrate.fit_scenario(tmp_path)
+    assert sc.start("dist_norm", 0.01) == 1.0 and sc.value("dist_norm", 0.01) == pytest.approx(0.55)
+    assert sc.start("raw", 0.1) == 0.5 and sc.value("raw", 0.1) == pytest.approx(0.4)  # bistable
+    assert sc.sd_test == pytest.approx(0.02, rel=1e-3)
+    assert sc.sd_train_used == pytest.approx(np.std([0.5, 0.6], ddof=1))  # the all-started setting's spread
