@@ -329,17 +329,20 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
             na = f"; {len(g) - r.n_cells} more are NA" if r.n_cells < len(g) else ""
             why = f" ({r.why})" if r.why else ""
             noise = (
-                f"test inputs and training noise (seed-to-seed SD {fmt(r.training_noise_sd)} from "
-                f"{r.training_noise_settings} replicated settings, {fmt(r.training_noise_df)} df)"
+                f"test inputs and training noise (the paired delta's SD per replicate seed "
+                f"{fmt(r.training_noise_sd)}, from {r.training_noise_settings} replicated settings; "
+                f"{fmt(r.training_noise_df)} df; strata: {r.training_noise_strata or 'none'})"
                 if r.training_noise_in_interval
                 else "test inputs only"
             )
+            flip = getattr(r, "sign_flip_p", None)
+            flip_text = f" Sign-flip test over the settings' deltas: p = {fmt(flip)}." if pd.notna(flip) else ""
             out.append(
                 f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) over {r.n_cells} cells is "
                 f"{fmt(r.mean_delta)} (95% interval {fmt(r.ci_low)} to {fmt(r.ci_high)}, {noise}): "
                 f"**{r.verdict}**{why}. Detectable (80% power, 5% two-sided): {fmt(r.detectable_delta)}. Per cell: "
                 f"{r.cells_negative} negative, {r.cells_positive} positive, {r.cells_cannot_tell} cannot tell{na}."
-                f"{clip_sentence(t) if m == meta.get('primary_metric') else ''}\n"
+                f"{flip_text}{clip_sentence(t) if m == meta.get('primary_metric') else ''}\n"
             )
     return out
 
