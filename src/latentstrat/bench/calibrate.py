@@ -249,6 +249,7 @@ def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int,
         "t2_expected": float((dfs / (dfs - 2)).median()) if len(dfs) else 1.0,
         "sign_flip": rate(null.sign_flip_p < 0.05),
         "median_df": float(known.interval_df.median()) if len(known) else math.nan,
+        "median_width": float((known.ci_high - known.ci_low).median()) if len(known) else math.nan,
         "detectable": detect,
         "detectable_median": float(null.detectable_delta.median()),
     }
@@ -285,8 +286,8 @@ def table(rows: list[dict]) -> str:
     """The scenarios' Markdown table (± one Monte Carlo SE)."""
     head = (
         "| scenario | draws | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | variance ratio | "
-        "sign-flip p<.05 | median df | detectable (median printed) | power at it | meets targets |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|"
+        "sign-flip p<.05 | median df | median interval width | detectable (median printed) | power at it | "
+        "meets targets |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
@@ -295,7 +296,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['scenario']} | {r['draws']} | {_pm(r['false_sign'])} | {_pm(r['coverage'])} | "
             f"{r['mean_t2'][0]:.2f} ± {r['mean_t2'][1]:.2f} ({r['t2_expected']:.2f}) | {r['variance_ratio']:.2f} | "
             f"{_pm(r['sign_flip'])} | "
-            f"{r['median_df']:.1f} | {r['detectable']:.3f} ({r['detectable_median']:.3f}) | "
+            f"{r['median_df']:.1f} | {r['median_width']:.3f} | {r['detectable']:.3f} ({r['detectable_median']:.3f}) | "
             f"{_pm(r['power']) if 'power' in r else 'NA'} | "
             f"{'yes' if not miss else 'no: ' + '; '.join(miss)} |"
         )
