@@ -26,10 +26,11 @@ The generative model of one cell's router information (the primary endpoint):
 - per setting (family x beta): its true value when the latent starts (`values`) and the
   probability that a cell starts at all (`p_start`; 1 always, 0 never: `empty`; in between:
   bistable, a seed decides);
-- seed luck: a latent normal per cell, correlated `rho_pair` between the two arms of a pair (they
-  share the training seed) and `rho_setting` across the settings of one replicate (a seed effect
-  shared across settings); it decides the start (below the start quantile) and moves the value of
-  a started cell by `sd_train_used` (an empty cell by `sd_train_empty`);
+- seed luck: a latent normal per cell, correlated `rho_pair` between cells that train with one seed
+  (the two arms of a pair; the arms of an A/A collection have seeds of their own and share none)
+  and `rho_setting` across the settings of one replicate (a seed effect shared across settings);
+  it decides the start (below the start quantile) and moves the value of a started cell by
+  `sd_train_used` (an empty cell by `sd_train_empty`);
 - test inputs: every cell's value carries test-input noise `sd_test`, a part `rho_test` of it
   shared by all cells (the same test inputs); bootstrap replicates are drawn the same way, shared
   part shared replicate by replicate, as the cells' real bootstrap shares its resampled inputs.
@@ -147,6 +148,9 @@ def design(cfg: dict) -> pd.DataFrame:
     d = pd.DataFrame(rows)
     d["setting"] = d.groupby(["reconstruction_family", "beta"], sort=False).ngroup()
     d["replicate"] = d.groupby(["arm", "setting"])["seed"].rank(method="dense").astype(int) - 1
+    # cells that train with one seed: the same setting and replicate seed (the two arms of a pair;
+    # an A/A arm with seeds of its own shares none)
+    d["pair"] = d.groupby(["setting", "seed"], sort=False).ngroup()
     d["family_label"] = [family_label(f) for f in d.reconstruction_family]
     d["beta_label"] = [beta_label(b) for b in d.beta]
     return d
@@ -159,9 +163,9 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     """A simulated collection with design d: (summary of cell metrics rows, bootstrap dict).
     `shift` is added to every primary cell's true value (the alternative)."""
     n = len(d)
-    n_set, n_rep = int(d.setting.max()) + 1, int(d.replicate.max()) + 1
+    n_rep, n_pair = int(d.replicate.max()) + 1, int(d.pair.max()) + 1
     g = rng.standard_normal(n_rep)[d.replicate.to_numpy()]  # shared by the settings of a replicate
-    h = rng.standard_normal((n_set, n_rep))[d.setting.to_numpy(), d.replicate.to_numpy()]  # shared by a pair
+    h = rng.standard_normal(n_pair)[d.pair.to_numpy()]  # shared by the cells of one training seed
     e = rng.standard_normal(n)
     rs, rp = sc.rho_setting, max(sc.rho_pair, sc.rho_setting)
     luck = math.sqrt(rs) * g + math.sqrt(rp - rs) * h + math.sqrt(1 - rp) * e
@@ -173,7 +177,7 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     started[p <= 0] = False
     # the value's own training noise: independent of the start draw given the structure
     noise = math.sqrt(rs) * rng.standard_normal(n_rep)[d.replicate.to_numpy()]
-    noise += math.sqrt(rp - rs) * rng.standard_normal((n_set, n_rep))[d.setting.to_numpy(), d.replicate.to_numpy()]
+    noise += math.sqrt(rp - rs) * rng.standard_normal(n_pair)[d.pair.to_numpy()]
     noise += math.sqrt(1 - rp) * rng.standard_normal(n)
     truth = np.where(started, value + sc.sd_train_used * noise, sc.sd_train_empty * noise)
     truth = truth + shift * (d.role.to_numpy() == "primary")
@@ -182,7 +186,7 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     tau = rng.standard_normal(N_BOOT)
     reps = observed[:, None] + sc.sd_test * (shared * tau[None, :] + own * rng.standard_normal((n, N_BOOT)))
     lo, hi = np.percentile(reps, [2.5, 97.5], axis=1)
-    summary = d.drop(columns=["setting", "replicate"]).assign(
+    summary = d.drop(columns=["setting", "replicate", "pair"]).assign(
         router_information=observed,
         router_information_ci_low=lo,
         router_information_ci_high=hi,
