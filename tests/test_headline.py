@@ -86,6 +86,11 @@ def test_the_family_that_carries_the_verdict_is_named_with_its_reason():
     text = "\n".join(headline_md(tables(), META, h))
     assert "carried by **raw**" in text and "n_bar" in text
     assert headline(tables(without_raw="positive"), META)["carried_by"] == []
+    # leaving raw out leaves no measured training noise: that is no evidence that raw carries it
+    t = tables()
+    f = t["contrast_by_family"]
+    f.loc[(f[FAMILY_COL] == "raw") & (f.part == "without"), "why"] = "training noise unknown for 1 of 1 settings"
+    assert headline(t, META)["carried_by"] == []
 
 
 def test_the_sign_flip_test_disagreeing_is_said():

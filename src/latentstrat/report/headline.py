@@ -169,12 +169,15 @@ def heterogeneity(t: dict, arm: str | None, metric: str, verdict: str) -> tuple[
                 "ci_low": _num(r.ci_low),
                 "ci_high": _num(r.ci_high),
                 "verdict": r.verdict,
+                "why": str(getattr(r, "why", "") or ""),
             }
             for r in g.itertuples()
         }
         by[str(fam)] = parts
-        without = parts.get("without", {}).get("verdict")
-        if without is not None and without != verdict:
+        # carried: leaving the family out changes the verdict on its own evidence (not because the
+        # rest has no measured training noise left)
+        without = parts.get("without", {})
+        if without.get("verdict") is not None and without["verdict"] != verdict and not without.get("why"):
             carried.append(str(fam))
     return by, carried
 
@@ -304,9 +307,9 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
         for fam, d in by.items():
             only = d.get("only") or {}
             if only.get("delta") is not None:
-                parts.append(
-                    f"{fam} {fmt(only['delta'])} ({fmt(only['ci_low'])} to {fmt(only['ci_high'])}, {only['verdict']})"
-                )
+                why = ", training noise unknown" if only.get("why", "").startswith("training noise unknown") else ""
+                interval = f"{fmt(only['ci_low'])} to {fmt(only['ci_high'])}"
+                parts.append(f"{fam} {fmt(only['delta'])} ({interval}, {only['verdict']}{why})")
         out.append("Per family (its settings alone): " + "; ".join(parts) + ".\n")
     for fam in h.get("carried_by") or []:
         w = by.get(fam, {}).get("without") or {}
