@@ -363,7 +363,12 @@ def main(argv=None) -> int:
         "through the project's own contrast code (docs/design.md, 'Verdicts').",
     )
     ap.add_argument("--configfile", default="config/config.yaml", help="the collection whose design is simulated")
-    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="declared scenario(s); default all")
+    ap.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted(SCENARIOS),
+        help="declared scenario(s); default all (none with --fit)",
+    )
     ap.add_argument(
         "--fit", action="append", default=[], help="a finished collection's aggregate folder to fit a scenario to"
     )
@@ -382,7 +387,8 @@ def main(argv=None) -> int:
     thr = report_settings(cfg.get("report"))
     arm = args.arm or thr.get("primary_contrast") or cfg["comparison_arms"][0]["name"]
     d = design(cfg)
-    scenarios = [SCENARIOS[s] for s in (args.scenario or SCENARIOS)] + [fit_scenario(p) for p in args.fit]
+    declared = args.scenario or ([] if args.fit else list(SCENARIOS))  # --fit alone: the fitted ones only
+    scenarios = [SCENARIOS[s] for s in declared] + [fit_scenario(p) for p in args.fit]
     print(
         f"design: {args.configfile}: {len(d)} cells, {d.setting.nunique()} settings, "
         f"seeds per setting {d.groupby(['arm', 'setting']).size().min()}-{d.groupby(['arm', 'setting']).size().max()}; "
