@@ -289,10 +289,10 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
     p = h.get("sign_flip_p")
     if p is not None:
         agrees = h.get("randomization_agrees")
-        word = {True: "agrees", False: "**disagrees**", None: "stands beside it"}[agrees]
+        word = {True: "agrees with", False: "**disagrees** with", None: "stands beside"}[agrees]
         out.append(
             f"Sign-flip (randomization) test over the {h['common_cells']} settings' paired deltas, which needs no "
-            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}); it {word} with the interval"
+            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}); it {word} the interval"
             + (
                 ". Where they disagree, read the verdict as fragile: the interval's variance model and the settings' "
                 "own signs tell different stories."
