@@ -122,3 +122,23 @@ def write_collection(cfg, root, skip=(), with_history=True):
         if with_history:
             history(c).to_parquet(hp[c.cell_id])
     return mp, hp
+
+
+def cell_settings(cid="c", arm="a", aggregation="sum") -> dict:
+    """A cell's json (cells.Cell.to_json) for metrics-row tests: raw at beta 0.1, zdim 16."""
+    return {
+        "cell_id": cid,
+        "arm": arm,
+        "role": "primary",
+        "token_aggregation": aggregation,
+        "reconstruction_family": "raw",
+        "beta": 0.1,
+        "beta_schedule": "constant",
+        "init": "entangled",
+        "adaptation": "lora",
+        "latent_dim": 16,
+        "z_slots": 1,
+        "posterior_variance_weight": 0.0,
+        "router_marginal_kl_weight": 0.0,
+        "seed": 1,
+    }

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from aggregate_helpers import cell_settings
 from latentstrat.aggregate.contrasts import delta_test, interval_with_noise, verdict
 from latentstrat.aggregate.states import cell_state
 from latentstrat.cell import probes
@@ -65,22 +66,7 @@ def probed(rec, tmp_path):
 
 
 def cell(cid, arm):
-    return {
-        "cell_id": cid,
-        "arm": arm,
-        "role": "primary",
-        "token_aggregation": "sum",
-        "reconstruction_family": "raw",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "init": "entangled",
-        "adaptation": "lora",
-        "latent_dim": 16,
-        "z_slots": 1,
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-        "seed": 1,
-    }
+    return cell_settings(cid, arm)
 
 
 def test_two_empty_arms_with_different_collapse_read_no_difference(tmp_path):

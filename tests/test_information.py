@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from aggregate_helpers import cell_settings
 from latentstrat.cell import cell_metrics, probes
 from latentstrat.cell.cell_metrics import (
     bootstrap_replicates,
@@ -244,22 +245,7 @@ def test_router_mu_information_separates_x_from_z():
 
 
 def _cell(aggregation="sum"):
-    return {
-        "cell_id": "c",
-        "arm": "a",
-        "role": "primary",
-        "token_aggregation": aggregation,
-        "reconstruction_family": "raw",
-        "beta": 0.1,
-        "beta_schedule": "constant",
-        "init": "entangled",
-        "adaptation": "lora",
-        "latent_dim": 16,
-        "z_slots": 1,
-        "posterior_variance_weight": 0.0,
-        "router_marginal_kl_weight": 0.0,
-        "seed": 1,
-    }
+    return cell_settings(aggregation=aggregation)
 
 
 # ----------------------------------------------------------------------------- token-weighted base-relative
