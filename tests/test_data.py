@@ -162,14 +162,14 @@ def test_cli_writes_data_and_base_config(tmp_path):
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    D.main(["--config", str(path)])
+    D.main(["--configfile", str(path)])
     out = tmp_path / "results" / "base" / "t" / "data"
     assert len(D.load_split(out, "test")) == 4
     base = json.loads((out / "base_config.json").read_text())
     assert base["data"]["tasks"] == ["grid_pathfinding", "sorting_algorithms"] and "backbone" in base
-    with pytest.raises(ConfigError, match=r"data\.train_per_task"):
+    with pytest.raises(SystemExit, match=r"data\.train_per_task"):
         path.write_text(yaml.safe_dump({**cfg, "data": {**cfg["data"], "train_per_task": 0}}))
-        D.main(["--config", str(path)])
+        D.main(["--configfile", str(path)])
 
 
 # ----------------------------------------------------------------------------- encode / collate

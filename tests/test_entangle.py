@@ -392,7 +392,7 @@ def test_bench_entangle_times_the_configured_step(capsys, tmp_path):
             main(
                 [
                     "entangle",
-                    "--config",
+                    "--configfile",
                     str(config),
                     "--tasks",
                     "sorting_algorithms",

@@ -23,7 +23,7 @@ def test_layer_matmul_parameters_and_step_flops_by_hand():
 def test_qwen25_05b_cell_trains_validates_and_decodes_on_the_cpu(tmp_path):
     out = tmp_path / "seedscale.json"
     r = subprocess.run(
-        [sys.executable, "-m", "latentstrat.bench", "seedscale", "--batch-size", "2", "--json", str(out)],
+        [sys.executable, "-m", "latentstrat.bench", "seedscale", "--batch-size", "2", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=900,

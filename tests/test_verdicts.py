@@ -357,7 +357,7 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=(314159, 314160)):
     out = tmp_path / "out"
     assert (
         report_cli(
-            ["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]
+            ["--summary", str(summary), "--comparison", str(comparison), "--configfile", str(cfg), "--out", str(out)]
         )
         == 0
     )
@@ -461,7 +461,7 @@ def test_a_followup_headline_tests_its_fresh_seeds_on_their_own(tmp_path):
     raw = yaml.safe_load(cfg.read_text())
     cfg.write_text(yaml.safe_dump({**raw, "report": {"headline_seeds": [3, 4]}}))
     out = tmp_path / "out"
-    args = ["--summary", str(summary), "--comparison", str(comparison), "--config", str(cfg), "--out", str(out)]
+    args = ["--summary", str(summary), "--comparison", str(comparison), "--configfile", str(cfg), "--out", str(out)]
     assert report_cli(args) == 0
     brief = yaml.safe_load((out / "brief.yaml").read_text())
     assert brief["verdict"] == "negative" and brief["delta"] == pytest.approx(-0.2, abs=0.03)

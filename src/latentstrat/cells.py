@@ -234,5 +234,63 @@ def expand_cells(cfg: dict) -> list[Cell]:
     return cells
 
 
+# the one setting a collection's contrasts change: a comparison arm whose cells differ from their
+# primary partners in any other setting (the seed aside) is confounded
+ABLATED_KEY = "token_aggregation"
+
+
+@dataclass(frozen=True)
+class ArmDifference:
+    """How a run-here comparison arm's cells differ from the primary arm's (`arm_differences`)."""
+
+    arm: str
+    keys: tuple  # the settings (seed aside) in which its cells differ from their closest primary cells
+    unmatched: int  # its cells with no primary cell of the same grid point (family, beta, ...)
+    meant: bool  # the config declares the arm confounded on purpose (`confounded: true`)
+
+    @property
+    def confounded(self) -> bool:
+        return any(k != ABLATED_KEY for k in self.keys)
+
+    def text(self) -> str:
+        if not self.keys:
+            what = "same settings as the primary arm, other seeds (an A/A arm)"
+        elif not self.confounded:
+            what = f"differs in {ABLATED_KEY} alone: matched"
+        else:
+            extra = ", ".join(k for k in self.keys if k != ABLATED_KEY)
+            what = f"differs in {', '.join(self.keys)}: confounded by {extra}" + (" (declared)" if self.meant else "")
+        return f"arm {self.arm}: {what}"
+
+
+def arm_differences(cfg: dict, cells: list[Cell] | None = None) -> list[ArmDifference]:
+    """Per run-here comparison arm, the settings in which its cells differ from the primary arm's:
+    each cell against the primary cells of its grid point (the primary grid's axes) with the
+    fewest differing settings, the seed never counted. External arms (`table`) are not known here."""
+    cells = expand_cells(cfg) if cells is None else cells
+    primary = [c.settings for c in cells if c.role == "primary"]
+    axes = [k for k in cfg["grid"] if k not in ("seed", ABLATED_KEY)]
+    out = []
+    for arm in cfg["comparison_arms"]:
+        if "table" in arm:
+            continue
+        keys, unmatched = set(), 0
+        for c in (c for c in cells if c.arm == arm["name"]):
+            same_point = [p for p in primary if all(format_value(p[k]) == format_value(c.settings[k]) for k in axes)]
+            if not same_point:
+                unmatched += 1
+                continue
+            diffs = [
+                {k for k in CELL_KEYS if k != "seed" and format_value(p[k]) != format_value(c.settings[k])}
+                for p in same_point
+            ]
+            keys |= min(diffs, key=len)
+        order = list(CELL_KEYS)
+        out.append(
+            ArmDifference(arm["name"], tuple(sorted(keys, key=order.index)), unmatched, bool(arm.get("confounded")))
+        )
+    return out
+
+
 def external_arms(cfg: dict) -> list[dict]:
     return [a for a in cfg["comparison_arms"] if "table" in a]

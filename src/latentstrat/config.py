@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from latentstrat.cells import expand_cells
+from latentstrat.cells import ABLATED_KEY, arm_differences, expand_cells
 from latentstrat.families import accepted_names, name_pattern, parse_family
 from latentstrat.schema import fill_defaults, parsed_schema
 
@@ -122,6 +122,14 @@ def _check_semantics(cfg: dict) -> None:
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise ConfigError(f"config keys grid/comparison_arms: cell {dup[0]!r} appears in two arms")
+    for diff in arm_differences(cfg, cells):
+        if diff.arm == contrast and diff.confounded and not diff.meant:
+            where = f"comparison_arms[{names.index(contrast) - 1}]"
+            raise ConfigError(
+                f"config key report.primary_contrast: arm {contrast!r} is confounded: its cells differ from the "
+                f"primary arm's in {', '.join(diff.keys)}, not in {ABLATED_KEY} alone. Match its settings, or "
+                f"declare the confound meant with `confounded: true` at {where}"
+            )
 
 
 def _family_values(cfg: dict):
@@ -159,6 +167,15 @@ def load_config(
     if overrides:
         _deep_merge(cfg, overrides)
     return check_config(cfg)
+
+
+def config_for_command(path: str | Path, overrides: dict | None = None) -> dict:
+    """load_config for a command-line tool: a config that is missing, unreadable, not YAML or
+    wrong ends the command with one line naming the file and the culprit (no traceback)."""
+    try:
+        return load_config(path, overrides=overrides)
+    except ConfigError as e:
+        raise SystemExit(f"{path}: {e}") from None
 
 
 def resolve_extends(cfg: dict, here: Path | None = None, _seen: tuple = ()) -> dict:
@@ -292,24 +309,47 @@ def tokenizer_identity(backbone: dict) -> str:
     return "word-level"
 
 
-def main(argv=None) -> None:
-    """`python -m latentstrat.config FILE...`: check collection configs before a run; one line
-    per file (its collection, base and cell count, or what is wrong with it)."""
+def describe(cfg: dict) -> list[str]:
+    """What a checked config will run, in lines: the collection, its base and cells, then per
+    comparison arm the settings its cells change against the primary arm's (cells.arm_differences),
+    `confounded` where that is more than the ablated key. The workflow prints the same lines."""
+    cells = expand_cells(cfg)
+    lines = [f"collection {cfg['collection']}: {len(cells)} cells on base {cfg['base']}"]
+    primary = cfg["report"]["primary_contrast"]
+    for diff in arm_differences(cfg, cells):
+        tag = " (the primary contrast)" if diff.arm == primary else ""
+        miss = f"; {diff.unmatched} of its cells have no primary partner" if diff.unmatched else ""
+        lines.append(f"  {diff.text()}{tag}{miss}")
+    return lines
+
+
+def main(argv=None) -> int:
+    """`python -m latentstrat.config FILE...`: check collection configs before a run."""
+    import argparse
     import sys
 
-    files = list(sys.argv[1:] if argv is None else argv)
-    if not files:
-        raise SystemExit("usage: python -m latentstrat.config CONFIG.yaml [...]")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.config",
+        description="Check collection configs before a run: per file its collection, base and cell count, and "
+        "per comparison arm the settings it changes (confounded where more than token aggregation), or "
+        "one line naming what is wrong. Exit 1 when any file is wrong. The keys: docs/config.md.",
+    )
+    ap.add_argument("configfile", nargs="+", help="collection config YAML file(s)")
+    args = ap.parse_args(argv)
     bad = 0
-    for f in files:
+    for f in args.configfile:
         try:
             cfg = load_config(f)
-            print(f"{f}: ok: collection {cfg['collection']}, base {cfg['base']}, {len(expand_cells(cfg))} cells")
         except ConfigError as e:
             bad += 1
             print(f"{f}: {e}", file=sys.stderr)
-    raise SystemExit(1 if bad else 0)
+            continue
+        first, *rest = describe(cfg)
+        print(f"{f}: ok: {first}")
+        for line in rest:
+            print(line)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Data stage: task examples -> parquet splits, a word-level tokenizer, a data card; and the
 encoding/batching every model stage uses (docs/architecture.md, Data).
 
-    python -m latentstrat.data --config config/config.yaml [--out DIR]
+    python -m latentstrat.data --configfile config/config.yaml [--out DIR]
 
 Records (words separated by single spaces; P = z_slots):
 
@@ -583,14 +583,16 @@ def split_batches(encoded: Encoded, batch_size: int, device, b=None):
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import base_settings, load_config
+    from latentstrat.config import base_settings, config_for_command
     from latentstrat.paths import Paths
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.data", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.data", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", required=True, help="collection config YAML")
     ap.add_argument("--out", help="output folder (default: the config's data dir)")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_for_command(args.configfile)
     out = Path(args.out) if args.out else Paths.from_config(cfg).data_dir
     card = build_dataset(cfg["data"], out, base_config=base_settings(cfg), backbone_cfg=cfg["backbone"])
     cols = ["task", "n_train", "n_validation", "n_test", "ambiguity_rate", "y_tokens_mean", "y_tokens_max"]

@@ -239,9 +239,11 @@ def rerun_corrupt_command(configfile: str, corrupt: list[str], snakemake_args: l
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.status", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.status", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     ap.add_argument("--configfile", default="config/config.yaml", help="the collection config (as for snakemake)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the status as JSON instead of a table")
     ap.add_argument(
         "--rerun-corrupt",
         action="store_true",

@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, training_seed
-from latentstrat.config import ConfigError, base_guard, from_snakemake, tokenizer_identity
+from latentstrat.config import ConfigError, base_guard, describe, from_snakemake, tokenizer_identity
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
 from latentstrat.base.shipped import MANIFEST, bases_root
@@ -29,9 +29,14 @@ TASKS = list(CFG["data"]["tasks"])
 INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
+_first, *_arms = describe(CFG)
 logger.info(
-    f"collection {CFG['collection']}: {len(CELLS)} cells on base {CFG['base']}; "
-    f"data stage tokenizer: {tokenizer_identity(CFG['backbone'])}; entangled model: {MODE}"
+    "\n".join(
+        [
+            f"{_first}; data stage tokenizer: {tokenizer_identity(CFG['backbone'])}; entangled model: {MODE}",
+            *_arms,
+        ]
+    )
 )
 
 

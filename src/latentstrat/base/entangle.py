@@ -3,7 +3,7 @@ it is a real multi-strategy model (latentstrat.base.quality; design sections 3 a
 docs/design.md). This module is the stage and its training loop; the training step and its
 speed settings are latentstrat.base.entangle_step.
 
-    python -m latentstrat.base.entangle --config config/config.yaml [--threads N]
+    python -m latentstrat.base.entangle --configfile config/config.yaml [--threads N]
 
 Records are the latent layout with a neutral slot, `<bos> <x> .. </x> <z> [Z]*P </z> <y> .. </y>
 <eos>` (P = entangle.z_slots; no z is written into the slot), so the slot tokens are the
@@ -440,16 +440,18 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import load_config
+    from latentstrat.config import config_for_command
     from latentstrat.paths import Paths
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.entangle", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.base.entangle", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", required=True, help="collection config YAML")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
     ap.add_argument("--data-dir", help="data stage folder (default: the config's)")
     ap.add_argument("--out", help="output folder (default: the config's entangle dir)")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_for_command(args.configfile)
     paths = Paths.from_config(cfg)
     report = run_entangle(
         cfg,

@@ -1,7 +1,7 @@
 """Reference stage: the frozen z-free model's per-token NLL b_it = -log p_ref(y_t | x, y_<t)
 for every supervised token of every example of every split, computed once (design section 4, docs/design.md).
 
-    python -m latentstrat.base.reference --config config/config.yaml [--threads N]
+    python -m latentstrat.base.reference --configfile config/config.yaml [--threads N]
 
 Writes to `out_dir`:
 - `tokens.parquet`        task, example_id, split, n_supervised, b (list<float32>, aligned
@@ -231,7 +231,7 @@ def shipped_tokens(
         raise ValueError(
             f"shipped reference table {path}: b recomputed here differs by {diffs[worst]:.3g} nats "
             f"(> {SHIPPED_TOLERANCE}) on validation example {val.example_id.iloc[worst]!r}: the table is "
-            f"not this model's under this code; ship it again (python -m latentstrat.base.shipped --config ... "
+            f"not this model's under this code; ship it again (python -m latentstrat.base.shipped --configfile ... "
             f"--reference) or compute it here with --config entangle='{{mode: train}}'"
         )
     log(f"reference: the shipped table, validation split recomputed here: max |b difference| {diffs[worst]:.2g} nats")
@@ -267,14 +267,16 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import load_config
+    from latentstrat.config import config_for_command
     from latentstrat.paths import Paths
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.reference", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="collection config YAML")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.base.reference", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", required=True, help="collection config YAML")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: resources.threads)")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_for_command(args.configfile)
     p = Paths.from_config(cfg)
     scales = run_reference(
         cfg, p.data_dir, p.entangle_dir, p.reference_dir, args.threads or cfg["resources"]["threads"]

@@ -1,7 +1,7 @@
 """Shipped entangled models: a base's entangled model trained once, kept in the repository
 with its provenance and checksums, so a collection on that base does not train it again.
 
-    python -m latentstrat.base.shipped --config config/config.yaml     # ship the config's base
+    python -m latentstrat.base.shipped --configfile config/config.yaml     # ship the config's base
 
 A shipped base is a folder `resources/bases/<base>/`:
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from latentstrat import host
-from latentstrat.config import base_settings, load_config, settings_diff
+from latentstrat.config import base_settings, config_for_command, settings_diff
 from latentstrat.io import dump_json
 from latentstrat.paths import ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths
 
@@ -213,7 +213,7 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
     if not (d / MANIFEST).is_file():
         raise ShippedBaseError(
             f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
-            f"ship one with `python -m latentstrat.base.shipped --config ...` {retrain}"
+            f"ship one with `python -m latentstrat.base.shipped --configfile ...` {retrain}"
         )
     listed = {}
     for n, line in enumerate((d / MANIFEST).read_text().splitlines(), 1):
@@ -275,8 +275,10 @@ def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: s
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.base.shipped", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help="collection config YAML: its base is shipped")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.base.shipped", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", required=True, help="collection config YAML: its base is shipped")
     ap.add_argument("--to", help="destination folder (default: resources/bases/<base> of this checkout)")
     ap.add_argument(
         "--reference", action="store_true", help="only (re)compute the reference table of the already shipped base"
@@ -292,7 +294,7 @@ def main(argv=None) -> None:
         help="only add the tokenizer files and model card to the already shipped base's model/",
     )
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    cfg = config_for_command(args.configfile)
     paths = Paths.from_config(cfg)
     out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[3]) / cfg["base"]
     if args.quality:

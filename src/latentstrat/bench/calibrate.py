@@ -381,9 +381,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from latentstrat.aggregate.collection import report_settings
-    from latentstrat.config import load_config
+    from latentstrat.config import config_for_command
 
-    cfg = load_config(args.configfile)
+    cfg = config_for_command(args.configfile)
     thr = report_settings(cfg.get("report"))
     arm = args.arm or thr.get("primary_contrast") or cfg["comparison_arms"][0]["name"]
     d = design(cfg)

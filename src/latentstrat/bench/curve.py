@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 
 from latentstrat import cells
-from latentstrat.config import load_config
+from latentstrat.config import config_for_command
 from latentstrat.metrics import history_name
 from latentstrat.paths import TRAIN_FILES, Paths
 
@@ -106,7 +106,7 @@ def run_curve(
 
     if eval_every:
         overrides = {**overrides, "train": {**overrides.get("train", {}), "eval_every": eval_every}}
-    cfg = load_config(configfile, overrides=overrides)
+    cfg = config_for_command(configfile, overrides=overrides)
     settings = {**cfg["cell"], **cell_overrides}
     unknown = sorted(set(cell_overrides) - set(cells.CELL_KEYS))
     if unknown:
@@ -151,7 +151,7 @@ def run_curve(
 def collection_curves(configfile: str, out: Path) -> list[str]:
     """curve.csv under `out` for every cell of the collection that its workflow has trained (read
     back from the train jobs' histories, nothing trained here). Returns the cells not trained yet."""
-    cfg = load_config(configfile)
+    cfg = config_for_command(configfile)
     paths = Paths.from_config(cfg)
     missing = []
     for c in cells.expand_cells(cfg):
@@ -197,8 +197,10 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench curve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configfile", default="config/config.yaml")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench curve", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", default="config/config.yaml", help="collection config whose cell is trained")
     ap.add_argument(
         "--cell",
         default="",
@@ -212,8 +214,10 @@ def main(argv=None) -> int:
         help="config override, e.g. train.steps=600 (repeatable)",
     )
     ap.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: the config's)")
-    ap.add_argument("--out", type=Path, default=Path("results/curves"))
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--out", type=Path, default=Path("results/curves"), help="folder for the curves (one parquet per cell)"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument(
         "--collection",
         action="store_true",

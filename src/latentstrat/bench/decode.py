@@ -110,19 +110,21 @@ def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) 
 
 
 def main(argv=None) -> int:
-    from latentstrat.config import load_config
+    from latentstrat.config import config_for_command
 
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench decode", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="config/config.yaml", help="collection config (backbone, tasks, cell)")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench decode", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", default="config/config.yaml", help="collection config (backbone, tasks, cell)")
     ap.add_argument("--n", type=int, default=64, help="examples in the batch")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per example")
+    ap.add_argument("--batch-size", type=int, default=64, help="examples decoded together")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random model and the sampled z")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    res = run(load_config(a.config), a.n, a.max_new_tokens, a.batch_size, a.seed)
+    res = run(config_for_command(a.configfile), a.n, a.max_new_tokens, a.batch_size, a.seed)
     if a.json:
         print(json.dumps(res, indent=2))
     else:

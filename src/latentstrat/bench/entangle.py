@@ -1,7 +1,7 @@
 """Entangle-step benchmark: the config's step (its `auto` settings resolved on this host, as the
 stage resolves them) against the plain float32 step, with the CPU model and its bf16 support.
 
-    python -m latentstrat.bench entangle [--config config/config.yaml] [--steps 40] [--threads 2] ...
+    python -m latentstrat.bench entangle [--configfile config/config.yaml] [--steps 40] [--threads 2] ...
 
 Both steps are `latentstrat.base.entangle_step.train_step` (z-free NLL per supervised token, AdamW, grad
 clip) on the same strategy-mixed, length-grouped batches of the six tasks, each from the same
@@ -85,9 +85,9 @@ def run(args) -> dict:
     )
     from latentstrat import host
     from latentstrat.base.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
-    from latentstrat.config import load_config
+    from latentstrat.config import config_for_command
 
-    ecfg = load_config(args.config)["entangle"]
+    ecfg = config_for_command(args.configfile)["entangle"]
     choice = None
     if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
         torch.manual_seed(0)
@@ -127,12 +127,14 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench entangle", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default="config/config.yaml", help="the entangle step settings to time")
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench entangle", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument("--configfile", default="config/config.yaml", help="the entangle step settings to time")
     add_data_and_model_args(ap, examples_per_task=500)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--batch-size", type=int, default=64, help="examples per step")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps")
     ap.add_argument(
         "--warmup",
         type=int,
@@ -140,8 +142,8 @@ def main(argv=None) -> int:
         help="untimed first steps: the compiled step compiles in them, and once more at the first batch "
         "over 4096 tokens",
     )
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--matmul-n", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--matmul-n", type=int, default=1024, help="size of the matmul that measures the host's peak")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
     res = run(args)

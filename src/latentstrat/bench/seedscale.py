@@ -35,7 +35,7 @@ import torch
 from latentstrat import data, host
 from latentstrat.base.reference import reference_nll
 from latentstrat.cell.train import batch_at, step_noise
-from latentstrat.config import load_config
+from latentstrat.config import config_for_command
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import build_backbone
 from latentstrat.modeling.decode import decode_batch, encode_prompts
@@ -122,7 +122,7 @@ def records(batch_size: int):
 
 
 def run(args) -> dict:
-    cfg = load_config(args.configfile)
+    cfg = config_for_command(args.configfile)
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     arch = {**QWEN25_05B, "num_hidden_layers": args.layers or QWEN25_05B["num_hidden_layers"]}
@@ -247,18 +247,22 @@ def check(r: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench seedscale", description=__doc__.splitlines()[0])
-    ap.add_argument("--configfile", default="config/qwen25-05b.yaml")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench seedscale", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    ap.add_argument(
+        "--configfile", default="config/qwen25-05b.yaml", help="the cluster collection config whose cell is measured"
+    )
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--batch-size", type=int, default=4, help="examples per step")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--layers", type=int, default=None, help="keep this many of the 24 layers")
-    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--out", type=Path, default=None, help="also write the numbers to this JSON file")
     a = ap.parse_args(argv)
     r = run(a)
     print(render(r))
-    if a.json:
-        a.json.write_text(json.dumps(r, indent=2, default=float))
+    if a.out:
+        a.out.write_text(json.dumps(r, indent=2, default=float))
     bad = check(r)
     for b in bad:
         print(f"FAILED: {b}")

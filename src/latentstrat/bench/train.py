@@ -106,13 +106,14 @@ def add_data_and_model_args(ap, examples_per_task: int) -> None:
         "--tasks",
         default="sorting_algorithms,grid_pathfinding,multidigit_addition,linear_equations,"
         "base_conversion,list_reversal",
+        help="comma-separated tasks of the benchmark's data",
     )
-    ap.add_argument("--examples-per-task", type=int, default=examples_per_task)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--intermediate", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--examples-per-task", type=int, default=examples_per_task, help="training examples per task")
+    ap.add_argument("--hidden", type=int, default=128, help="embedded model: hidden size")
+    ap.add_argument("--intermediate", type=int, default=512, help="embedded model: MLP size")
+    ap.add_argument("--layers", type=int, default=4, help="embedded model: layers")
+    ap.add_argument("--heads", type=int, default=4, help="embedded model: attention heads")
+    ap.add_argument("--kv-heads", type=int, default=2, help="embedded model: key/value heads")
 
 
 def train_split_and_tokenizer(args):
@@ -296,19 +297,23 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latentstrat.bench train", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m latentstrat.bench train", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     add_data_and_model_args(ap, examples_per_task=64)
     ap.add_argument("--config-json", help="random init from this config JSON (e.g. a Qwen2.5-0.5B config.json)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--adaptation", default="lora", choices=["lora", "full", "frozen"])
-    ap.add_argument("--latent-dim", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="backbone weights' dtype")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument(
+        "--adaptation", default="lora", choices=["lora", "full", "frozen"], help="what of the backbone trains"
+    )
+    ap.add_argument("--latent-dim", type=int, default=64, help="size of z")
+    ap.add_argument("--batch-size", type=int, default=32, help="examples per step")
     ap.add_argument("--steps", type=int, default=8, help="timed steps per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the trainer's and the naive step")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--matmul-n", type=int, default=1024)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed first steps")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--matmul-n", type=int, default=1024, help="size of the matmul that measures the host's peak")
     ap.add_argument(
         "--peak-flops", type=float, default=None, help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)"
     )
