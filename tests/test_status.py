@@ -161,4 +161,47 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     assert summary.stat().st_mtime_ns == train_mtime  # train did not rerun
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
-    assert out.rstrip().endswith("base: done; 1/1 cells done, 0 running, 0 failed"), out
+    assert out.rstrip().endswith(
+        "base: done; 1/1 cells done, 0 running, 0 failed\ncollection ETA: every cell done (the aggregate and the report follow)"
+    ), out
+
+
+def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsys):
+    """The train job's progress file (written by progress.Progress as the cell trains) gives the
+    running cell's step, total and ETA; the measured jobs' median wall times give the collection's."""
+    from latentstrat.progress import Progress
+    from latentstrat.status import collection_eta
+
+    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
+    p = Paths.from_config(cfg)
+    cells = [c.cell_id for c in expand_cells(cfg)]
+    done, running = cells[:2]
+    tasks = list(cfg["data"]["tasks"])
+    for files in stage_outputs(p, done, tasks).values():
+        write_outputs(files, host.code_version()["code_version"])
+    # the done cell's jobs were measured (Snakemake benchmark files): train 600 s, the rest 60 s each
+    for rule, wall in (("train", 600.0), ("evaluate", 60.0), ("probes", 60.0), ("metrics", 60.0)):
+        b = p.bench_path(rule, done)
+        b.parent.mkdir(parents=True, exist_ok=True)
+        b.write_text(f"s\th:m:s\tmax_rss\n{wall}\t0:00:00\t100.0\n")
+    # a running train job: its progress line after 751 of 1200 steps, 1.5 s a step
+    log = p.log_path("train", running)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("[x] step 751/1200\n")
+    lines = []
+    prog = Progress(running, 1200, every=0.0, log=lambda *a, **k: lines.append(a[0]), path=p.progress_path(running))
+    prog.t0 -= 751 * 1.5
+    prog.update(751, 1.0, 10)
+    assert "step 751/1200" in lines[-1]
+    st = collection_status(cfg, jobs=[])
+    train = next(c for c in st["cells"] if c["cell_id"] == running)["stages"]["train"]
+    assert train["state"] == "running" and train["detail"].startswith("step 751/1200, ETA 11 min")
+    assert abs(train["progress"]["eta_s"] - 449 * 1.5) < 5
+    assert f"{running} train: running: step 751/1200, ETA 11 min" in render(st)
+    # the collection: the running train's ETA plus the median per job of every stage left, at 2 jobs at once
+    eta = collection_eta(st, {"train": 600.0, "evaluate": 60.0, "probes": 60.0, "metrics": 60.0}, 2)
+    left_cells = len(cells) - 2
+    want = (449 * 1.5 + 3 * 60 + left_cells * (600 + 3 * 60)) / 2
+    assert eta["jobs_left"] == 4 + 4 * left_cells and abs(eta["seconds"] - want) < 5
+    # with no measured job of a stage left to run, the ETA says so instead of guessing
+    assert collection_eta(st, {"train": 600.0}, 2)["unmeasured"] == ["evaluate", "metrics", "probes"]

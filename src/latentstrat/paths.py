@@ -65,6 +65,8 @@ TRAIN_FILES = {
     "history": "history.parquet",
     "summary": "summary.json",
 }
+# beside them while the cell trains: its step, total and ETA (progress.Progress), read by status
+PROGRESS_FILE = "progress.json"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,9 @@ class Paths:
 
     def train_files(self, cid: str) -> dict[str, str]:
         return {k: str(self.train_dir(cid) / name) for k, name in TRAIN_FILES.items()}
+
+    def progress_path(self, cid: str) -> Path:
+        return self.train_dir(cid) / PROGRESS_FILE
 
     def trained_weight_files(self, cid: str) -> list[Path]:
         """The trained cell's adapter or backbone weights that exist (beside the heads)."""

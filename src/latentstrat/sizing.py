@@ -37,8 +37,8 @@ def read_benchmark(path: Path) -> dict | None:
 
 
 def measured(paths: Paths) -> pd.DataFrame:
-    """Per rule (in pipeline order): jobs measured, the largest wall time and peak RSS among
-    them, and the files that did not read."""
+    """Per rule (in pipeline order): jobs measured, the largest and the median wall time and the
+    largest peak RSS among them, and the files that did not read."""
     rows = []
     for rule in BENCH_RULES:
         files = sorted(paths.bench_path(rule, "*").parent.glob(paths.bench_path(rule, "*").name))
@@ -51,6 +51,7 @@ def measured(paths: Paths) -> pd.DataFrame:
                 "jobs": len(ok),
                 "unreadable": len(got) - len(ok),
                 "max_wall_s": max((g["wall_s"] for g in ok), default=math.nan),
+                "median_wall_s": float(pd.Series([g["wall_s"] for g in ok]).median()) if ok else math.nan,
                 "max_rss_mb": max(rss, default=math.nan),
             }
         )

@@ -5,6 +5,7 @@ the Slurm queue (no workflow graph is built).
     python -m latentstrat.status --configfile config/config.yaml [--json]
     python -m latentstrat.status --configfile config/config.yaml --rerun-corrupt [-- snakemake args]
     python -m latentstrat.status --configfile config/config.yaml --requests [--margin 1.5]
+    python -m latentstrat.status --configfile config/config.yaml --jobs 2   # the ETA at 2 jobs at once
 
 - done: the stage's outputs exist and read (parquet, safetensors, json) (stale: done, but the
   cell was trained with other code than the working tree's; see the Collection Metadata section
@@ -18,6 +19,12 @@ the Slurm queue (no workflow graph is built).
   shown);
 - missing: none of these.
 
+A running train job shows its step, total and ETA (the progress file it rewrites with each log
+line, paths.PROGRESS_FILE). The collection's ETA: the jobs left (per cell, its stages not done)
+times each stage's median measured wall time in this collection (its benchmark files), a running
+train job counted by its own ETA, spread over the jobs that run at once (`--jobs`; default the cell
+jobs running now); unknown while a stage left has no measured job yet.
+
 `--requests` reads the benchmark file every job writes and prints, per rule, the largest
 measured wall time and peak memory and the `mem_mb` / `runtime` a Slurm job of that rule should
 request (latentstrat.sizing).
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -38,6 +46,7 @@ from latentstrat.cells import expand_cells, init_id
 from latentstrat.config import ConfigError, load_config
 from latentstrat.io import unreadable
 from latentstrat.paths import Paths
+from latentstrat.progress import read_progress
 
 STAGES = ("train", "evaluate", "probes", "metrics")
 BASE_STAGES = ("data", "entangle", "reference", "step0")
@@ -180,6 +189,10 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
                 p.train_dir(cid) / "checkpoints" / "last.pt" if stage == "train" else None,
                 p.trained_weight_files(cid) if stage == "train" else (),
             )
+            if stage == "train" and st["state"] == "running":
+                prog = read_progress(p.progress_path(cid))
+                if prog:
+                    st = {**st, "progress": prog, "detail": progress_text(prog)}
             if stage == "train" and st["state"] == "done":
                 code = json.loads(outputs[stage][1].read_text()).get("code_version")
                 if code and code != now_code:
@@ -202,6 +215,64 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     return {"collection": cfg["collection"], "base": base, "cells": cells, "corrupt": corrupt, "summary": summary}
 
 
+def duration(seconds: float) -> str:
+    """`2 h 05 min`, `14 min`, `40 s`."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min" if s >= 60 else f"{s} s"
+
+
+def progress_text(prog: dict) -> str:
+    eta = "" if prog["eta_s"] is None else f", ETA {duration(prog['eta_s'])}"
+    return f"{prog['unit']} {prog['done']}/{prog['total']}{eta}"
+
+
+def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
+    """The time left: per cell, each stage not done costs its median measured wall time (`walls`:
+    stage -> seconds), a running train job its own ETA; the sum spread over `jobs` jobs at once
+    (the stages of one cell run in order, cells are independent). `seconds` is NaN when a stage
+    left has no measurement yet (`unmeasured` names it)."""
+    left, unmeasured, n_jobs = 0.0, set(), 0
+    for c in status["cells"]:
+        for stage in STAGES:
+            st = c["stages"][stage]
+            if st["state"] in ("done", "stale"):
+                continue
+            n_jobs += 1
+            prog = st.get("progress")
+            if prog and prog.get("eta_s") is not None:
+                left += prog["eta_s"]
+            elif math.isfinite(walls.get(stage, math.nan)):
+                left += walls[stage]
+            else:
+                unmeasured.add(stage)
+    jobs = max(int(jobs), 1)
+    seconds = math.nan if unmeasured else left / jobs
+    return {"seconds": seconds, "jobs_left": n_jobs, "parallel": jobs, "unmeasured": sorted(unmeasured)}
+
+
+def eta_text(eta: dict, walls: dict) -> str:
+    if not eta["jobs_left"]:
+        return "collection ETA: every cell done (the aggregate and the report follow)"
+    if eta["unmeasured"]:
+        return f"collection ETA: {unmeasured_text(eta)} ({eta['jobs_left']} cell jobs left)"
+    return (
+        f"collection ETA: about {duration(eta['seconds'])} ({eta['jobs_left']} cell jobs left at "
+        f"{eta['parallel']} at once; {per_job_text(walls)})"
+    )
+
+
+def unmeasured_text(eta: dict) -> str:
+    return f"unknown until a job of each of {', '.join(eta['unmeasured'])} has finished in this collection"
+
+
+def per_job_text(walls: dict) -> str:
+    return "median per job measured here: " + ", ".join(
+        f"{k} {duration(v)}" for k, v in walls.items() if math.isfinite(v)
+    )
+
+
 def render(status: dict) -> str:
     lines = ["base: " + "  ".join(f"{k} {v['state']}" for k, v in status["base"].items())]
     notes = [
@@ -218,7 +289,11 @@ def render(status: dict) -> str:
         for s in STAGES:
             st = c["stages"][s]
             row.append(f"{st['state']:<9}")
-            if st["state"] in ("failed", "stale", "corrupt") or (st["job"] and st["state"] != "done"):
+            if (
+                st["state"] in ("failed", "stale", "corrupt")
+                or (st["job"] or st.get("progress"))
+                and st["state"] != "done"
+            ):
                 notes.append(
                     f"  {c['cell_id']} {s}: {st['state']}"
                     + (f" (Slurm job {st['job']})" if st["job"] else "")
@@ -230,7 +305,32 @@ def render(status: dict) -> str:
             f"  {len(status['corrupt'])} unreadable output(s): `python -m latentstrat.status --configfile "
             "<config> --rerun-corrupt` reruns the jobs that wrote them and what depends on them"
         )
-    return "\n".join(lines + notes + [status["summary"]])
+    return "\n".join(lines + notes + [status["summary"]] + ([status["eta_text"]] if status.get("eta_text") else []))
+
+
+def start_line(cfg: dict, parallel: int | None) -> str:
+    """The line a run starts with: cells done and left, and the time left at `parallel` cell jobs
+    at once from this collection's measured jobs (status.collection_eta)."""
+    st = collection_status(cfg, jobs=[])
+    walls = stage_walls(Paths.from_config(cfg))
+    eta = collection_eta(st, walls, parallel or 1)
+    n = len(st["cells"])
+    left = sum(any(s["state"] not in ("done", "stale") for s in c["stages"].values()) for c in st["cells"])
+    head = f"{n} cells, {left} to run"
+    if not eta["jobs_left"]:
+        return f"{head}: every cell done"
+    if eta["unmeasured"]:
+        return (
+            f"{head}: time {unmeasured_text(eta)} (then `python -m latentstrat.status` gives the ETA; the README "
+            "gives the main job's time per core count)"
+        )
+    return f"{head}: about {duration(eta['seconds'])} at {eta['parallel']} cell job(s) at once ({per_job_text(walls)})"
+
+
+def stage_walls(p: Paths) -> dict:
+    """Per cell stage, the median wall seconds of this collection's measured jobs (NaN: none yet)."""
+    table = sizing.measured(p).set_index("rule")
+    return {stage: float(table.median_wall_s.get(stage, math.nan)) for stage in STAGES}
 
 
 def rerun_corrupt_command(configfile: str, corrupt: list[str], snakemake_args: list[str]) -> list[str]:
@@ -257,6 +357,13 @@ def main(argv=None) -> int:
         "mem_mb / runtime they call for, as a set-resources block for the profile (latentstrat.sizing)",
     )
     ap.add_argument("--margin", type=float, default=1.5, help="with --requests: requested / measured (default 1.5)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="cell jobs that run at once, for the collection's ETA (default: those running now; a local run: "
+        "--cores / resources.threads)",
+    )
     ap.add_argument("snakemake_args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     try:
@@ -275,6 +382,10 @@ def main(argv=None) -> int:
         print(sizing.render(table, sizing.requests(table, a.margin), a.margin))
         return 0
     st = collection_status(cfg)
+    walls = stage_walls(Paths.from_config(cfg))
+    running = sum(any(s["state"] == "running" for s in c["stages"].values()) for c in st["cells"])
+    st["eta"] = collection_eta(st, walls, a.jobs or running or 1)
+    st["eta_text"] = eta_text(st["eta"], walls)
     if not a.rerun_corrupt:
         print(json.dumps(st, indent=2) if a.json else render(st))
         return 0

@@ -13,6 +13,7 @@ from latentstrat.cells import expand_cells, external_arms, init_id, init_setting
 from latentstrat.config import ConfigError, base_guard, describe, from_snakemake, tokenizer_identity
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
+from latentstrat.status import start_line
 from latentstrat.base.shipped import MANIFEST, bases_root
 
 CONFIG_FILE = (list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1]
@@ -30,6 +31,12 @@ INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
 _first, *_arms = describe(CFG)
+if workflow.is_main_process:
+    try:  # cell jobs at once: --cores / threads per cell job locally, --jobs on a cluster
+        _parallel = (workflow._cores or 0) // max(RES["threads"], 1) if workflow.local_exec else workflow.nodes
+    except (TypeError, ValueError):
+        _parallel = None
+    _arms.append(start_line(CFG, _parallel))
 logger.info(
     "\n".join(
         [

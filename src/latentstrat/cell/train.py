@@ -42,7 +42,7 @@ from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
-from latentstrat.paths import TRAIN_FILES
+from latentstrat.paths import PROGRESS_FILE, TRAIN_FILES
 from latentstrat.progress import Progress
 
 CHECKPOINT = "last.pt"
@@ -210,7 +210,8 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 class CellSetup:
     """What a cell's training loop reads and never changes: the config and the cell, its
     objective J and gradient-clip threshold, the tokenizer, the encoded train split with its
-    reference NLLs, and the validation inputs (validation.prepare_validation)."""
+    reference NLLs, the validation inputs (validation.prepare_validation) and the folder it
+    trains into (its progress file: paths.PROGRESS_FILE)."""
 
     cfg: dict
     cell: dict
@@ -220,6 +221,7 @@ class CellSetup:
     train: data.Encoded
     b_train: list
     val: dict
+    out_dir: Path | None = None
 
 
 @dataclass
@@ -263,7 +265,7 @@ def train_cell(
     enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
-    setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val)
+    setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
     fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
@@ -369,7 +371,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], cell_training_seed(setup.cell), setup.train
     clip, val = setup.clip, setup.val
     dev = device_of(model)
-    progress = Progress(cid, tcfg["steps"], run.step)
+    progress = Progress(cid, tcfg["steps"], run.step, path=setup.out_dir / PROGRESS_FILE if setup.out_dir else None)
     while run.step < tcfg["steps"]:
         step = run.step
         t0 = time.perf_counter()
