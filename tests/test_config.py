@@ -293,3 +293,16 @@ def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained
     assert "entangle.steps" in why and cfg["base"] in why
     why = C.base_guard({**stored, "data": {**stored["data"], "seed": 1}, "tokenizer": "pretrained:x@default"}, cfg)
     assert "data.seed" in why and "tokenizer" in why and "entangle.steps" not in why
+
+
+def test_config_reference_is_generated_from_the_schema_and_describes_every_key():
+    """docs/config.md is `python -m latentstrat.schema` (regenerate it after a schema edit), and every
+    key has a description."""
+    from latentstrat.schema import reference_markdown, undescribed_keys
+
+    root = Path(__file__).resolve().parents[1]
+    assert (root / "docs" / "config.md").read_text() == reference_markdown(), "regenerate docs/config.md"
+    assert undescribed_keys() == []
+    text = reference_markdown()
+    for key in ("`lora.r`", "`probes.information_repeats`", "`report.primary_contrast`", "`token_aggregation`"):
+        assert key in text

@@ -156,3 +156,36 @@ def test_accuracy_hides_gap_is_decided_from_intervals_not_a_saturation_threshold
     f = _gap_tables(acc_hi=[0.90, 0.91], gap_lo=[0.35, 0.3])
     assert f["status"] == "not supported" and f["numbers"]["near_entangled_accuracy"] == 0
     assert _gap_tables(acc_hi=[0.99, 0.99], gap_lo=[0.3, -0.1])["status"] == "cannot tell"
+
+
+def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_report):
+    """report/html.py: the landing page is analysis.md's headline rendered (one text, two places), each
+    figure has its own caption with the collection's numbers, and the pages render the markdown."""
+    import jinja2
+
+    from latentstrat.report.figures import FIGURE_NOTES, FIGURES
+    from latentstrat.report.html import PAGES, TABLE_PAGES
+
+    out, res, missing = partial_report
+    assert set(FIGURE_NOTES) == set(FIGURES)  # every figure declared with its caption
+    brief = yaml.safe_load((out / "brief.yaml").read_text())
+    landing = (out / "landing.rst").read_text()
+    assert f"<strong>{brief['verdict']}</strong>" in landing and "Cell states:" in landing
+    assert "How to read the rest" in landing and "13 of 14 cells complete" in landing
+    # the captions as Snakemake renders them: one Jinja template, the figure's name selects its block
+    template = jinja2.Environment().from_string((out / "captions.rst").read_text())
+    seen = set()
+    for name, _ in res["figures"]:
+        wildcards = type("W", (), {"figure": name})
+        text = template.render(snakemake=type("S", (), {"wildcards": wildcards}))
+        assert FIGURE_NOTES[name].text.replace("`", "``")[:60] in text, name
+        if FIGURE_NOTES[name].metric:
+            assert "In this collection" in text and "``sum`` median" in text, text
+        seen.add(text)
+    assert len(seen) == len(res["figures"])  # one caption per figure, none shared
+    for stem in [*PAGES, *TABLE_PAGES]:
+        html = (out / "html" / f"{stem}.html").read_text()
+        assert html.startswith("<!DOCTYPE html>") and "<h" in html
+    analysis = (out / "html" / "analysis.html").read_text()
+    assert "<h2>Headline</h2>" in analysis and "<table>" in (out / "html" / "results.html").read_text()
+    assert missing in (out / "html" / "results.html").read_text()

@@ -243,4 +243,7 @@ class Paths:
             "analysis": str(d / "analysis.md"),
             "brief": str(d / "brief.yaml"),
             "findings": str(d / "findings.json"),
+            # for `snakemake --report` (report.html): the landing page and the figures' captions
+            "landing": str(d / "landing.rst"),
+            "captions": str(d / "captions.rst"),
         }

@@ -259,3 +259,10 @@ def partial_report(log):
         write_partial(CFG, log=logger.warning)
     except Exception as e:  # never mask the original failure
         logger.error(f"partial report failed: {type(e).__name__}: {e}")
+
+
+def landing_page():
+    """The HTML report's landing page: the one the report job wrote (the headline with its numbers),
+    else the static one (before any report)."""
+    landing = Path(P.report_files()["landing"]).resolve()
+    return str(landing) if landing.exists() else "workflow/report/workflow.rst"

@@ -1,5 +1,7 @@
-# Stage 8 (per collection): results.md, analysis.md, figures, brief.yaml, findings.json.
-# Figures are declared for `snakemake --report` (captions in workflow/report/).
+# Stage 8 (per collection): results.md, analysis.md, figures, brief.yaml, findings.json, and the
+# pages of `snakemake --report report.html`: its landing page (the Snakefile's `report:`), the
+# figures' captions and the rendered analysis, results and tables (latentstrat.report.html).
+from latentstrat.report.html import PAGES, TABLE_PAGES, figure_question, figure_title
 
 
 rule report:
@@ -16,12 +18,21 @@ rule report:
         ),
     output:
         **P.report_files(),
+        # captions written by this job (report/html.py): the collection's own numbers in each
         figures=report(
             directory(str(P.report_dir / "figures")),
             patterns=["{figure}.png"],
-            caption="../report/figures.rst",
-            category="Figures",
-            labels={"figure": "{figure}"},
+            caption=str(Path(P.report_files()["captions"]).resolve()),
+            category="2. Figures",
+            subcategory=lambda w: figure_question(w.figure),
+            labels=lambda w: {"figure": figure_title(w.figure)},
+        ),
+        pages=report(
+            directory(str(P.report_dir / "html")),
+            patterns=["{page}.html"],
+            caption="../report/pages.rst",
+            category=lambda w: "1. Finding" if w.page in PAGES else "3. Tables",
+            labels=lambda w: {"page": PAGES.get(w.page) or TABLE_PAGES[w.page][0]},
         ),
     log:
         str(P.logs_dir / "report.log"),

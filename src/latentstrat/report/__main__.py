@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     try:
         aggregate_from_tables(
-            a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k, config_path=a.config
+            a.summary, a.comparison, a.history, out / "aggregate", top_k=a.top_k, config_path=a.configfile
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

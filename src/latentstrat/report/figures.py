@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -411,6 +412,128 @@ FIGURES = {
     "reconstruction_router_trajectory": ("Reconstruction-router trajectory", trajectory),
     "per_task_router_dynamics": ("Per-task router dynamics", per_task_router),
     "token_count_dominance": ("Token-count dominance", token_dominance),
+}
+
+
+# The questions the figures answer, in the order the HTML report groups them
+QUESTIONS = (
+    "The endpoint: does the router carry the strategy?",
+    "The objective's scale: how do sum and mean weigh KL against reconstruction?",
+    "Dynamics: when does the latent start, and does it stay?",
+    "Token-count dominance: do long traces dominate the sum?",
+)
+
+
+@dataclass(frozen=True)
+class FigureNote:
+    """A figure's caption in the HTML report: the question it answers (QUESTIONS index), what is
+    plotted and how to read it, and the summary column whose per-arm values the caption quotes
+    for the collection at hand (None: no summary number)."""
+
+    question: int
+    text: str
+    metric: str | None
+
+
+# file name (FIGURES) -> its caption
+FIGURE_NOTES = {
+    "router_information_by_cell": FigureNote(
+        0,
+        "The primary endpoint per cell: bits of strategy information the router's z carries about which strategy "
+        "a generation follows (out-of-fold probe), with its 95% interval over test inputs, one panel per arm. "
+        "Above 0 with the interval: the router carries the strategy; the router-mean probe (what x alone tells) "
+        "is the floor a `strategy` cell must clear.",
+        "router_information",
+    ),
+    "base_relative_vs_router": FigureNote(
+        0,
+        "Per setting and arm, the final base-relative reconstruction (reconstruction over the z-free "
+        "reference's; 1 = z helps nothing, dashed line) against the within-task router probe, the probe's "
+        "chance level as a grey tick under each point. Left of 1: z is used; above the tick: the router "
+        "predicts the strategy. Left but at chance: z carries something other than the strategy.",
+        "base_relative_reconstruction",
+    ),
+    "posterior_router_gap": FigureNote(
+        0,
+        "Posterior probe minus router probe per family and beta (primary arm): how much more the posterior "
+        "q(z|x,y) tells about the strategy than the router p(z|x). A large gap: the strategy is in z but the "
+        "router does not predict it.",
+        "posterior_router_probe_gap",
+    ),
+    "objective_scale_heatmap": FigureNote(
+        1,
+        "Primary minus comparison arm per common setting (family and beta, columns), one row per metric: the "
+        "annotations are the deltas, the colors the delta over its row's largest |delta| (red: the primary "
+        "arm higher). Under `sum` the reconstruction objective grows with the tokens of a trace, so its rows "
+        "show by how much the sum arm weighs reconstruction against the KL more.",
+        "kl_over_active_reconstruction",
+    ),
+    "kl_vs_reconstruction": FigureNote(
+        1,
+        "KL to the prior (y) against the active reconstruction objective (x) per setting and arm: the trade-off "
+        "beta sets. A setting at KL near 0 does not use z (`empty`); the higher, the more information z carries.",
+        "kl_prior_loss",
+    ),
+    "kl_reconstruction_ratio": FigureNote(
+        1,
+        "KL over the active reconstruction objective per family (bars) and beta (colors), primary arm: the "
+        "size of the KL against the reconstruction it buys.",
+        "kl_over_active_reconstruction",
+    ),
+    "inferred_scale": FigureNote(
+        1,
+        "The z-free reference scale S_ref = raw reconstruction / base-relative reconstruction per source and "
+        "aggregation (log axis, mean and SD), with the ratios between them in the box: the factor between a "
+        "token sum and a sequence mean on these data (about the mean trace length).",
+        "inferred_zfree_reference_scale",
+    ),
+    "dynamics_base_relative": FigureNote(
+        2,
+        "Validation base-relative reconstruction over training steps, one line per cell: 1 at step 0 (the cell "
+        "starts as the entangled model), dropping where the latent starts (the onset).",
+        "base_relative_reconstruction",
+    ),
+    "dynamics_active_objective": FigureNote(
+        2,
+        "The active reconstruction objective over training steps, per cell.",
+        "active_reconstruction_objective",
+    ),
+    "dynamics_kl": FigureNote(
+        2,
+        "KL to the prior over training steps, per cell: it rises when z starts to carry information; a cell "
+        "that stays near 0 never starts.",
+        "kl_prior_loss",
+    ),
+    "dynamics_kl_ratio": FigureNote(
+        2,
+        "KL over the active reconstruction objective over training steps, per cell.",
+        "kl_over_active_reconstruction",
+    ),
+    "dynamics_probes": FigureNote(
+        2,
+        "The router and posterior probe scores on validation over training steps, per cell: the router "
+        "follows the posterior once the latent carries the strategy.",
+        "within_task_router_probe",
+    ),
+    "reconstruction_router_trajectory": FigureNote(
+        2,
+        "Each cell's path through (base-relative reconstruction, log x; matched router score, y) over its "
+        "validation checkpoints, the first marked x: left first (z used), then up (the router predicts the "
+        "strategy).",
+        "base_relative_reconstruction",
+    ),
+    "per_task_router_dynamics": FigureNote(
+        2,
+        "The matched router score on validation per task over training steps: which tasks' strategies the "
+        "router learns first.",
+        "within_task_router_probe",
+    ),
+    "token_count_dominance": FigureNote(
+        3,
+        "Per task, its share of examples, tokens, loss and gradient norm in a batch, per aggregation: under "
+        "`sum` the tasks with long traces take a share of the loss and gradient above their share of examples.",
+        None,
+    ),
 }
 
 

@@ -1,0 +1,230 @@
+"""The collection's pages in `snakemake --report` (the HTML report a Snakemake user shares):
+
+- `landing.rst`: the report's landing page (the workflow's `report:` directive points to it once
+  the report job has written it): the collection, its question, the headline verdict with its
+  interval, the cell states, the cell sanity check and how to read the rest;
+- `captions.rst`: one caption per figure, selected by the figure's name (a Jinja `if` over
+  `snakemake.wildcards.figure`, as Snakemake renders captions): the question it answers, what is
+  plotted, how to read it, and the collection's own numbers for it (figures.FIGURE_NOTES);
+- `html/`: analysis.md and results.md rendered, and the tables a reader checks a verdict with
+  (contrasts, cell states, cell sanity, fairness, data availability) as HTML pages.
+
+The headline's text is analysis.md's (headline.headline_md), rendered, so the two never differ.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+from pathlib import Path
+
+import pandas as pd
+from markdown_it import MarkdownIt
+
+from latentstrat.io import write_text
+from latentstrat.metrics import label
+from latentstrat.report.figures import FIGURE_NOTES, FIGURES, QUESTIONS
+
+# file name in html/ -> (title, aggregate table, what it shows)
+TABLE_PAGES = {
+    "contrasts": ("Arm contrasts", "arm_contrasts", "every metric's arm contrast: delta, interval, verdict"),
+    "contrast_by_family": (
+        "Contrast by family",
+        "contrast_by_family",
+        "the primary endpoint per reconstruction family: the family alone and the grid without it",
+    ),
+    "cell_states": ("Cell states", "cell_states", "each cell's state (empty / strategy / other) and its evidence"),
+    "cell_sanity": ("Cell sanity", "cell_sanity", "each cell against the entangled model: the sanity check"),
+    "fairness": ("Fairness", "fairness", "what the comparison can claim: matched settings, coverage, seeds"),
+    "data_availability": (
+        "Data availability",
+        "data_availability",
+        "which diagnostics have data here, and where missing ones would come from",
+    ),
+}
+PAGES = {"analysis": "Analysis", "results": "Results"}
+
+
+def markdown_html(text: str) -> str:
+    """Markdown (CommonMark with tables) as an HTML fragment."""
+    return MarkdownIt("commonmark").enable("table").render(text)
+
+
+def page(title: str, body: str) -> str:
+    """A standalone HTML page (the report shows it in a frame)."""
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:72em;margin:1em auto;padding:0 1em;line-height:1.45}"
+        "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "th{background:#f3f3f3}code{background:#f6f6f6}img{max-width:100%}"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{_html.escape(title)}</title>'
+        f"<style>{style}</style></head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def _rst_raw_html(fragment: str) -> str:
+    """An HTML fragment as a reStructuredText raw block (docutils passes it through)."""
+    return ".. raw:: html\n\n" + "\n".join("   " + line for line in fragment.splitlines()) + "\n"
+
+
+def _jinja_raw(text: str) -> str:
+    """Text Snakemake's Jinja pass leaves alone."""
+    return "{% raw %}" + text + "{% endraw %}"
+
+
+# ----------------------------------------------------------------------------- landing page
+
+
+def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
+    """The landing page: title, question, the headline (analysis.md's text), sanity, how to read."""
+    name = brief.get("collection") or "collection"
+    title = f"latentstrat: {name}"
+    cells = brief.get("cells", {})
+    expected, complete = cells.get("expected", 0), cells.get("complete", 0)
+    passed = brief.get("cell_checks_passed")
+    failing = brief.get("failing_cells") or []
+    if passed is None:
+        sanity = "Cell sanity: nothing checked yet (no complete cell)."
+    elif passed:
+        sanity = f"Cell sanity: all {complete} complete cells pass (accuracy, step-0 and final reconstruction, probes)."
+    else:
+        sanity = (
+            f"Cell sanity: **{len(failing)} cell(s) fail**, and a verdict that rests on them reads `cannot tell`: "
+            + "; ".join(f"`{f['cell_id']}` ({f['why']})" for f in failing[:5])
+            + (" ..." if len(failing) > 5 else "")
+            + "."
+        )
+    partial = (
+        f"**Partial**: {complete} of {expected} cells complete; the numbers are those of the complete cells."
+        if complete < expected
+        else f"All {expected} cells complete."
+    )
+    arms = brief.get("primary_contrast") or {}
+    question = (
+        f"Does token aggregation `{arms.get('primary_arm', 'sum')}` change how much the router carries the strategy, "
+        f"against `{arms.get('comparison_arm', 'mean')}`? Primary endpoint: {label(brief.get('primary_endpoint') or '')}, "
+        "declared before the data."
+    )
+    md = "\n".join(
+        [
+            (brief.get("description") or "").strip(),
+            "",
+            f"**Question.** {question}",
+            "",
+            *[line.replace("## Headline", "### Headline") for line in headline_lines],
+            "",
+            sanity,
+            "",
+            partial,
+            "",
+            "### How to read the rest",
+            "",
+            "- **Finding** (menu): *Analysis* is analysis.md: the headline with its qualifiers (per family, "
+            "randomization test, decomposition) and every question of the study; *Results* is results.md: "
+            "every table.",
+            "- **Figures**, grouped by question: " + "; ".join(QUESTIONS) + " Each caption says what is plotted, "
+            "how to read it and what this collection shows in it.",
+            "- **Tables**: the contrasts, cell states, cell sanity, fairness and data availability behind the verdict.",
+            "- The same files on disk: `results/<collection>/report/` (brief.yaml for scripts).",
+        ]
+    )
+    head = f"{title}\n{'=' * len(title)}\n\n"
+    return _jinja_raw(head + _rst_raw_html(markdown_html(md)))
+
+
+# ----------------------------------------------------------------------------- figure captions
+
+
+def _fmt(v: float) -> str:
+    if v is None or not math.isfinite(v):
+        return "NA"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def arm_numbers(summary: pd.DataFrame, metric: str | None) -> str:
+    """`sum median 0.53 (0.43 to 0.56, 6 cells); matched_mean ...` for one summary column."""
+    if metric is None or summary.empty or metric not in summary.columns:
+        return ""
+    parts = []
+    for arm, g in summary.groupby("arm", sort=False):
+        v = pd.to_numeric(g[metric], errors="coerce").dropna()
+        if len(v):
+            parts.append(f"``{arm}`` median {_fmt(v.median())} ({_fmt(v.min())} to {_fmt(v.max())}, {len(v)} cells)")
+    return f"In this collection, {label(metric)} at the end of training: " + "; ".join(parts) + "." if parts else ""
+
+
+def dominance_numbers(t: dict) -> str:
+    """The token-count dominance figure's numbers: per aggregation, the largest loss share of one task
+    against its share of examples, at the last checkpoint."""
+    d = t.get("token_dominance", pd.DataFrame())
+    if d.empty or not {"loss_share", "example_share", "checkpoint"} <= set(d.columns):
+        return ""
+    parts = []
+    for agg, g in d.groupby("token_aggregation"):
+        last = g[g.checkpoint == g.checkpoint.max()]
+        top = last.loc[last.loss_share.idxmax()]
+        parts.append(
+            f"under ``{agg}``, {top.task} takes {top.loss_share:.0%} of the loss with {top.example_share:.0%} "
+            "of the examples"
+        )
+    return "In this collection, at the last checkpoint: " + "; ".join(parts) + "."
+
+
+def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
+    """One caption per made figure, selected by `snakemake.wildcards.figure`."""
+    summary = t.get("summary", pd.DataFrame())
+    blocks = []
+    for name, title in made:
+        note = FIGURE_NOTES[name]
+        numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
+        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{note.text.replace('`', '``')}\n\n{numbers}\n"
+        blocks.append(
+            "{% " + ("if" if not blocks else "elif") + f' snakemake.wildcards.figure == "{name}" %}}\n'
+            + _jinja_raw(body)
+            + "\n"
+        )
+    if not blocks:
+        return "No figure.\n"
+    return "".join(blocks) + "{% else %}\nFigure ``{{ snakemake.wildcards.figure }}``.\n{% endif %}\n"
+
+
+def figure_question(name: str) -> str:
+    """The report subcategory of a figure file (its question); unknown names go last."""
+    note = FIGURE_NOTES.get(name)
+    return f"{note.question + 1}. {QUESTIONS[note.question]}" if note else "Other"
+
+
+def figure_title(name: str) -> str:
+    return FIGURES[name][0] if name in FIGURES else name
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+def write_pages(t: dict, out_dir: Path) -> list[str]:
+    """html/<page>.html for analysis.md, results.md and TABLE_PAGES; returns the files written."""
+    html_dir = Path(out_dir) / "html"
+    written = []
+    for stem, title in PAGES.items():
+        src = Path(out_dir) / f"{stem}.md"
+        if src.exists():
+            # figures sit beside the markdown: their links reach them one folder up
+            text = src.read_text().replace("](figures/", "](../figures/")
+            write_text(page(title, markdown_html(text)), html_dir / f"{stem}.html")
+            written.append(f"{stem}.html")
+    for stem, (title, table, what) in TABLE_PAGES.items():
+        df = t.get(table, pd.DataFrame())
+        body = f"<h2>{_html.escape(title)}</h2><p>{_html.escape(what)}.</p>"
+        body += df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}") if len(df) else "<p>(empty)</p>"
+        write_text(page(title, body), html_dir / f"{stem}.html")
+        written.append(f"{stem}.html")
+    return written
+
+
+def write_html_report(t: dict, brief: dict, headline_lines: list[str], made, out_dir, meta: dict) -> None:
+    """landing.rst, captions.rst and html/ into out_dir (the report folder)."""
+    out_dir = Path(out_dir)
+    write_pages(t, out_dir)
+    write_text(captions_rst(t, made), out_dir / "captions.rst")
+    write_text(landing_rst(brief, headline_lines, meta), out_dir / "landing.rst")
