@@ -125,3 +125,26 @@ def test_matched_and_aa_arms_read_so(tmp_path):
     cfg = load_config("config/followup.yaml")
     lin100 = {d.arm: d for d in arm_differences(cfg)}["mean_lin100"]
     assert lin100.confounded and "beta_schedule" in lin100.keys
+
+
+def test_every_cell_id_quoted_in_the_docs_is_one_the_code_writes():
+    """Cell ids in README.md and docs/ parse, and print back unchanged (an example id that lacks a
+    part real ids have, e.g. `_sched-lin300_`, would not be the id of the cell it names)."""
+    import re
+    from pathlib import Path
+
+    from latentstrat.cells import cell_id, normalize_settings, parse_cell_id, schema_cell_defaults
+
+    root = Path(__file__).resolve().parents[1]
+    found = 0
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for cid in re.findall(r"`(agg-[A-Za-z0-9_.-]+)`", doc.read_text()):
+            settings = normalize_settings({**schema_cell_defaults(), **parse_cell_id(cid)})
+            assert cell_id(settings) == cid, f"{doc.name}: {cid} is written {cell_id(settings)}"
+            found += 1
+    assert found >= 2
+    # the default collection's ids carry their schedule
+    cfg = load_config("config/config.yaml")
+    from latentstrat.cells import expand_cells
+
+    assert "agg-sum_fam-raw_beta-0.01_sched-lin300_seed-314159" in {c.cell_id for c in expand_cells(cfg)}

@@ -1,6 +1,6 @@
 """A trained cell opens with transformers + peft alone: its generator adapter (with the z
 projection written into the slot) and its posterior adapter (with the posterior head) compute
-the cell's generator logits and mu_q on right- and left-padded batches, and the README's
+the cell's generator logits and mu_q on right- and left-padded batches, and docs/open-a-cell.md's
 snippet generates what the project's own decoding generates."""
 
 import json
@@ -109,15 +109,15 @@ def test_posterior_adapter_reproduces_mu_q(cell):
 
 
 def test_readme_snippet_generates_what_the_project_decodes(cell, capsys):
-    """The README's "Open a trained cell" snippet, run on this cell, generates the ids the
-    project's decoding (latentstrat.modeling.decode) generates from the same z."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Open a trained cell", 1)[1]
+    """The "Open a trained cell" snippet (docs/open-a-cell.md), run on this cell, generates the ids
+    the project's decoding (latentstrat.modeling.decode) generates from the same z."""
+    readme = (ROOT / "docs" / "open-a-cell.md").read_text()
+    section = readme.split("# Open a trained cell", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = re.sub(r'^base = ".*"$', f'base = "{cell["base"]}"', code, flags=re.M)
     code = re.sub(r'^cell = ".*"$', f'cell = "{cell["train"]}"', code, flags=re.M)
     ns = {}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, "docs/open-a-cell.md", "exec"), ns)
     printed = capsys.readouterr().out
     x = re.search(r'tok\("<bos> <x> (.*?) </x>', code).group(1)
     gen = decode.generate(cell["model"], cell["tok"], [x], z=ns["z"][None], decoding=decode.Decoding(max_new_tokens=64))
