@@ -162,7 +162,8 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
     assert out.rstrip().endswith(
-        "base: done; 1/1 cells done, 0 running, 0 failed\ncollection ETA: every cell done (the aggregate and the report follow)"
+        "base: done; 1/1 cells done, 0 running, 0 failed\n"
+        "collection ETA: every cell done (the aggregate and the report follow)"
     ), out
 
 

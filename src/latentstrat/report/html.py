@@ -101,10 +101,11 @@ def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
         else f"All {expected} cells complete."
     )
     arms = brief.get("primary_contrast") or {}
+    primary, comparison = arms.get("primary_arm", "sum"), arms.get("comparison_arm", "mean")
+    endpoint = label(brief.get("primary_endpoint") or "")
     question = (
-        f"Does token aggregation `{arms.get('primary_arm', 'sum')}` change how much the router carries the strategy, "
-        f"against `{arms.get('comparison_arm', 'mean')}`? Primary endpoint: {label(brief.get('primary_endpoint') or '')}, "
-        "declared before the data."
+        f"Does token aggregation `{primary}` change how much the router carries the strategy, against "
+        f"`{comparison}`? Primary endpoint: {endpoint}, declared before the data."
     )
     md = "\n".join(
         [
@@ -180,7 +181,9 @@ def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
         numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
         body = f"**{title}** ({QUESTIONS[note.question]})\n\n{note.text.replace('`', '``')}\n\n{numbers}\n"
         blocks.append(
-            "{% " + ("if" if not blocks else "elif") + f' snakemake.wildcards.figure == "{name}" %}}\n'
+            "{% "
+            + ("if" if not blocks else "elif")
+            + f' snakemake.wildcards.figure == "{name}" %}}\n'
             + _jinja_raw(body)
             + "\n"
         )
