@@ -69,3 +69,44 @@ def test_the_quick_aa_collection_of_cells_that_learn_reads_cannot_tell(tmp_path)
     assert brief["training_noise_in_interval"] is True and brief["seeds_per_cell"] == {"min": 2, "max": 2}
     assert brief["verdict"] == "cannot tell" and brief["why"] == ""  # the interval decides, no guard
     assert brief["ci_low"] < 0 < brief["ci_high"] and brief["failing_cells"] == []
+    # the HTML report a Snakemake user shares: the headline verdict on its landing page and one caption
+    # per figure, the collection's own numbers in them (report/html.py)
+    html_report(wd, tmp_path)
+
+
+def html_report(wd, tmp_path):
+    import re
+    import shutil
+    import subprocess
+
+    from latentstrat.report.figures import FIGURES
+
+    out = tmp_path / "report.html"
+    r = snakemake(wd, "--report", str(out), configfile="config/quick-aa.yaml")
+    assert r.returncode == 0 and "ERROR" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    page = out.read_text()
+    assert "<h3>Headline</h3>" in page and "<strong>cannot tell</strong>" in page  # the landing page
+    assert "Cell states: <code>sum</code> 2 strategy; <code>aa</code> 2 strategy" in page
+    titles = {t for t in re.findall(r"<strong>([^<]+)</strong> \(", page) if t in {v[0] for v in FIGURES.values()}}
+    assert len(titles) >= 10, titles  # a caption of its own per figure
+    assert page.count("In this collection") >= 10
+    for section in ("1. Finding", "2. Figures", "3. Tables", "Arm contrasts", "Fairness", "Data availability"):
+        assert section in page, section
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
+        pytest.skip("no Chromium here: the landing page's screenshot is not taken")
+    shot = tmp_path / "landing.png"
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1280,1600",
+            f"file://{out}",
+        ],
+        capture_output=True,
+        timeout=120,
+    )
+    assert shot.exists() and shot.stat().st_size > 20_000  # a page was drawn, not a blank window

@@ -164,7 +164,7 @@ def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_r
     import jinja2
 
     from latentstrat.report.figures import FIGURE_NOTES, FIGURES
-    from latentstrat.report.html import PAGES, TABLE_PAGES
+    from latentstrat.report.html import PAGES, TABLE_PAGES, _rst_text
 
     out, res, missing = partial_report
     assert set(FIGURE_NOTES) == set(FIGURES)  # every figure declared with its caption
@@ -178,7 +178,7 @@ def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_r
     for name, _ in res["figures"]:
         wildcards = type("W", (), {"figure": name})
         text = template.render(snakemake=type("S", (), {"wildcards": wildcards}))
-        assert FIGURE_NOTES[name].text.replace("`", "``")[:60] in text, name
+        assert _rst_text(FIGURE_NOTES[name].text)[:60] in text, name
         if FIGURE_NOTES[name].metric:
             assert "In this collection" in text and "``sum`` median" in text, text
         seen.add(text)

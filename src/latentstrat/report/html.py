@@ -172,6 +172,12 @@ def dominance_numbers(t: dict) -> str:
     return "In this collection, at the last checkpoint: " + "; ".join(parts) + "."
 
 
+def _rst_text(text: str) -> str:
+    """Prose as reStructuredText: `x` as a literal, | and * not markup."""
+    text = text.replace("|", "\\|").replace("*", "\\*")
+    return text.replace("``", "\0").replace("`", "``").replace("\0", "``")
+
+
 def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
     """One caption per made figure, selected by `snakemake.wildcards.figure`."""
     summary = t.get("summary", pd.DataFrame())
@@ -179,7 +185,7 @@ def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
     for name, title in made:
         note = FIGURE_NOTES[name]
         numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
-        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{note.text.replace('`', '``')}\n\n{numbers}\n"
+        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{_rst_text(note.text)}\n\n{_rst_text(numbers)}\n"
         blocks.append(
             "{% "
             + ("if" if not blocks else "elif")
