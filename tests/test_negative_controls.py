@@ -57,11 +57,22 @@ def test_an_aa_collection_of_few_step_cells_reads_cannot_tell_with_every_cell_em
     assert summary.token_base_relative_reconstruction.notna().all() and len(summary) == 4
 
 
-@pytest.mark.slow
-def test_the_quick_aa_collection_of_cells_that_learn_reads_cannot_tell(tmp_path):
-    wd = copy_workflow(tmp_path)
+@pytest.fixture(scope="module")
+def quick_aa(tmp_path_factory):
+    """The quick A/A collection run through the workflow, and its HTML report (snakemake --report)."""
+    tmp = tmp_path_factory.mktemp("quick-aa")
+    wd = copy_workflow(tmp)
     r = snakemake(wd, "--cores", "2", "-q", configfile="config/quick-aa.yaml", timeout=1500)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = tmp / "report.html"
+    r = snakemake(wd, "--report", str(out), configfile="config/quick-aa.yaml")
+    assert r.returncode == 0 and "ERROR" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
+    return wd, out
+
+
+@pytest.mark.slow
+def test_the_quick_aa_collection_of_cells_that_learn_reads_cannot_tell(quick_aa):
+    wd, _ = quick_aa
     report = wd / "results" / "quick-aa" / "report"
     brief = yaml.safe_load((report / "brief.yaml").read_text())
     assert brief["primary_contrast"] == {"primary_arm": "sum", "comparison_arm": "aa"}
@@ -69,22 +80,17 @@ def test_the_quick_aa_collection_of_cells_that_learn_reads_cannot_tell(tmp_path)
     assert brief["training_noise_in_interval"] is True and brief["seeds_per_cell"] == {"min": 2, "max": 2}
     assert brief["verdict"] == "cannot tell" and brief["why"] == ""  # the interval decides, no guard
     assert brief["ci_low"] < 0 < brief["ci_high"] and brief["failing_cells"] == []
-    # the HTML report a Snakemake user shares: the headline verdict on its landing page and one caption
-    # per figure, the collection's own numbers in them (report/html.py)
-    html_report(wd, tmp_path)
 
 
-def html_report(wd, tmp_path):
+@pytest.mark.slow
+def test_the_html_report_carries_the_verdict_and_a_caption_per_figure(quick_aa):
+    """The HTML report a Snakemake user shares: the headline verdict on its landing page and one caption
+    per figure with the collection's own numbers (report/html.py)."""
     import re
-    import shutil
-    import subprocess
 
     from latentstrat.report.figures import FIGURES
 
-    out = tmp_path / "report.html"
-    r = snakemake(wd, "--report", str(out), configfile="config/quick-aa.yaml")
-    assert r.returncode == 0 and "ERROR" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
-    page = out.read_text()
+    page = quick_aa[1].read_text()
     assert "<h3>Headline</h3>" in page and "<strong>cannot tell</strong>" in page  # the landing page
     assert "Cell states: <code>sum</code> 2 strategy; <code>aa</code> 2 strategy" in page
     titles = {t for t in re.findall(r"<strong>([^<]+)</strong> \(", page) if t in {v[0] for v in FIGURES.values()}}
@@ -92,21 +98,17 @@ def html_report(wd, tmp_path):
     assert page.count("In this collection") >= 10
     for section in ("1. Finding", "2. Figures", "3. Tables", "Arm contrasts", "Fairness", "Data availability"):
         assert section in page, section
+
+
+@pytest.mark.slow
+def test_the_html_reports_landing_page_draws_in_a_browser(quick_aa, tmp_path):
+    import shutil
+    import subprocess
+
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
-        pytest.skip("no Chromium here: the landing page's screenshot is not taken")
+        pytest.skip("no Chromium on this machine: the landing page's headless screenshot is not taken")
     shot = tmp_path / "landing.png"
-    subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--screenshot={shot}",
-            "--window-size=1280,1600",
-            f"file://{out}",
-        ],
-        capture_output=True,
-        timeout=120,
-    )
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1280,1600"]
+    subprocess.run([*cmd, f"file://{quick_aa[1]}"], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 20_000  # a page was drawn, not a blank window
