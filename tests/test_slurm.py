@@ -58,7 +58,7 @@ def slurm_run(wd, env, *args, configfile=None):
     """`snakemake --profile slurm` in `wd`: the cut smoke collection (GRID, results under wd),
     or the collection config `configfile`; `args` (targets, options) come first, since
     `--configfile` and `--config` take every word after them."""
-    # the CI node: 2 CPUs (a group job larger than that runs its members in series), no sacct;
+    # the CI node: 2 CPUs, no sacct;
     # its jobs take 10-15 s, so the first status check comes after 4 s, not the profile's 10 (the
     # plugin adds 10 s to the interval after each round that finds no job finished)
     collection = (

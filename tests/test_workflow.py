@@ -47,8 +47,8 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
     # model (their training seed), every other cell from its own
     assert n["step0"] == 20
-    # each cell's probes + metrics form one group job (one Slurm submission per cell)
-    assert out.count("Group job probe") == 40
+    # no job groups: a group beside the base checkpoints stops a run (workflow/rules/probe.smk)
+    assert "group job" not in out.lower()
 
 
 def test_smoke_and_aa_configs_list_their_step0_jobs(wd):

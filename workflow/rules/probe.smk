@@ -1,6 +1,7 @@
 # Stage 6 (per cell: every task's probes and the global one in one job, the libraries imported
-# once) and the cell's metrics row. The probe job and the metrics job of one cell form the group
-# "probe": ONE submission per cell on Slurm (the jobs of a group run together in one allocation).
+# once) and the cell's metrics row. The two are separate jobs, not a `group:`: Snakemake loses
+# track of a running group job when a checkpoint (the base stages here) finishes meanwhile and
+# the run stops with `KeyError: metrics` (snakemake/snakemake issues 1331 and 4202).
 
 
 rule probes:
@@ -12,8 +13,6 @@ rule probes:
         str(P.log_path("probes", "{cell}")),
     benchmark:
         str(P.bench_path("probes", "{cell}"))
-    group:
-        "probe"
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1
@@ -47,8 +46,6 @@ rule metrics:
         str(P.log_path("metrics", "{cell}")),
     benchmark:
         str(P.bench_path("metrics", "{cell}"))
-    group:
-        "probe"
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1
