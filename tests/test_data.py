@@ -11,6 +11,7 @@ import torch
 
 from latentstrat import data as D
 from latentstrat.config import ConfigError, load_config
+from latentstrat.data_card import data_card
 from latentstrat.tasks import TASKS
 
 BASE_CFG = {"collection": "t", "base": "t", "grid": {"beta": [0.1]}}
@@ -295,7 +296,7 @@ def test_ambiguous_examples_are_kept_and_flagged():
     assert straight.sum() >= 3 and (df.ambiguous == straight).all()
     assert all(m == ["horizontal_first", "vertical_first"] for m in df.matching_strategies[df.ambiguous])
     assert all(len(m) == 1 for m in df.matching_strategies[~df.ambiguous])
-    card = D.data_card(df)
+    card = data_card(df, D.SPLITS)
     assert card.n_ambiguous.iloc[0] == straight.sum()
     assert card.ambiguity_rate.iloc[0] == pytest.approx(straight.mean())
 

@@ -37,35 +37,20 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def cycles(graph) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    """Strongly connected components with more than one module: the modules that reach each other."""
 
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
+    def reach(v) -> set:
+        seen, todo = set(), [v]
+        while todo:
+            for w in graph.get(todo.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
 
-    for v in list(graph):
-        if v not in index:
-            visit(v)
-    return out
+    reached = {v: reach(v) for v in graph}
+    comps = {tuple(sorted({v} | {w for w in reached[v] if v in reached.get(w, ())})) for v in graph}
+    return sorted(list(c) for c in comps if len(c) > 1)
 
 
 def test_no_import_cycle():

@@ -70,6 +70,32 @@ def check_config(cfg: dict) -> dict:
 
 
 def _check_semantics(cfg: dict) -> None:
+    """What the schema cannot say, in the order a reader meets it: names (tasks, families, the
+    backbone's path), arms and the primary contrast, then the cells they expand to."""
+    _check_names(cfg)
+    names = [cfg["primary_arm"]] + [a["name"] for a in cfg["comparison_arms"]]
+    for i, arm in enumerate(cfg["comparison_arms"]):
+        _check_arm(arm, f"comparison_arms[{i}]", names)
+    contrast = cfg["report"]["primary_contrast"]
+    if contrast is not None and contrast not in names[1:]:
+        raise ConfigError(
+            f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
+            f"(comparison arms: {', '.join(names[1:]) or 'none'})"
+        )
+    cells = expand_cells(cfg)
+    _check_cells(cfg, cells)
+    for diff in arm_differences(cfg, cells):
+        if diff.arm == contrast and diff.confounded and not diff.meant:
+            where = f"comparison_arms[{names.index(contrast) - 1}]"
+            raise ConfigError(
+                f"config key report.primary_contrast: arm {contrast!r} is confounded: its cells differ from the "
+                f"primary arm's in {', '.join(diff.keys)}, not in {ABLATED_KEY} alone. Match its settings, or "
+                f"declare the confound meant with `confounded: true` at {where}"
+            )
+
+
+def _check_names(cfg: dict) -> None:
+    """Every task and reconstruction family is known; a backbone read from disk names its path."""
     from latentstrat.tasks import TASKS  # local import: tasks import nothing from config
 
     for i, name in enumerate(cfg["data"]["tasks"]):
@@ -85,29 +111,28 @@ def _check_semantics(cfg: dict) -> None:
         raise ConfigError(
             f"config key backbone.name_or_path: required when backbone.source is {cfg['backbone']['source']!r}"
         )
-    names = [cfg["primary_arm"]] + [a["name"] for a in cfg["comparison_arms"]]
-    for i, arm in enumerate(cfg["comparison_arms"]):
-        where = f"comparison_arms[{i}]"
-        if names.count(arm["name"]) > 1:
-            raise ConfigError(f"config key {where}.name: arm name {arm['name']!r} is used twice")
-        if "table" in arm and ("grid" in arm or arm.get("settings")):
-            raise ConfigError(
-                f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both"
-            )
-        if "table" not in arm and not arm.get("settings") and "grid" not in arm and "seeds" not in arm:
-            raise ConfigError(f"config key {where}: needs `settings`/`grid`/`seeds` (run here) or `table` (external)")
-        if "seeds" in arm and "seed" in arm.get("settings", {}):
-            raise ConfigError(f"config key {where}: give the arm's seeds once: `seeds` or `settings.seed`, not both")
-        if "table" in arm and "seeds" in arm:
-            raise ConfigError(f"config key {where}: `seeds` is for arms run here, not an external `table`")
-    contrast = cfg["report"]["primary_contrast"]
-    if contrast is not None and contrast not in names[1:]:
-        raise ConfigError(
-            f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
-            f"(comparison arms: {', '.join(names[1:]) or 'none'})"
-        )
 
-    cells = expand_cells(cfg)
+
+def _check_arm(arm: dict, where: str, names: list[str]) -> None:
+    """One comparison arm: a unique name, and either run here (settings / grid / seeds) or read
+    from an external table, each said once."""
+    if names.count(arm["name"]) > 1:
+        raise ConfigError(f"config key {where}.name: arm name {arm['name']!r} is used twice")
+    if "table" in arm and ("grid" in arm or arm.get("settings")):
+        raise ConfigError(
+            f"config key {where}: give either `table` (external) or `settings`/`grid` (run here), not both"
+        )
+    if "table" not in arm and not arm.get("settings") and "grid" not in arm and "seeds" not in arm:
+        raise ConfigError(f"config key {where}: needs `settings`/`grid`/`seeds` (run here) or `table` (external)")
+    if "seeds" in arm and "seed" in arm.get("settings", {}):
+        raise ConfigError(f"config key {where}: give the arm's seeds once: `seeds` or `settings.seed`, not both")
+    if "table" in arm and "seeds" in arm:
+        raise ConfigError(f"config key {where}: `seeds` is for arms run here, not an external `table`")
+
+
+def _check_cells(cfg: dict, cells: list) -> None:
+    """The expanded cells: an entangled start needs the entangle stage and its record layout, and
+    no cell id appears in two arms."""
     if cfg["entangle"]["mode"] == "skip" and any(c.settings["init"] == "entangled" for c in cells):
         raise ConfigError("config key entangle.mode: 'skip' but some cells have init: entangled")
     slots = cfg["entangle"]["z_slots"]
@@ -122,14 +147,6 @@ def _check_semantics(cfg: dict) -> None:
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise ConfigError(f"config keys grid/comparison_arms: cell {dup[0]!r} appears in two arms")
-    for diff in arm_differences(cfg, cells):
-        if diff.arm == contrast and diff.confounded and not diff.meant:
-            where = f"comparison_arms[{names.index(contrast) - 1}]"
-            raise ConfigError(
-                f"config key report.primary_contrast: arm {contrast!r} is confounded: its cells differ from the "
-                f"primary arm's in {', '.join(diff.keys)}, not in {ABLATED_KEY} alone. Match its settings, or "
-                f"declare the confound meant with `confounded: true` at {where}"
-            )
 
 
 def _family_values(cfg: dict):

@@ -59,18 +59,7 @@ def workers(world: int, fn, args: tuple = (), kwargs: dict | None = None, thread
             pickle.dump(dict(fn=fn, args=args, kwargs=kwargs or {}, store=store, world=world, threads=threads), f)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         with contextlib.ExitStack() as closing:
-            procs, logs = [], []
-            for rank in range(1, world):
-                log = closing.enter_context(open(tmp / f"rank{rank}.log", "w+"))
-                logs.append(log)
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
+            procs, logs = _start_ranks(tmp, world, env, closing)
             try:
                 _wait_ready(procs, logs, tmp)
                 _init(store, 0, world)
@@ -89,15 +78,38 @@ def workers(world: int, fn, args: tuple = (), kwargs: dict | None = None, thread
                 if failed and not isinstance(e, WorkerError):
                     raise WorkerError(f"data-parallel worker failed: {failed}") from e
                 raise
-            for p in procs:
-                try:
-                    p.wait(timeout=TIMEOUT.total_seconds())
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-            failed = _failures(procs, logs)
-            if failed:
-                raise WorkerError(f"data-parallel worker failed: {failed}")
+            _join(procs, logs)
+
+
+def _start_ranks(tmp: Path, world: int, env: dict, closing: contextlib.ExitStack) -> tuple[list, list]:
+    """Ranks 1..world-1 as subprocesses of `python -m latentstrat.parallel job.pkl rank`, each
+    writing to its own log (closed by `closing`)."""
+    procs, logs = [], []
+    for rank in range(1, world):
+        log = closing.enter_context(open(tmp / f"rank{rank}.log", "w+"))
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    return procs, logs
+
+
+def _join(procs: list, logs: list) -> None:
+    """Wait for the workers (killed after TIMEOUT); a worker that failed raises WorkerError."""
+    for p in procs:
+        try:
+            p.wait(timeout=TIMEOUT.total_seconds())
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    failed = _failures(procs, logs)
+    if failed:
+        raise WorkerError(f"data-parallel worker failed: {failed}")
 
 
 def run(world: int, threads: int, fn, args: tuple = (), kwargs: dict | None = None, rank0_kwargs: dict | None = None):

@@ -275,16 +275,22 @@ def availability_table(
     primary_rows: pd.DataFrame, comparisons: dict, commons: dict, history_all: pd.DataFrame, history_task: pd.DataFrame
 ) -> pd.DataFrame:
     """diagnostic | local_data (yes/partial/no) | local_source | missing_data_note, from what exists."""
+    rows = [
+        *_summary_diagnostics(primary_rows, comparisons, commons),
+        *_history_diagnostics(history_all, history_task),
+        *_seed_diagnostics(primary_rows),
+        ("Fairness of the collection", True, "collection config + collection_state", ""),
+    ]
+    return pd.DataFrame(
+        [_availability_row(*r) for r in rows], columns=["diagnostic", "local_data", "local_source", "missing_data_note"]
+    )
+
+
+def _summary_diagnostics(primary_rows: pd.DataFrame, comparisons: dict, commons: dict) -> list[tuple]:
+    """The diagnostics read from the cells' summary rows and the comparison arms."""
     comparison_scale = any(_has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
     n_common = sum(len(c) for c in commons.values() if c is not None)
-    first = int(history_all.step.min()) if len(history_all) else None
-    dom = dominance_status(history_task)
-    seeds_lo = int(primary_rows["n_seeds"].min()) if _has(primary_rows, "n_seeds") else 1
-    seeds_hi = int(primary_rows["n_seeds"].max()) if _has(primary_rows, "n_seeds") else 1
-    first_note = (
-        "" if first == 0 else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent"
-    )
-    rows = [
+    return [
         (
             "KL-to-reconstruction trade-off",
             _has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"),
@@ -310,6 +316,17 @@ def availability_table(
             "summary",
             "no posterior / router probes",
         ),
+    ]
+
+
+def _history_diagnostics(history_all: pd.DataFrame, history_task: pd.DataFrame) -> list[tuple]:
+    """The diagnostics read from the training histories (all tasks, and per task)."""
+    first = int(history_all.step.min()) if len(history_all) else None
+    dom = dominance_status(history_task)
+    first_note = (
+        "" if first == 0 else f"earliest validation checkpoint is step {first}; exact initialization metrics are absent"
+    )
+    return [
         (
             "KL dynamics over training",
             _hist_has(history_all, "kl_prior_loss"),
@@ -338,6 +355,14 @@ def availability_table(
             dom["status"] == "partial",
             dom["evidence"] if dom["status"] == "partial" else "",
         ),
+    ]
+
+
+def _seed_diagnostics(primary_rows: pd.DataFrame) -> list[tuple]:
+    """Whether the verdicts carry training noise: seeds per setting."""
+    seeds_lo = int(primary_rows["n_seeds"].min()) if _has(primary_rows, "n_seeds") else 1
+    seeds_hi = int(primary_rows["n_seeds"].max()) if _has(primary_rows, "n_seeds") else 1
+    return [
         (
             "Training noise in the verdicts",
             seeds_hi >= 2,
@@ -352,8 +377,4 @@ def availability_table(
             seeds_lo == 2,
             "2 seeds only" if seeds_lo == 2 else "",
         ),
-        ("Fairness of the collection", True, "collection config + collection_state", ""),
     ]
-    return pd.DataFrame(
-        [_availability_row(*r) for r in rows], columns=["diagnostic", "local_data", "local_source", "missing_data_note"]
-    )

@@ -215,6 +215,30 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
             f"entangle.mode shipped: no shipped base at {d} ({MANIFEST} missing); "
             f"ship one with `python -m latentstrat.base.shipped --configfile ...` {retrain}"
         )
+    listed = _checked_manifest(d, retrain)
+    for name in ("model/config.json", PROVENANCE, *COPIED, *[REFERENCE] * need_reference):
+        if name not in listed:
+            raise ShippedBaseError(f"shipped base {d}: {name} is missing")
+    prov = json.loads((d / PROVENANCE).read_text())
+    diff = settings_diff(prov["recipe"], recipe(cfg))
+    if diff:
+        raise ShippedBaseError(
+            f"shipped base {d} was trained from another recipe than this config's base "
+            f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
+            f"entangle.mode train for the new settings, {retrain}"
+        )
+    fp = data_fingerprint(data_dir)
+    if fp != prov["data_fingerprint"]:
+        raise ShippedBaseError(
+            f"shipped base {d} was trained on other data than the data stage wrote to {data_dir} "
+            f"(data fingerprint {fp[:12]}... != {prov['data_fingerprint'][:12]}...); {retrain}"
+        )
+    return prov
+
+
+def _checked_manifest(d: Path, retrain: str) -> dict:
+    """The shipped base's manifest ({file: sha256}) once every file in the folder is listed in it,
+    present and matches its checksum."""
     listed = {}
     for n, line in enumerate((d / MANIFEST).read_text().splitlines(), 1):
         digest, _, name = line.partition("  ")
@@ -236,24 +260,7 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
                 f"{MANIFEST} says {listed[name][:12]}...): the file is corrupt or was edited; "
                 f"restore it (git checkout -- {d}) {retrain}"
             )
-    for name in ("model/config.json", PROVENANCE, *COPIED, *[REFERENCE] * need_reference):
-        if name not in listed:
-            raise ShippedBaseError(f"shipped base {d}: {name} is missing")
-    prov = json.loads((d / PROVENANCE).read_text())
-    diff = settings_diff(prov["recipe"], recipe(cfg))
-    if diff:
-        raise ShippedBaseError(
-            f"shipped base {d} was trained from another recipe than this config's base "
-            f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
-            f"entangle.mode train for the new settings, {retrain}"
-        )
-    fp = data_fingerprint(data_dir)
-    if fp != prov["data_fingerprint"]:
-        raise ShippedBaseError(
-            f"shipped base {d} was trained on other data than the data stage wrote to {data_dir} "
-            f"(data fingerprint {fp[:12]}... != {prov['data_fingerprint'][:12]}...); {retrain}"
-        )
-    return prov
+    return listed
 
 
 def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: str | Path) -> dict:

@@ -39,7 +39,7 @@ from latentstrat.base.reference import reference_nll
 from latentstrat.cell.train import batch_at, step_noise
 from latentstrat.config import config_for_command
 from latentstrat.modeling import objective as obj
-from latentstrat.modeling.backbone import build_backbone
+from latentstrat.modeling.backbone import build_backbone, device_of
 from latentstrat.modeling.decode import decode_batch, encode_prompts
 from latentstrat.modeling.model import HEAD_PREFIXES, LatentStrategyModel
 from latentstrat.modeling.objective import Objective, forward_losses
@@ -123,6 +123,35 @@ def records(batch_size: int):
     return df[df.split == "train"].reset_index(drop=True), df[df.split == "validation"].reset_index(drop=True), tok
 
 
+def train_steps(model, objective, enc, b_train, lr: float, batch_size: int, steps: int):
+    """`steps` train steps of the cell's objective (AdamW, clipping at 1): per step the loss, the
+    pre-clip gradient norm, the largest adapter gradient and the wall time; the last step's tokens
+    and supervised tokens."""
+    dev, latent_dim = device_of(model), model.latent_dim
+    opt = torch.optim.AdamW(model.trainable_parameters(), lr=lr)
+    model.train()
+    losses, grad_norms, adapter_grads, step_s, tokens, supervised = [], [], [], [], 0, 0
+    for step in range(steps):
+        idx = batch_at(enc.task_idx, batch_size, 0, step)
+        batch = data.collate(enc, idx, b_train).to(dev)
+        t = time.perf_counter()
+        out = forward_losses(model, batch, objective, step, step_noise(0, step, (len(idx), latent_dim)))
+        opt.zero_grad(set_to_none=True)
+        out["total"].backward()
+        adapter_grads.append(
+            max(float(p.grad.abs().max()) for n, p in model.named_parameters() if ".lora_" in n and p.grad is not None)
+        )
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)))
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        step_s.append(time.perf_counter() - t)
+        losses.append(float(out["total"].detach()))
+        tokens = int(batch.gen_mask.sum() + batch.post_mask.sum())
+        supervised = int(batch.sup_mask.sum())
+    return losses, grad_norms, adapter_grads, step_s, tokens, supervised
+
+
 def run(args) -> dict:
     cfg = config_for_command(args.configfile)
     dev = torch.device(args.device)
@@ -154,27 +183,9 @@ def run(args) -> dict:
     n_bar = float(train_df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b_val, cell["token_aggregation"], 0.25, n_bar)
     objective = Objective.for_cell(cell, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
-    opt = torch.optim.AdamW(model.trainable_parameters(), lr=cfg["train"]["lr"])
-    model.train()
-    losses, grad_norms, adapter_grads, step_s, tokens, supervised = [], [], [], [], 0, 0
-    for step in range(args.steps):
-        idx = batch_at(enc.task_idx, args.batch_size, 0, step)
-        batch = data.collate(enc, idx, b_train).to(dev)
-        t = time.perf_counter()
-        out = forward_losses(model, batch, objective, step, step_noise(0, step, (len(idx), latent_dim)))
-        opt.zero_grad(set_to_none=True)
-        out["total"].backward()
-        adapter_grads.append(
-            max(float(p.grad.abs().max()) for n, p in model.named_parameters() if ".lora_" in n and p.grad is not None)
-        )
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)))
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        step_s.append(time.perf_counter() - t)
-        losses.append(float(out["total"].detach()))
-        tokens = int(batch.gen_mask.sum() + batch.post_mask.sum())
-        supervised = int(batch.sup_mask.sum())
+    losses, grad_norms, adapter_grads, step_s, tokens, supervised = train_steps(
+        model, objective, enc, b_train, cfg["train"]["lr"], args.batch_size, args.steps
+    )
     model.eval()
     with torch.no_grad():
         vb = data.collate(val, list(range(len(val))), b_val).to(dev)

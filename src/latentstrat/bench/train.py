@@ -208,6 +208,38 @@ def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[floa
     return lora, (t_merged + t_merge, tok_merged)
 
 
+def alternating_rounds(trainer_step, naive_step, args, device) -> list:
+    """The trainer's and the naive step, timed in alternating rounds: a machine's speed drifts
+    (other tenants of a VM), and a ratio of two back-to-back timings moves with it. Per round
+    ((seconds, tokens) of the trainer's steps, the same of the naive steps)."""
+    rounds = []
+    for r in range(args.rounds):
+        fast_r = time_steps(trainer_step, args.steps, args.warmup if r == 0 else 0, device)
+        # the naive step runs transformers' padded passes: with the packed pass on, its padding to
+        # the dataset's longest record would be stripped from every per-token layer again, and
+        # the "naive" step would share the trainer's main optimization (it read 1.09x that way)
+        model_module.PACKED = False
+        try:
+            naive_r = time_steps(naive_step, args.steps, args.warmup if r == 0 else 0, device)
+        finally:
+            model_module.PACKED = True
+        rounds.append((fast_r, naive_r))
+    return rounds
+
+
+def padded_and_bf16(trainer_step, args, device) -> tuple:
+    """The trainer's step with transformers' padded passes instead of packed ones, and under bf16
+    autocast: what the cell trainer's choices are measured against on this host."""
+    model_module.PACKED = False
+    try:
+        padded = time_steps(trainer_step, args.steps, args.warmup, device)
+    finally:
+        model_module.PACKED = True
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        bf16 = time_steps(trainer_step, args.steps, args.warmup, device)
+    return padded, bf16
+
+
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -235,34 +267,12 @@ def run(args) -> dict:
         update(naive_losses(model, entangled, batch, objective, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
-    # the trainer's and the naive step, timed in alternating rounds: a machine's speed drifts
-    # (other tenants of a VM), and a ratio of two back-to-back timings moves with it. The ratio
-    # reported is the median of the rounds' ratios; tokens/s are over all rounds.
-    rounds = []
-    for r in range(args.rounds):
-        fast_r = time_steps(trainer_step, args.steps, args.warmup if r == 0 else 0, device)
-        # the naive step runs transformers' padded passes: with the packed pass on, its padding to
-        # the dataset's longest record would be stripped from every per-token layer again, and
-        # the "naive" step would share the trainer's main optimization (it read 1.09x that way)
-        model_module.PACKED = False
-        try:
-            naive_r = time_steps(naive_step, args.steps, args.warmup if r == 0 else 0, device)
-        finally:
-            model_module.PACKED = True
-        rounds.append((fast_r, naive_r))
+    rounds = alternating_rounds(trainer_step, naive_step, args, device)
     t_fast, tok_fast = (sum(x) for x in zip(*(f for f, _ in rounds)))
     t_naive, tok_naive = (sum(x) for x in zip(*(n for _, n in rounds)))
+    # the ratio reported is the median of the rounds' ratios; tokens/s are over all rounds
     ratios = sorted((tf_tok / tf) / (tn_tok / tn) for (tf, tf_tok), (tn, tn_tok) in rounds)
-    # the trainer's step with transformers' padded passes instead of packed ones, and under bf16
-    # autocast: what the cell trainer's choices are measured against on this host
-    model_module.PACKED = False
-    try:
-        t_padded, tok_padded = time_steps(trainer_step, args.steps, args.warmup, device)
-    finally:
-        model_module.PACKED = True
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        t_bf16, tok_bf16 = time_steps(trainer_step, args.steps, args.warmup, device)
-
+    (t_padded, tok_padded), (t_bf16, tok_bf16) = padded_and_bf16(trainer_step, args, device)
     (t_lora_eval, tok_lora_eval), (t_merged_eval, tok_merged_eval) = time_eval_passes(
         model, enc, b, objective, args, device
     )

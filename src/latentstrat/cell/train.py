@@ -237,6 +237,26 @@ class RunState:
     step_records: list = field(default_factory=list)
 
 
+def run_summary(cell: dict, run, objective, fingerprint: str, started_at: str, dev) -> dict:
+    """A trained cell's summary.json: its steps, wall time and tokens, the objective's scales,
+    the config hash and the provenance of the host and code."""
+    wall, tokens = run.wall, run.tokens
+    return {
+        "cell_id": cell["cell_id"],
+        "training_seed": cell_training_seed(cell),
+        "steps": run.step,
+        "wall_time_s": wall,
+        "train_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall > 0 else math.nan,
+        "threads": torch.get_num_threads(),
+        **objective.scales,
+        "config_hash": fingerprint[:16],
+        "started_at": started_at,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **host.provenance(str(dev)),
+    }
+
+
 def train_cell(
     cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None, step0_dir=None
 ) -> dict:
@@ -300,21 +320,7 @@ def train_cell(
 
     model.save_trained(out_dir)
     write_parquet(pd.DataFrame(run.history, columns=HISTORY_COLUMNS), out_dir / TRAIN_FILES["history"])
-    wall, tokens = run.wall, run.tokens
-    summary = {
-        "cell_id": cid,
-        "training_seed": cell_training_seed(cell),
-        "steps": run.step,
-        "wall_time_s": wall,
-        "train_tokens": tokens,
-        "tokens_per_s": tokens / wall if wall > 0 else math.nan,
-        "threads": torch.get_num_threads(),
-        **objective.scales,
-        "config_hash": fingerprint[:16],
-        "started_at": started_at,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **host.provenance(str(dev)),
-    }
+    summary = run_summary(cell, run, objective, fingerprint, started_at, dev)
     dump_json(summary, out_dir / TRAIN_FILES["summary"])
     checkpoint()  # the final state, so a rerun after a lost output resumes at the end
     return summary

@@ -83,6 +83,22 @@ def init_new_token_rows(model, ids: list[int]) -> list[int]:
     return ids
 
 
+def _from_pretrained(backbone_cfg: dict, dtype, attn: dict):
+    """`AutoModelForCausalLM.from_pretrained` of the config's name_or_path and revision; a model
+    that cannot be loaded is named with how to go on offline."""
+    from transformers import AutoModelForCausalLM
+
+    path, revision = pretrained_source(backbone_cfg)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, **attn)
+    except OSError as e:
+        raise OSError(
+            f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
+            f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
+            f"fill the hub cache and set HF_HUB_OFFLINE=1"
+        ) from None
+
+
 def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] | None = None):
     """A causal LM per `backbone_cfg` (the config's `backbone` section), in its dtype.
 
@@ -103,15 +119,7 @@ def build_backbone(backbone_cfg: dict, tokenizer=None, new_token_ids: list[int] 
             raise ValueError("build_backbone: backbone.source 'embedded' needs the dataset tokenizer")
         model = AutoModelForCausalLM.from_config(embedded_config(backbone_cfg["embedded"], tokenizer), **attn)
     elif source == "pretrained":
-        path, revision = pretrained_source(backbone_cfg)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype, **attn)
-        except OSError as e:
-            raise OSError(
-                f"config key backbone.name_or_path: cannot load the model {path!r} (revision "
-                f"{revision or 'default'}): {e}. Offline: point name_or_path at a local directory, or "
-                f"fill the hub cache and set HF_HUB_OFFLINE=1"
-            ) from None
+        model = _from_pretrained(backbone_cfg, dtype, attn)
     elif source == "config_json":
         path = backbone_cfg.get("name_or_path")
         if not path or not Path(path).exists():

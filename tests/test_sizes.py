@@ -1,0 +1,37 @@
+"""Size limits that ruff has no rule for: a module of the package at most 600 lines, a function
+(or method) at most 80 lines, so that each file and function reads top to bottom."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "latentstrat"
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def oversized(source: str, where: str) -> list[str]:
+    """What in one module's source is over the limits: the module, and each long function."""
+    out = []
+    n = len(source.splitlines())
+    if n > MAX_MODULE_LINES:
+        out.append(f"{where}: {n} lines (at most {MAX_MODULE_LINES})")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                out.append(f"{where}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+    return out
+
+
+def test_modules_and_functions_stay_within_their_sizes():
+    found = [line for p in sorted(PACKAGE.rglob("*.py")) for line in oversized(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_check_finds_a_long_function_and_a_long_module():
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    long_function = f"def f():\n{body}\n"  # 81 lines with its def
+    assert oversized(long_function, "m.py") == ["m.py:1 f: 81 lines (at most 80)"]
+    assert oversized("def f():\n" + "\n".join(body.splitlines()[:79]) + "\n", "m.py") == []
+    assert oversized("x = 1\n" * 601, "m.py") == ["m.py: 601 lines (at most 600)"]
