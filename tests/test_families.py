@@ -77,6 +77,11 @@ def test_each_family_by_hand():
         assert fam.zfree(scales) == pytest.approx(zfree[name]), name
 
 
+def test_only_raw_is_not_normalized():
+    names = ("raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95")
+    assert [F.parse_family(n).normalized for n in names] == [False, True, True, True]
+
+
 def test_a_kind_is_declared_once():
     with pytest.raises(ValueError, match="'raw' is declared twice"):
         F.declare(F.KINDS["raw"])
@@ -92,6 +97,7 @@ def toy_family(monkeypatch):
         label=lambda f: f"half dist {f['w']:g}",
         active=lambda f, t: f["w"] * t["dist_norm"],
         zfree=lambda f, s: f["w"],
+        normalized=True,
     )
     monkeypatch.setitem(F.KINDS, kind.name, kind)
     return kind

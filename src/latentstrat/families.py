@@ -43,6 +43,9 @@ class Kind:
     active   (Family, terms) -> the per-example objective from the per-example TERMS
     zfree    (Family, scales) -> its value for the z-free model on the validation split, where
              S_ref and T_ref are measured (`scales`: {"S_ref", "T_ref", "n_bar"})
+    normalized  its objective is measured against the entangled model's (a scale of order 1 under
+             every aggregation), not in nats: the report reads the normalized families' aggregation
+             effect apart from raw's, whose scale the aggregation sets
     """
 
     name: str
@@ -51,6 +54,7 @@ class Kind:
     label: Callable[["Family"], str]
     active: Callable[["Family", dict], Any]
     zfree: Callable[["Family", dict], float]
+    normalized: bool
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class Family:
     @property
     def declaration(self) -> Kind:
         return KINDS[self.kind]
+
+    @property
+    def normalized(self) -> bool:
+        return self.declaration.normalized
 
     @property
     def label(self) -> str:
@@ -146,6 +154,7 @@ declare(
         label=lambda f: "raw",
         active=lambda f, t: t["raw"],
         zfree=lambda f, s: s["S_ref"],
+        normalized=False,
     )
 )
 declare(
@@ -156,6 +165,7 @@ declare(
         label=lambda f: "dist norm",
         active=lambda f, t: t["dist_norm"],
         zfree=lambda f, s: 1.0,
+        normalized=True,
     )
 )
 declare(
@@ -166,6 +176,7 @@ declare(
         label=lambda f: f"tokcc a{short_number(f.alpha)}",
         active=lambda f, t: t["tokcc"],
         zfree=lambda f, s: 1.0,
+        normalized=True,
     )
 )
 declare(
@@ -178,5 +189,6 @@ declare(
         ),
         active=lambda f, t: f["p"] * t["dist_norm"] + f["q"] * t["tokcc"],
         zfree=lambda f, s: f["p"] + f["q"],
+        normalized=True,
     )
 )

@@ -1,6 +1,7 @@
 """The collection config's schema (schemas/config.schema.yaml): read once per process, the
-reconstruction families' name pattern set from their declarations (latentstrat.families), with
-its defaults filled into a config (`fill_defaults`)."""
+reconstruction families' name pattern and the token aggregations set from their declarations
+(latentstrat.families, latentstrat.aggregations), with its defaults filled into a config
+(`fill_defaults`)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ def _parsed() -> dict:
 
 
 def parsed_schema() -> dict:
-    """The schema (parsed once per process), the family pattern from the families declared now."""
+    """The schema (parsed once per process), the family pattern and the token aggregations from
+    the declarations now."""
+    from latentstrat.aggregations import AGGREGATIONS
     from latentstrat.families import name_pattern
 
     schema = _parsed()
     schema["$defs"]["family"]["pattern"] = name_pattern()
+    schema["$defs"]["aggregation"]["enum"] = list(AGGREGATIONS)
     return schema
 
 

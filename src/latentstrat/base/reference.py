@@ -31,11 +31,12 @@ import pandas as pd
 import torch
 
 from latentstrat import data
+from latentstrat.aggregations import AGGREGATIONS
 from latentstrat.cells import expand_cells, format_value
 from latentstrat.families import DEFAULT_ALPHA, parse_family
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
-from latentstrat.modeling.objective import AGGREGATIONS, Objective, reference_scales, zfree_token_nll
+from latentstrat.modeling.objective import Objective, reference_scales, zfree_token_nll
 from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from latentstrat.aggregations import aggregation as declared_aggregation
 from latentstrat.cell.probes import INFORMATION_PROBES, entropy_bits, read_probes
 from latentstrat.cells import CELL_KEYS, beta_label
 from latentstrat.families import family_label
@@ -156,16 +157,10 @@ def reference_sums(tokens: pd.DataFrame) -> dict:
 
 def summed_nll(records, aggregation: str, n_bar: float = math.nan) -> np.ndarray:
     """Per example, the cell's summed test NLL sum_t l_it, undoing the aggregation of its
-    `reconstruction_loss` A_i(l): times n_supervised under `mean`, as is under `sum`, times n_bar
-    under `sum_scaled`."""
+    `reconstruction_loss` A_i(l) = sum_t l_it / d_i: times the declared divisor d_i
+    (latentstrat.aggregations: n_supervised under `mean`, 1 under `sum`, n_bar under `sum_scaled`)."""
     raw = records["reconstruction_loss"].astype(float).to_numpy()
-    if aggregation == "mean":
-        return raw * records["n_supervised"].astype(float).to_numpy()
-    if aggregation == "sum":
-        return raw
-    if aggregation == "sum_scaled":
-        return raw * n_bar
-    raise ValueError(f"unknown token aggregation {aggregation!r}")
+    return raw * declared_aggregation(aggregation).divisor(records["n_supervised"].astype(float).to_numpy(), n_bar)
 
 
 def reference_b_sum(records, reference: dict) -> np.ndarray:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from latentstrat.aggregations import aggregation as declared_aggregation
 from latentstrat.cells import schedule_warmup
 from latentstrat.families import Family, parse_family
 
-AGGREGATIONS = ("mean", "sum", "sum_scaled")
 TOKCC_EPS = 1e-3
 
 
@@ -36,10 +36,7 @@ class Objective:
 
     @classmethod
     def for_cell(cls, cell: dict, scales: dict) -> "Objective":
-        if cell["token_aggregation"] not in AGGREGATIONS:
-            raise ValueError(
-                f"unknown token aggregation {cell['token_aggregation']!r} (expected one of {AGGREGATIONS})"
-            )
+        declared_aggregation(cell["token_aggregation"])  # a clear error for an unknown aggregation
         schedule_warmup(cell["beta_schedule"])  # a clear error for an unknown schedule
         return cls(
             family=parse_family(cell["reconstruction_family"]),
@@ -60,21 +57,11 @@ class Objective:
 
 
 def aggregate_tokens(v: torch.Tensor, mask: torch.Tensor, aggregation: str, n_bar: float | None = None) -> torch.Tensor:
-    """A_i(v) per example [B] from per-token values v [B, L] and mask [B, L].
-
-    mean: sum_t v / n_i; sum: sum_t v; sum_scaled: sum_t v / n_bar (n_bar: mean n_i on train).
-    """
+    """A_i(v) = sum_t v_it / d_i per example [B] from per-token values v [B, L] and mask [B, L],
+    d_i the declared aggregation's divisor (latentstrat.aggregations): mean n_i, sum 1,
+    sum_scaled n_bar (the mean n_i on train)."""
     mask = mask.to(v.dtype)
-    s = (v * mask).sum(-1)
-    if aggregation == "mean":
-        return s / mask.sum(-1).clamp_min(1)
-    if aggregation == "sum":
-        return s
-    if aggregation == "sum_scaled":
-        if not n_bar or n_bar <= 0:
-            raise ValueError(f"token aggregation sum_scaled needs n_bar > 0 (got {n_bar!r})")
-        return s / n_bar
-    raise ValueError(f"unknown token aggregation {aggregation!r} (expected one of {AGGREGATIONS})")
+    return (v * mask).sum(-1) / declared_aggregation(aggregation).divisor(mask.sum(-1).clamp_min(1), n_bar)
 
 
 def tokcc_weights(b: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -12,7 +12,7 @@ import functools
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
-from latentstrat.families import parse_family
+from latentstrat.families import family_label, parse_family
 from latentstrat.metrics import SCORED_NAMES, label
 from latentstrat.report.tables import fmt
 
@@ -150,6 +150,21 @@ def _attribution_ok(t, arm) -> bool:
     return not row.empty and row.status.iloc[0] == "supported"
 
 
+def normalized_labels(t) -> dict:
+    """Family label -> whether the family is normalized (its declaration's `normalized`), for the
+    families of the collection's cells (tables key families by label)."""
+    s = t["summary"]
+    if s.empty or "reconstruction_family" not in s.columns:
+        return {}
+    out = {}
+    for f in s["reconstruction_family"].dropna().unique():
+        try:
+            out[family_label(f)] = parse_family(f).normalized
+        except ValueError:  # an external arm's family that no declaration knows
+            continue
+    return out
+
+
 def q_scale_cancels(t, thr_near_zero, thr_one):
     q = (
         "Does the z-free reference scale fully cancel the aggregation-scale change for normalized "
@@ -168,7 +183,7 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
         for col in c.columns
         if col.endswith("_active_reconstruction_objective") and not col.startswith("delta") and c[col].notna().any()
     ]
-    norm = c[c[FAMILY_COL] != "raw"]
+    norm = c[c[FAMILY_COL].map(normalized_labels(t)).fillna(False).astype(bool)]
     if norm.empty or len(pre) < 2:
         return _f(q, CANNOT_TELL, "no normalized-family common cells", "")
     p_col, c_col = f"{pre[1]}_active_reconstruction_objective", f"{pre[0]}_active_reconstruction_objective"
