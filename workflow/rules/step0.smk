@@ -1,0 +1,24 @@
+# Stage 4a (per init): the step-0 validation of a model every cell of one init starts from (the
+# same init settings and training seed: the two arms of a pair), shared by those cells.
+
+
+checkpoint step0:
+    input:
+        unpack(after_base("step0", lambda w: {**P.data_files(), **P.entangled_model_files(MODE)})),
+    output:
+        **P.step0_files("{init}"),
+    log:
+        str(P.log_path("step0", "{init}")),
+    benchmark:
+        str(P.bench_path("step0", "{init}"))
+    threads: RES["threads"]
+    resources:
+        **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
+    params:
+        init=init_json,
+        entangle_dir=entangle_dir,
+        settings=sections(*EVALUATE_SECTIONS, "probes"),
+    conda:
+        "../../envs/latentstrat.yaml"
+    script:
+        "../scripts/step0.py"
