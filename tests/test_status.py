@@ -90,7 +90,9 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "metrics"), "done") and st["corrupt"] == []
     # the base: nothing built yet, every base stage missing and named in the summary
     assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "missing"
-    assert st["summary"].startswith("base: data missing, entangle missing, reference missing, step0:init-")
+    assert st["summary"].startswith(
+        "base: data missing, entangle missing, reference missing, 12 step0 missing;"
+    )  # smoke: 12 pairs
     records = p.records_path(cid)
     good = records.read_bytes()
     records.write_bytes(good[:8] + os.urandom(len(good) - 16) + good[-8:])  # random bytes inside, magic kept

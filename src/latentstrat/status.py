@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from latentstrat import host, sizing
@@ -206,7 +207,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     stale = sum(c["stages"]["train"]["state"] == "stale" for c in cells)
     corrupt = [s["file"] for s in base.values() if s["state"] == "corrupt"]
     corrupt += [s["file"] for c in cells for s in c["stages"].values() if s["state"] == "corrupt"]
-    base_line = ", ".join(f"{k} {v['state']}" for k, v in base.items() if v["state"] != "done")
+    base_line = ", ".join(base_states(base, skip_done=True))
     summary = (
         f"base: {base_line or 'done'}; {done}/{len(cells)} cells done, {running} running, {failed} failed"
         + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
@@ -273,8 +274,17 @@ def per_job_text(walls: dict) -> str:
     )
 
 
+def base_states(base: dict, skip_done: bool = False) -> list[str]:
+    """The base stages' states in words: the shared stages one by one (`data done`), the step-0
+    validations (one per init, as many as pairs) counted per state (`12 step0 missing`)."""
+    out = [f"{k} {v['state']}" for k, v in base.items() if not k.startswith("step0:")]
+    step0 = Counter(v["state"] for k, v in base.items() if k.startswith("step0:"))
+    out += [f"{n} step0 {state}" for state, n in sorted(step0.items())]
+    return [x for x in out if not (skip_done and x.endswith(" done"))]
+
+
 def render(status: dict) -> str:
-    lines = ["base: " + "  ".join(f"{k} {v['state']}" for k, v in status["base"].items())]
+    lines = ["base: " + "  ".join(base_states(status["base"]))]
     notes = [
         f"  {k}: {v['state']}"
         + (f" (Slurm job {v['job']})" if v["job"] else "")
