@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -118,8 +117,8 @@ def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAU
 def cell_objective(reference_dir: str | Path, cell: dict) -> Objective:
     """A cell's objective J (objective.Objective), its family parsed once, with the entangled
     model's scales for its aggregation and its family's tokcc exponent from `reference_dir`."""
-    o = Objective.for_cell(cell, {})
-    return replace(o, scales=scales_for(reference_dir, o.aggregation, o.family.alpha))
+    alpha = parse_family(cell["reconstruction_family"]).alpha
+    return Objective.for_cell(cell, scales_for(reference_dir, cell["token_aggregation"], alpha))
 
 
 def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:
