@@ -51,10 +51,8 @@ def toy_aggregation(monkeypatch):
     """`sum_sqrt`: the sum over the square root of the trace's length, declared as the recipe says."""
     agg = A.Aggregation(
         name="sum_sqrt",
-        label="sum / sqrt(n)",
         divisor=lambda n, n_bar: n**0.5,
         length_weighted=False,
-        description="the sum over the square root of the trace's tokens",
     )
     monkeypatch.setitem(A.AGGREGATIONS, agg.name, agg)
     return agg

@@ -3,8 +3,8 @@ per-token values v_it become one number per example, the setting the default col
 
 Every aggregation is A_i(v) = sum_t v_it / d_i, with its divisor d_i a function of the example's
 supervised tokens n_i and the train split's mean n_bar. Its declaration holds that divisor and
-what the report reads of it: whether long traces weigh more (`length_weighted`: every token
-counts alike, so an example counts in proportion to its tokens) and its label. The objective
+whether long traces weigh more (`length_weighted`: every token counts alike, so an example
+counts in proportion to its tokens). The objective
 (`modeling.objective.aggregate_tokens`), the reference stage's scales (one S_ref and T_ref per
 declared aggregation), the summed NLL the metrics undo it to and the config schema's accepted
 names all read the declarations here.
@@ -24,19 +24,15 @@ class Aggregation:
     """The declaration of one token aggregation.
 
     name            the setting's value (`sum`)
-    label           what tables and figures print
     divisor         (n_i, n_bar) -> d_i, so that A_i(v) = sum_t v_it / d_i (n_i a tensor or array
                     of supervised-token counts, at least 1; n_bar the train split's mean n_i)
     length_weighted every token counts alike across examples: a long trace weighs in
                     proportion to its tokens (`sum`), not as one example (`mean`)
-    description     one line for the config reference
     """
 
     name: str
-    label: str
     divisor: Callable[[Any, float | None], Any]
     length_weighted: bool
-    description: str
 
 
 AGGREGATIONS: dict[str, Aggregation] = {}
@@ -68,28 +64,21 @@ def _n_bar(n, n_bar: float | None) -> float:
 declare(
     Aggregation(
         name="mean",
-        label="mean",
         divisor=lambda n, n_bar: n,
         length_weighted=False,
-        description="the mean over the trace's tokens: every example weighs alike",
     )
 )
 declare(
     Aggregation(
         name="sum",
-        label="sum",
         divisor=lambda n, n_bar: 1.0,
         length_weighted=True,
-        description="the sum over the trace's tokens: every token weighs alike",
     )
 )
 declare(
     Aggregation(
         name="sum_scaled",
-        label="sum scaled",
         divisor=_n_bar,
         length_weighted=True,
-        description="the sum over the trace's tokens over the collection's mean trace length n_bar: sum's weighting at "
-        "mean's scale",
     )
 )
