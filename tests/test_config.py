@@ -22,12 +22,21 @@ def minimal(**over):
     return cfg
 
 
-def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_at_beta_001_and_01():
+def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_where_cells_are_bistable():
     cfg = default_cfg()
     cells = K.expand_cells(cfg)
     primary = [c for c in cells if c.role == "primary"]
     matched = [c for c in cells if c.arm == "matched_mean"]
-    assert len(primary) == 20 and len(matched) == 20 and len(cells) == 40  # 12 settings + 8 replicates each
+    assert len(primary) == 25 and len(matched) == 25 and len(cells) == 50  # 12 settings + 13 replicates each
+    per_setting = {}
+    for c in primary:
+        key = (c.settings["reconstruction_family"], c.settings["beta"])
+        per_setting[key] = per_setting.get(key, 0) + 1
+    assert {k: n for k, n in per_setting.items() if n == 3} == {
+        ("raw", 0.01): 3,
+        **{(f, 0.1): 3 for f in ("raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95")},
+    }
+    assert sorted(per_setting.values()) == [1] * 4 + [2] * 3 + [3] * 5
     assert {c.settings["token_aggregation"] for c in primary} == {"sum"}
     assert {c.settings["token_aggregation"] for c in matched} == {"mean"}
     # the arms differ in token aggregation alone: the same settings, schedule and seeds
@@ -35,8 +44,8 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     assert sorted(map(str, map(strip, primary))) == sorted(map(str, map(strip, matched)))
     assert {c.settings["beta_schedule"] for c in cells} == {"lin300"}  # a KL warm-up in both arms
     replicated = [c for c in primary if c.settings["seed"] != 314159]
-    assert {c.settings["seed"] for c in replicated} == {314160}
-    assert {c.settings["beta"] for c in replicated} == {0.01, 0.1} and len(replicated) == 8
+    assert {c.settings["seed"] for c in replicated} == {314160, 314161}
+    assert {c.settings["beta"] for c in replicated} == {0.01, 0.1} and len(replicated) == 13
     assert "agg-sum_fam-raw_beta-0.01_sched-lin300_seed-314159" in {c.cell_id for c in primary}
     assert "agg-mean_fam-dist_norm_beta-1_sched-lin300_seed-314159" in {c.cell_id for c in matched}
     # the endpoint and the contrast are declared in the config
@@ -108,6 +117,34 @@ def test_replicates_add_the_next_seeds_to_the_chosen_settings_of_every_arm():
     # no grid: every setting; 0 extra seeds: none
     assert len(K.expand_cells(C.check_config(minimal(replicates={})))) == 2
     assert len(K.expand_cells(C.check_config(minimal(replicates={"extra_seeds": 0})))) == 1
+
+
+def test_replicate_groups_give_each_setting_the_most_extra_seeds_of_the_groups_it_is_in():
+    """A list of groups: beta 0.01 gets one extra seed, beta 0.1 two, and raw at 0.01 two (the
+    larger of its two groups); beta 1 none."""
+    cfg = C.check_config(
+        minimal(
+            grid={"reconstruction_family": ["raw", "dist_norm"], "beta": [0.01, 0.1, 1]},
+            comparison_arms=[{"name": "mean", "settings": {"token_aggregation": "mean"}}],
+            replicates=[
+                {"extra_seeds": 1, "grid": {"beta": [0.01]}},
+                {"extra_seeds": 2, "grid": {"beta": [0.1]}},
+                {"extra_seeds": 2, "grid": {"beta": [0.01], "reconstruction_family": ["raw"]}},
+            ],
+        )
+    )
+    seeds = {}
+    for c in K.expand_cells(cfg):
+        seeds.setdefault((c.arm, c.settings["reconstruction_family"], c.settings["beta"]), []).append(
+            c.settings["seed"]
+        )
+    for arm in ("primary", "mean"):
+        assert seeds[(arm, "raw", 0.01)] == [314159, 314160, 314161]
+        assert seeds[(arm, "dist_norm", 0.01)] == [314159, 314160]
+        assert seeds[(arm, "raw", 0.1)] == seeds[(arm, "dist_norm", 0.1)] == [314159, 314160, 314161]
+        assert seeds[(arm, "raw", 1.0)] == [314159]
+    with pytest.raises(C.ConfigError, match="replicates"):
+        C.check_config(minimal(replicates=[{"extra_seeds": 1, "grid": {"beta": [0.01]}, "seeds": 3}]))
 
 
 def test_primary_contrast_must_name_a_comparison_arm():
@@ -210,9 +247,9 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)
-    # sum_scaled for raw only (it equals sum for the normalized families); + the beta 0.01 and 0.1
-    # replicates
-    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 20, "matched_mean": 20, "sum_scaled": 5, "mean_lin100": 16}
+    # sum_scaled for raw only (it equals sum for the normalized families); + the default's replicates
+    # (a second seed at beta 0.01 and 0.1, a third at 0.1 and for raw at 0.01)
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 25, "matched_mean": 25, "sum_scaled": 7, "mean_lin100": 21}
     assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"lin300"}
     # the default collection's cells are all in it (reused on the same base)
     assert {c.cell_id for c in K.expand_cells(default)} <= {c.cell_id for c in cells}
@@ -227,7 +264,8 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
 
 def test_aa_collection_is_sum_against_itself_on_the_default_base_with_its_own_seeds():
     """config/aa.yaml: the primary arm `sum` against an arm `aa` with the same settings and other
-    replicate seeds, 4 families x betas 0.01, 0.1, two seeds per setting in both arms."""
+    replicate seeds, 4 families x betas 0.01, 0.1, replicated as the default collection is (three
+    seeds at beta 0.1 and for raw at 0.01, two at the other beta 0.01 settings) in both arms."""
     cfg = C.load_config(ROOT / "config" / "aa.yaml")
     default = default_cfg()
     assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"] == "embedded-6task-v7"
@@ -236,9 +274,9 @@ def test_aa_collection_is_sum_against_itself_on_the_default_base_with_its_own_se
     by_arm = {}
     for c in cells:
         by_arm.setdefault(c.arm, []).append(c)
-    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 16, "aa": 16}
-    assert {c.settings["seed"] for c in by_arm["sum"]} == {314159, 314160}
-    assert {c.settings["seed"] for c in by_arm["aa"]} == {271828, 271829}
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 21, "aa": 21}
+    assert {c.settings["seed"] for c in by_arm["sum"]} == {314159, 314160, 314161}
+    assert {c.settings["seed"] for c in by_arm["aa"]} == {271828, 271829, 271830}
     strip = lambda c: {k: v for k, v in c.settings.items() if k != "seed"}  # noqa: E731
     # the same settings in both arms, token aggregation included: the arms differ in seeds alone
     assert sorted(map(str, map(strip, by_arm["sum"]))) == sorted(map(str, map(strip, by_arm["aa"])))

@@ -34,26 +34,29 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
     assert rc == 0, out[-3000:]
     train = [c for r, c, _ in jobs if r == "train"]
-    assert len(train) == len(set(train)) == 40
-    assert sum(c.startswith("agg-sum_") for c in train) == 20  # 12 settings + 8 replicates at beta 0.01, 0.1
-    assert sum(c.startswith("agg-mean_") for c in train) == 20  # the matched arm
+    assert len(train) == len(set(train)) == 50
+    # 12 settings + 13 replicates: a second seed at beta 0.01 and 0.1, a third at 0.1 and for raw at 0.01
+    assert sum(c.startswith("agg-sum_") for c in train) == 25
+    assert sum(c.startswith("agg-mean_") for c in train) == 25  # the matched arm
     assert all("_sched-lin300_" in c for c in train)  # the same warm-up in both arms
-    replicated = [c for c in train if c.endswith("seed-314160")]
-    assert len(replicated) == 16 and all("beta-0.01_" in c or "beta-0.1_" in c for c in replicated)
+    second = [c for c in train if c.endswith("seed-314160")]
+    assert len(second) == 16 and all("beta-0.01_" in c or "beta-0.1_" in c for c in second)
+    third = [c for c in train if c.endswith("seed-314161")]
+    assert len(third) == 10 and all("beta-0.1_" in c or "fam-raw_beta-0.01_" in c for c in third)
     assert "agg-sum_fam-raw_beta-1_sched-lin300_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probes"] == n["metrics"] == n["evaluate"] == 40  # one probe job per cell, every task in it
+    assert n["probes"] == n["metrics"] == n["evaluate"] == 50  # one probe job per cell, every task in it
     # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
     # model (their training seed), every other cell from its own
-    assert n["step0"] == 20
+    assert n["step0"] == 25
     # no job groups: a group beside the base checkpoints stops a run (workflow/rules/probe.smk)
     assert "group job" not in out.lower()
 
 
 def test_smoke_and_aa_configs_list_their_step0_jobs(wd):
     """The smoke collection (24 cells, 12 pairs) runs 12 step-0 validations; the A/A collection
-    (32 cells, both arms `sum`, no two cells with one training seed) 32, and lists every job."""
+    (42 cells, both arms `sum`, no two cells with one training seed) 42, and lists every job."""
     rc, jobs, out = dry_run(wd, configfile="config/smoke.yaml")
     assert rc == 0, out[-3000:]
     n = rules(jobs)
@@ -61,9 +64,10 @@ def test_smoke_and_aa_configs_list_their_step0_jobs(wd):
     rc, jobs, out = dry_run(wd, configfile="config/aa.yaml")
     assert rc == 0, out[-3000:]
     n = rules(jobs)
-    assert (n["train"], n["evaluate"], n["metrics"], n["step0"], n["report"]) == (32, 32, 32, 32, 1), n
+    assert (n["train"], n["evaluate"], n["metrics"], n["step0"], n["report"]) == (42, 42, 42, 42, 1), n
     train = [c for r, c, _ in jobs if r == "train"]
     assert sum(c.endswith(("seed-271828", "seed-271829")) for c in train) == 16
+    assert sum(c.endswith("seed-271830") for c in train) == 5
 
 
 def test_config_overrides_expand_any_axes(wd):

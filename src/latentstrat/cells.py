@@ -195,21 +195,35 @@ def arm_seeds(cfg: dict, arm: dict | None = None) -> list[int]:
     return list(cfg.get("seeds") or [cfg["cell"]["seed"]])
 
 
-def _replicated(settings: dict, rep_grid: dict) -> bool:
-    return all(format_value(settings[k]) in {format_value(v) for v in vals} for k, vals in rep_grid.items())
+def replicate_groups(cfg: dict) -> list[dict]:
+    """`replicates:` as a list of groups, each with its `extra_seeds` (default 1) and `grid` ({}
+    = every setting); [] without replicates."""
+    rep = cfg.get("replicates")
+    groups = rep if isinstance(rep, list) else [] if rep is None else [rep]
+    return [{"extra_seeds": g.get("extra_seeds", 1), "grid": g.get("grid") or {}} for g in groups]
 
 
-def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], replicates: dict | None) -> list[Cell]:
-    """The cells of one arm: the grid's settings x the arm's seeds, plus `replicates.extra_seeds`
-    more seeds (the next integers) for the settings inside `replicates.grid`."""
+def _extra_seeds(settings: dict, groups: list[dict]) -> int:
+    """The extra seeds of one setting: the most any replicate group containing it gives."""
+    inside = [
+        g["extra_seeds"]
+        for g in groups
+        if all(format_value(settings[k]) in {format_value(v) for v in vals} for k, vals in g["grid"].items())
+    ]
+    return max(inside, default=0)
+
+
+def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], groups: list[dict]) -> list[Cell]:
+    """The cells of one arm: the grid's settings x the arm's seeds, plus the extra seeds (the next
+    integers) its replicate groups give each setting."""
     axes = [k for k in CELL_KEYS if k in grid and k != "seed"]
-    extra = next_seeds(seeds, len(seeds) + replicates["extra_seeds"])[len(seeds) :] if replicates else []
+    most = max((g["extra_seeds"] for g in groups), default=0)
+    extra = next_seeds(seeds, len(seeds) + most)[len(seeds) :]
     cells, seen = [], set()
     for values in itertools.product(*(grid[k] for k in axes)):
         s = dict(base)
         s.update(zip(axes, values))
-        more = extra if replicates and _replicated(s, replicates.get("grid", {})) else []
-        for seed in [*seeds, *more]:
+        for seed in [*seeds, *extra[: _extra_seeds(s, groups)]]:
             s = normalize_settings({**s, "seed": seed})
             cid = cell_id(s)
             if cid in seen:  # e.g. beta [1, 1.0]
@@ -222,7 +236,7 @@ def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], r
 def expand_cells(cfg: dict) -> list[Cell]:
     """All cells of a validated config (config.load_config / config.check_config): the primary arm,
     then each run-here comparison arm; each arm with its seeds (arm_seeds) and replicates."""
-    rep = cfg.get("replicates")
+    rep = replicate_groups(cfg)
     cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], arm_seeds(cfg), rep)
     for arm in cfg["comparison_arms"]:
         if "table" in arm:

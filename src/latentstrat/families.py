@@ -21,15 +21,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from latentstrat.metrics import LOSS_METRIC_OF
+
 DEFAULT_ALPHA = 0.25  # the tokcc exponent of a family that names none
 
-# reconstruction term -> the metric it is logged as (history, evaluation records, metrics row)
-TERMS = {
-    "raw": "reconstruction_loss",
-    "dist_norm": "base_relative_reconstruction",
-    "tokcc": "tokcc_reconstruction_loss",
-}
-ACTIVE_METRIC = "active_reconstruction_objective"  # the family's own value, whatever the family
+# reconstruction term -> the metric it is logged as (history, evaluation records, metrics row):
+# the metrics declared with that `loss_term` (latentstrat.metrics), the KL and the family's own
+# objective (`active`) aside
+TERMS = {t: m for t, m in LOSS_METRIC_OF.items() if t not in ("kl", "active")}
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,9 @@ def _rows(node: dict, root: dict, prefix: str) -> list[tuple[str, str, str, str]
         rows.append((prefix + key, _type_text(sub, root), default, full.get("description", "")))
         if "properties" in full and not sub.get("$ref", "").endswith("/grid") and key != "cell":
             rows += _rows(sub, root, prefix + key + ".")
+        for alt in full.get("oneOf", [])[:1]:  # e.g. replicates: a group or a list of groups
+            if "properties" in _resolve(alt, root):
+                rows += _rows(alt, root, prefix + key + ".")
     return rows
 
 

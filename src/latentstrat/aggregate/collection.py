@@ -48,7 +48,7 @@ from latentstrat.aggregate.settings import (
 from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS
+from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS, M
 
 
 def report_settings(report_cfg: dict | None) -> dict:
@@ -199,7 +199,7 @@ def aggregate_tables(
     data: CollectionData,
     out_dir: str | Path,
     top_k: int = 5,
-    primary_metric: str = "router_information",
+    primary_metric: str = M.router_information,
     meta: dict | None = None,
 ) -> dict:
     """All aggregate tables from a collection's data; writes parquet + CSV under out_dir.
@@ -318,7 +318,7 @@ def aggregate_from_tables(
     history_path=None,
     out_dir=".",
     top_k: int = 5,
-    primary_metric: str = "router_information",
+    primary_metric: str = M.router_information,
     config_path=None,
 ) -> dict:
     """Aggregate tables from a summary table (+ comparison tables, + long history) alone.

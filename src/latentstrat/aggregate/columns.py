@@ -1,3 +1,5 @@
+from latentstrat.metrics import M
+
 """The names the aggregate tables and the report share: column names and the metric lists the
 tables are built over, so the report reads the words the aggregate writes."""
 
@@ -5,11 +7,11 @@ FAMILY_COL = "reconstruction_loss_family_label"
 CELL_CHECK_COL = "cell_check"  # "ok" / "FAIL" / "" (not checked) in every table that names cells
 # metrics compared between the primary arm and each comparison arm (common cells, arm contrasts)
 DELTA_METRICS = [
-    "router_information",
-    "matched_router_score",
-    "final_answer_accuracy",
-    "active_reconstruction_objective",
+    M.router_information,
+    M.matched_router_score,
+    M.final_answer_accuracy,
+    M.active_reconstruction_objective,
 ]
-ROUTER_METRIC = "router_information"  # the primary endpoint by default: the heterogeneity table is over it
-FALLBACK_METRIC = "matched_router_score"  # for external summary tables that have no router information
+ROUTER_METRIC = M.router_information  # the primary endpoint by default: the heterogeneity table is over it
+FALLBACK_METRIC = M.matched_router_score  # for external summary tables that have no router information
 SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]

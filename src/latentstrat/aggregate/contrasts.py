@@ -20,12 +20,12 @@ from latentstrat import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
 from latentstrat.aggregate.settings import aggregation_name, setting_replicates
 from latentstrat.cells import CELL_KEYS, format_value
-from latentstrat.metrics import interval
+from latentstrat.metrics import M, interval
 
 Z95 = 1.959963984540054
 # the primary endpoint and the seeds' router score: a delta of these between cells that carry no
 # strategy information compares noise with noise
-ROUTER_SCORES = ("router_information", "matched_router_score")
+ROUTER_SCORES = (M.router_information, M.matched_router_score)
 CONTRAST_COLUMNS = [
     "comparison_arm",
     "metric",
@@ -563,7 +563,7 @@ def scale_table(primary: pd.DataFrame, comparisons: dict, commons: dict) -> pd.D
     """Inferred z-free reference scale per arm (on the common cells for comparison arms) and the
     ratios primary / comparison arm: rows `<agg>`, `<agg>_comparison_common_cells` and
     `<primary agg>_over_<agg>_comparison_ratio` (` (<arm>)` appended when arms share an aggregation)."""
-    col = "inferred_zfree_reference_scale"
+    col = M.inferred_zfree_reference_scale
     rows = []
     p_agg = aggregation_name(primary)
     p_stats = _scale_stats(primary[col]) if col in primary.columns else None

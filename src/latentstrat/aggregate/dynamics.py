@@ -12,18 +12,18 @@ import pandas as pd
 from latentstrat.aggregate.columns import FAMILY_COL, SHARE_METRICS
 from latentstrat.cells import beta_label
 from latentstrat.families import family_label
-from latentstrat.metrics import HISTORY_COLUMNS
+from latentstrat.metrics import HISTORY_COLUMNS, M
 
 # dynamics summary: metric -> short name used in column names (seeds: base_relative_reconstruction)
 DYNAMICS_METRICS = {
-    "base_relative_reconstruction": "base_relative_reconstruction",
-    "active_reconstruction_objective": "active_reconstruction_objective",
-    "kl_prior_loss": "kl_prior_loss",
-    "kl_over_active_reconstruction": "kl_over_active_reconstruction",
+    M.base_relative_reconstruction: M.base_relative_reconstruction,
+    M.active_reconstruction_objective: M.active_reconstruction_objective,
+    M.kl_prior_loss: M.kl_prior_loss,
+    M.kl_over_active_reconstruction: M.kl_over_active_reconstruction,
     # validation proxies get their own names: the router probe there scores which strategy the
     # generator follows by likelihood instead of decoding (metrics.SCORED_NAMES), on a small subset
     "scored_router_probe": "val_scored_router_probe",
-    "posterior_probe": "val_posterior_probe",
+    M.posterior_probe: "val_posterior_probe",
     "scored_matched_router_score": "val_scored_matched_router_score",
 }
 INIT_LABEL = "initialization"
@@ -74,7 +74,7 @@ def per_task_checkpoints(history_task: pd.DataFrame, top_k: int) -> pd.DataFrame
         r = g[g.metric == "scored_matched_router_score"].sort_values("step")
         if r.empty:
             continue
-        acc = g[g.metric == "final_answer_accuracy"].sort_values("step")
+        acc = g[g.metric == M.final_answer_accuracy].sort_values("step")
         rows.append(
             {
                 "task_name": task,

@@ -10,6 +10,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import FAMILY_COL, SHARE_METRICS
 from latentstrat.aggregate.contrasts import arm_prefix, differing_keys, pair_key, pair_keys
 from latentstrat.cells import CELL_KEYS, format_value
+from latentstrat.metrics import M
 
 
 def collection_state_counts(state: pd.DataFrame) -> pd.DataFrame:
@@ -288,31 +289,31 @@ def availability_table(
 
 def _summary_diagnostics(primary_rows: pd.DataFrame, comparisons: dict, commons: dict) -> list[tuple]:
     """The diagnostics read from the cells' summary rows and the comparison arms."""
-    comparison_scale = any(_has(c, "inferred_zfree_reference_scale") for c in comparisons.values())
+    comparison_scale = any(_has(c, M.inferred_zfree_reference_scale) for c in comparisons.values())
     n_common = sum(len(c) for c in commons.values() if c is not None)
     return [
         (
             "KL-to-reconstruction trade-off",
-            _has(primary_rows, "kl_prior_loss", "active_reconstruction_objective"),
+            _has(primary_rows, M.kl_prior_loss, M.active_reconstruction_objective),
             "summary",
-            "summary lacks kl_prior_loss or active_reconstruction_objective",
+            f"summary lacks {M.kl_prior_loss} or {M.active_reconstruction_objective}",
         ),
         (
             "KL/reconstruction ratio",
-            _has(primary_rows, "kl_over_active_reconstruction"),
+            _has(primary_rows, M.kl_over_active_reconstruction),
             "summary",
             "no KL / active ratio",
         ),
         (
             "Sum scale vs mean scale",
-            _has(primary_rows, "inferred_zfree_reference_scale") and comparison_scale,
+            _has(primary_rows, M.inferred_zfree_reference_scale) and comparison_scale,
             "summary + comparison arm",
-            "no comparison arm with reconstruction_loss and base_relative_reconstruction",
+            f"no comparison arm with {M.reconstruction_loss} and {M.base_relative_reconstruction}",
         ),
         ("Mean-vs-sum objective scale", n_common > 0, "common_cells", "no common cells with a comparison arm"),
         (
             "Posterior-router gap",
-            _has(primary_rows, "posterior_router_probe_gap"),
+            _has(primary_rows, M.posterior_router_probe_gap),
             "summary",
             "no posterior / router probes",
         ),
@@ -329,13 +330,13 @@ def _history_diagnostics(history_all: pd.DataFrame, history_task: pd.DataFrame) 
     return [
         (
             "KL dynamics over training",
-            _hist_has(history_all, "kl_prior_loss"),
+            _hist_has(history_all, M.kl_prior_loss),
             "history_long",
-            "no history with kl_prior_loss",
+            f"no history with {M.kl_prior_loss}",
         ),
         (
             "Reconstruction dynamics",
-            _hist_has(history_all, "base_relative_reconstruction"),
+            _hist_has(history_all, M.base_relative_reconstruction),
             "history_long",
             "no history with base-relative reconstruction",
         ),

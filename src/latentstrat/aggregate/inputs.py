@@ -12,12 +12,12 @@ import pandas as pd
 
 from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
 from latentstrat.families import family_label
-from latentstrat.metrics import HISTORY_COLUMNS, METRICS, derive, history_name
+from latentstrat.metrics import HISTORY_COLUMNS, METRICS, M, derive, history_name
 
 # external comparison / summary tables (docs/comparison-table.md)
-TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", "matched_router_score"]
+TABLE_REQUIRED = ["reconstruction_family", "beta", "token_aggregation", "beta_schedule", M.matched_router_score]
 # the original study's column names for metrics latentstrat names otherwise
-STUDY_COLUMNS = {"distribution_normalized_reconstruction_loss": "base_relative_reconstruction"}
+STUDY_COLUMNS = {"distribution_normalized_reconstruction_loss": M.base_relative_reconstruction}
 
 
 def validate_summary_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -60,10 +60,10 @@ def fill_derived(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     rows = [derive(r) for r in df.to_dict("records")]
     for name in [
-        "matched_router_score",
-        "posterior_router_probe_gap",
-        "kl_over_active_reconstruction",
-        "inferred_zfree_reference_scale",
+        M.matched_router_score,
+        M.posterior_router_probe_gap,
+        M.kl_over_active_reconstruction,
+        M.inferred_zfree_reference_scale,
     ]:
         derived = pd.Series([r[name] for r in rows], index=df.index, dtype=float)
         if name in df.columns:

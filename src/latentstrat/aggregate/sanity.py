@@ -12,15 +12,16 @@ import pandas as pd
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.cells import beta_label
 from latentstrat.families import family_label
+from latentstrat.metrics import M
 
 SANITY_COLUMNS = [
     "cell_id",
     "arm",
     FAMILY_COL,
     "beta_label",
-    "final_answer_accuracy",
+    M.final_answer_accuracy,
     "entangled_answer_accuracy",
-    "strategy_match_rate",
+    M.strategy_match_rate,
     "entangled_strategy_match_rate",
     "step0_base_relative_reconstruction",
     "final_base_relative_reconstruction",
@@ -46,7 +47,7 @@ def entangled_model_quality(quality: dict | None) -> dict:
 
     return {
         "answer_accuracy": mean("answer_accuracy"),
-        "strategy_match_rate": mean("strategy_match_rate"),
+        M.strategy_match_rate: mean(M.strategy_match_rate),
         "n_tasks": len(tasks),
     }
 
@@ -59,7 +60,7 @@ def step0_base_relative(history_all: pd.DataFrame) -> dict:
     """cell id -> its step-0 (validation) base-relative reconstruction."""
     if not len(history_all):
         return {}
-    h = history_all[(history_all.metric == "base_relative_reconstruction") & (history_all.step == 0)]
+    h = history_all[(history_all.metric == M.base_relative_reconstruction) & (history_all.step == 0)]
     return dict(zip(h.cell_id, h.value.astype(float)))
 
 
@@ -73,12 +74,12 @@ def sanity_inputs(r: pd.Series, entangled: dict, step0: dict) -> dict:
         "arm": r.get("arm", ""),
         FAMILY_COL: family_label(r["reconstruction_family"]),
         "beta_label": beta_label(r["beta"]),
-        "final_answer_accuracy": float(r.get("final_answer_accuracy", math.nan)),
+        M.final_answer_accuracy: float(r.get(M.final_answer_accuracy, math.nan)),
         "entangled_answer_accuracy": entangled.get("answer_accuracy", math.nan),
-        "strategy_match_rate": float(r.get("strategy_match_rate", math.nan)),
-        "entangled_strategy_match_rate": entangled.get("strategy_match_rate", math.nan),
+        M.strategy_match_rate: float(r.get(M.strategy_match_rate, math.nan)),
+        "entangled_strategy_match_rate": entangled.get(M.strategy_match_rate, math.nan),
         "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
-        "final_base_relative_reconstruction": float(r.get("base_relative_reconstruction", math.nan)),
+        "final_base_relative_reconstruction": float(r.get(M.base_relative_reconstruction, math.nan)),
         "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
         "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)),
         "n_tasks": n_tasks,
@@ -95,14 +96,14 @@ def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
         elif not ok:
             fails.append(why)
 
-    ea, ca = row["entangled_answer_accuracy"], row["final_answer_accuracy"]
+    ea, ca = row["entangled_answer_accuracy"], row[M.final_answer_accuracy]
     check(
         "answer accuracy",
         (ea, ca),
         ca >= thr["sanity_min_answer_ratio"] * ea,
         f"answer accuracy {fmt_num(ca)} < {thr['sanity_min_answer_ratio']} x entangled {fmt_num(ea)}",
     )
-    es, cs = row["entangled_strategy_match_rate"], row["strategy_match_rate"]
+    es, cs = row["entangled_strategy_match_rate"], row[M.strategy_match_rate]
     check(
         "strategy match",
         (es, cs),

@@ -16,7 +16,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import FALLBACK_METRIC, FAMILY_COL
 from latentstrat.cells import CELL_KEYS, beta_label, format_value
 from latentstrat.families import family_label
-from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PROBE_METRICS, interval, probe_label
+from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PROBE_METRICS, M, interval, probe_label
 
 
 def setting_keys(df: pd.DataFrame) -> list[str]:
@@ -161,12 +161,12 @@ def labelled(rows: pd.DataFrame, cols) -> pd.DataFrame:
 
 def derived_diagnostics(rows: pd.DataFrame) -> pd.DataFrame:
     cols = [
-        "matched_router_score",
-        "active_reconstruction_objective",
-        "kl_prior_loss",
-        "kl_over_active_reconstruction",
-        "inferred_zfree_reference_scale",
-        "posterior_router_probe_gap",
+        M.matched_router_score,
+        M.active_reconstruction_objective,
+        M.kl_prior_loss,
+        M.kl_over_active_reconstruction,
+        M.inferred_zfree_reference_scale,
+        M.posterior_router_probe_gap,
     ]
     return labelled(rows, cols)
 
@@ -182,17 +182,17 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
 
 def top_bottom(rows: pd.DataFrame, metric: str, k: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     cols = [
-        "router_information",
-        "matched_router_score",
-        "within_task_router_probe",
+        M.router_information,
+        M.matched_router_score,
+        M.within_task_router_probe,
         "within_task_router_probe_chance",
         "within_task_router_probe_shuffled",
         "within_task_router_probe_corrected",
-        "strategy_match_rate",
+        M.strategy_match_rate,
         "followed_strategy_tv_max",
-        "final_answer_accuracy",
-        "reconstruction_loss",
-        "kl_prior_loss",
+        M.final_answer_accuracy,
+        M.reconstruction_loss,
+        M.kl_prior_loss,
     ]
     cols = [metric, f"{metric}_ci_low", f"{metric}_ci_high"] + [c for c in cols if c != metric]
     cols += ["final_answer_accuracy_ci_low", "final_answer_accuracy_ci_high"]

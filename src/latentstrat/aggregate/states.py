@@ -29,6 +29,7 @@ import math
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
+from latentstrat.metrics import M
 
 STATES = ("empty", "strategy", "other", "unknown")
 STATE_COLUMNS = [
@@ -37,12 +38,12 @@ STATE_COLUMNS = [
     FAMILY_COL,
     "beta_label",
     "seed",
-    "kl_prior_loss",
-    "base_relative_reconstruction",
-    "token_base_relative_reconstruction",
-    "active_units",
-    "router_mu_information",
-    "router_information",
+    M.kl_prior_loss,
+    M.base_relative_reconstruction,
+    M.token_base_relative_reconstruction,
+    M.active_units,
+    M.router_mu_information,
+    M.router_information,
     "router_information_ci_low",
     "router_information_ci_high",
     "state",
@@ -60,12 +61,12 @@ def _num(row, key) -> float:
 
 def cell_state(row, empty_kl: float, near_one: float, floor: float = 0.0) -> tuple[str, str]:
     """(state, the numbers and rule that decided it) of one cell's metrics row."""
-    kl = _num(row, "kl_prior_loss")
-    br, weighting = _num(row, "token_base_relative_reconstruction"), "per-token"
+    kl = _num(row, M.kl_prior_loss)
+    br, weighting = _num(row, M.token_base_relative_reconstruction), "per-token"
     if math.isnan(br):
-        br, weighting = _num(row, "base_relative_reconstruction"), "the aggregation's"
-    info, lo, hi = (_num(row, f"router_information{s}") for s in ("", "_ci_low", "_ci_high"))
-    x_alone = _num(row, "router_mu_information")
+        br, weighting = _num(row, M.base_relative_reconstruction), "the aggregation's"
+    info, lo, hi = (_num(row, f"{M.router_information}{s}") for s in ("", "_ci_low", "_ci_high"))
+    x_alone = _num(row, M.router_mu_information)
     if math.isnan(kl) or math.isnan(br):
         return "unknown", "no KL or base-relative reconstruction recorded"
     measured = f"KL {kl:.3g}, base-relative reconstruction ({weighting}) {br:.3g}"

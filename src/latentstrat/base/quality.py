@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.io import dump_json, write_parquet
+from latentstrat.metrics import M
 from latentstrat.modeling.scoring import score_generations
 from latentstrat.paths import ENTANGLE_FILES
 from latentstrat.tasks import TASKS
@@ -23,7 +24,7 @@ from latentstrat.tasks import TASKS
 # check name -> (config threshold key, direction): value must be >= (min) or <= (max) threshold
 CHECKS = {
     "answer_accuracy": ("quality_min_answer_accuracy", "min"),
-    "strategy_match_rate": ("quality_min_strategy_match", "min"),
+    M.strategy_match_rate: ("quality_min_strategy_match", "min"),
     "strategy_tv": ("quality_max_strategy_tv", "max"),
 }
 TEMPERATURE = 1.0
@@ -83,7 +84,7 @@ def quality_report(samples: pd.DataFrame, data_dist: dict[str, dict[str, float]]
         followed = strategy_distribution(matched, TASKS[name].strategies)
         values = {
             "answer_accuracy": float(np.mean(scored.correct.to_numpy())),
-            "strategy_match_rate": len(matched) / len(g),
+            M.strategy_match_rate: len(matched) / len(g),
             # no matched sample: nothing follows the data's strategies -> maximal distance
             "strategy_tv": total_variation(followed, data_dist[name]) if matched else 1.0,
         }

@@ -52,16 +52,16 @@ from scipy import stats
 
 from latentstrat.cells import beta_label, expand_cells
 from latentstrat.families import family_label
-from latentstrat.metrics import METRICS
+from latentstrat.metrics import METRICS, M
 
-METRIC = "router_information"
+METRIC = M.router_information
 N_BOOT = 200  # bootstrap replicates per simulated cell (the cells' own use metrics.N_BOOT)
 # what the cell-state rules may read besides router information, when the metric registry has them
 MAYBE_REGISTERED = (
-    "router_mu_information",
+    M.router_mu_information,
     "router_mu_information_ci_low",
     "router_mu_information_ci_high",
-    "token_base_relative_reconstruction",
+    M.token_base_relative_reconstruction,
 )
 
 

@@ -29,19 +29,19 @@ import yaml
 
 from latentstrat import cells
 from latentstrat.config import config_for_command
-from latentstrat.metrics import history_name
+from latentstrat.metrics import M, history_name
 from latentstrat.paths import TRAIN_FILES, Paths
 
 # history metric -> curve column
 COLUMNS = {
-    "base_relative_reconstruction": "base_relative",
-    "kl_prior_loss": "kl",
+    M.base_relative_reconstruction: "base_relative",
+    M.kl_prior_loss: "kl",
     "scored_router_probe": "router_probe",
     "scored_router_probe_chance": "router_chance",
-    "posterior_probe": "posterior_probe",
+    M.posterior_probe: M.posterior_probe,
     "posterior_probe_chance": "posterior_chance",
-    "final_answer_accuracy": "answer_accuracy",
-    "active_reconstruction_objective": "active",
+    M.final_answer_accuracy: "answer_accuracy",
+    M.active_reconstruction_objective: "active",
     "clipped_fraction": "clipped_fraction",
 }
 CURVE_FILE = "curve.csv"
@@ -80,7 +80,7 @@ def format_table(t: pd.DataFrame) -> str:
         "kl",
         "router_probe",
         "router_chance",
-        "posterior_probe",
+        M.posterior_probe,
         "posterior_chance",
         "answer_accuracy",
         "clipped_fraction",

@@ -27,6 +27,7 @@ from latentstrat.metrics import (
     LOSS_METRICS,
     METRICS,
     N_BOOT,
+    M,
     derive,
     interval,
     resample_counts,
@@ -34,9 +35,9 @@ from latentstrat.metrics import (
 
 # probe table name -> metric name
 PROBE_METRIC = {
-    "within_task_router": "within_task_router_probe",
-    "posterior": "posterior_probe",
-    "global_router": "global_router_probe",
+    "within_task_router": M.within_task_router_probe,
+    "posterior": M.posterior_probe,
+    "global_router": M.global_router_probe,
 }
 # the evaluate record columns the metrics read (evaluate.RECORD_COLUMNS has them all)
 METRIC_RECORD_COLUMNS = [
@@ -94,7 +95,7 @@ def _probe_summary(probes, name: str) -> dict:
     }
 
 
-def _information_summary(probes, name: str = "router_information") -> dict:
+def _information_summary(probes, name: str = M.router_information) -> dict:
     """An information probe's metric (router_information, router_mu_information): the mean over
     tasks of its rows' `information` (every task has one: a task where z says nothing reads 0,
     never NA, so both arms of a contrast average over the same tasks); `_tasks` counts them and
@@ -123,7 +124,7 @@ def endpoint_decomposition(records, probes) -> dict:
     inputs), and I_t = 0 where h_t = 0. The cell's router_information is the mean over tasks of
     that product, so it equals the product of the three means over H only when the parts do not
     vary across tasks: read the means for which part moved, not as factors that multiply."""
-    info = probes[(probes["probe"] == "router_information") & (probes["status"] == "ok")].set_index("task")
+    info = probes[(probes["probe"] == M.router_information) & (probes["status"] == "ok")].set_index("task")
     shares, entropies, rhos = [], [], []
     for task, g in records.groupby("task", sort=True):
         followed = g["followed_strategy"].dropna()
@@ -134,9 +135,9 @@ def endpoint_decomposition(records, probes) -> dict:
         if task in info.index and m and h > 0:
             rhos.append(float(np.sum(np.asarray(info.loc[task, "oof_bits"], dtype=float))) / m / h)
     return {
-        "single_strategy_share": float(np.mean(shares)) if shares else math.nan,
-        "followed_strategy_entropy": float(np.mean(entropies)) if entropies else math.nan,
-        "router_information_of_followed": float(np.mean(rhos)) if rhos else math.nan,
+        M.single_strategy_share: float(np.mean(shares)) if shares else math.nan,
+        M.followed_strategy_entropy: float(np.mean(entropies)) if entropies else math.nan,
+        M.router_information_of_followed: float(np.mean(rhos)) if rhos else math.nan,
     }
 
 
@@ -159,7 +160,7 @@ def summed_nll(records, aggregation: str, n_bar: float = math.nan) -> np.ndarray
     """Per example, the cell's summed test NLL sum_t l_it, undoing the aggregation of its
     `reconstruction_loss` A_i(l) = sum_t l_it / d_i: times the declared divisor d_i
     (latentstrat.aggregations: n_supervised under `mean`, 1 under `sum`, n_bar under `sum_scaled`)."""
-    raw = records["reconstruction_loss"].astype(float).to_numpy()
+    raw = records[M.reconstruction_loss].astype(float).to_numpy()
     return raw * declared_aggregation(aggregation).divisor(records["n_supervised"].astype(float).to_numpy(), n_bar)
 
 
@@ -235,7 +236,7 @@ def _repeat_bits(pr) -> np.ndarray:
 
 
 def information_replicates(
-    probes, by_task: dict, C: dict, n_boot: int, name: str = "router_information", frozen: bool = False
+    probes, by_task: dict, C: dict, n_boot: int, name: str = M.router_information, frozen: bool = False
 ) -> np.ndarray:
     """[n_boot] replicates of an information metric (router_information, router_mu_information):
     per task, the resampled test examples' bits (0 for those the probe did not see) summed, over
@@ -296,13 +297,13 @@ def bootstrap_replicates(
     if reference is not None and aggregation is not None:
         num = {t: summed_nll(g, aggregation, reference["n_bar"]) for t, g in by_task.items()}
         den = {t: reference_b_sum(g, reference) for t, g in by_task.items()}
-        rep["token_base_relative_reconstruction"] = sum(C[t] @ num[t] for t in tasks) / sum(
+        rep[M.token_base_relative_reconstruction] = sum(C[t] @ num[t] for t in tasks) / sum(
             C[t] @ den[t] for t in tasks
         )
     else:
-        rep["token_base_relative_reconstruction"] = np.full(n_boot, np.nan)
-    rep["final_answer_accuracy"] = mean_of({t: g["correct"].astype(bool) for t, g in by_task.items()})
-    rep["strategy_match_rate"] = mean_of({t: g["matched_strategies"].map(len).gt(0) for t, g in by_task.items()})
+        rep[M.token_base_relative_reconstruction] = np.full(n_boot, np.nan)
+    rep[M.final_answer_accuracy] = mean_of({t: g["correct"].astype(bool) for t, g in by_task.items()})
+    rep[M.strategy_match_rate] = mean_of({t: g["matched_strategies"].map(len).gt(0) for t, g in by_task.items()})
     for m in LOSS_METRICS:
         rep[m] = mean_of({t: g[m].astype(float) for t, g in by_task.items()})
     per_task = {}
@@ -328,9 +329,9 @@ def bootstrap_replicates(
         stack = lambda d: np.nanmean(np.stack(list(d.values())), axis=0) if d else np.full(n_boot, np.nan)  # noqa: E731
         with np.errstate(invalid="ignore"):
             rep[m], rep[f"{m}_corrected"] = stack(accs), stack(corrs)
-    rep["matched_router_score"] = rep["within_task_router_probe"] * rep["strategy_match_rate"]
+    rep[M.matched_router_score] = rep[M.within_task_router_probe] * rep[M.strategy_match_rate]
     shared = sorted(set(per_task["posterior"]) & set(per_task["within_task_router"]))
-    rep["posterior_router_probe_gap"] = (
+    rep[M.posterior_router_probe_gap] = (
         np.nanmean([per_task["posterior"][t] - per_task["within_task_router"][t] for t in shared], axis=0)
         if shared
         else np.full(n_boot, np.nan)
@@ -355,18 +356,18 @@ def cell_metrics_row(cell: dict, records, probes, reference: dict | None = None)
         "family_label": family_label(cell["reconstruction_family"]),
         "beta_label": beta_label(cell["beta"]),
     }
-    row["final_answer_accuracy"] = float(records["correct"].astype(bool).mean())
-    row["strategy_match_rate"] = float(records["matched_strategies"].map(len).gt(0).mean())
+    row[M.final_answer_accuracy] = float(records["correct"].astype(bool).mean())
+    row[M.strategy_match_rate] = float(records["matched_strategies"].map(len).gt(0).mean())
     for name in LOSS_METRICS:
         row[name] = float(records[name].astype(float).mean())
     for name in INFORMATION_PROBES:
         row.update(_information_summary(probes, name))
     row.update(endpoint_decomposition(records, probes))
-    row["token_base_relative_reconstruction"] = token_base_relative(records, cell["token_aggregation"], reference)
+    row[M.token_base_relative_reconstruction] = token_base_relative(records, cell["token_aggregation"], reference)
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
-    row["active_units"] = active_units(records)
-    row["posterior_router_probe_gap"] = shared_task_gap(probes)
+    row[M.active_units] = active_units(records)
+    row[M.posterior_router_probe_gap] = shared_task_gap(probes)
     row["followed_strategy_tv"], row["followed_strategy_tv_max"] = followed_strategy_tv(records)
     row = derive(row)
     row["n_test"] = int(len(records))
@@ -403,7 +404,7 @@ def write_cell_metrics(
         raise ValueError(f"probe tables {[str(p) for p in probe_paths]} include cell {other[0]!r}, not {cid!r}")
     for name, task_set in (
         ("within_task_router", set(records["task"])),
-        ("router_information", set(records["task"])),
+        (M.router_information, set(records["task"])),
         ("posterior", set(records["task"])),
         ("global_router", {"global"}),
     ):

@@ -53,10 +53,11 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.io import read_parquet, write_parquet
+from latentstrat.metrics import M
 
-PROBE_NAMES = ("within_task_router", "router_information", "router_mu_information", "posterior", "global_router")
+PROBE_NAMES = ("within_task_router", M.router_information, M.router_mu_information, "posterior", "global_router")
 # the information probes: probe name -> the record column of its features
-INFORMATION_PROBES = {"router_information": "router_z", "router_mu_information": "router_mu"}
+INFORMATION_PROBES = {M.router_information: "router_z", M.router_mu_information: "router_mu"}
 PROBE_COLUMNS = [
     "cell_id",
     "task",
@@ -455,9 +456,9 @@ def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataF
     return pd.DataFrame(
         [
             _probe_row(cfg, cid, task, "within_task_router", Xr, yr, ids_r),
-            _information_row(cfg, cid, task, Xr, yr, ids_r, rows, "router_information"),
+            _information_row(cfg, cid, task, Xr, yr, ids_r, rows, M.router_information),
             _information_row(
-                cfg, cid, task, _features(r, "router_mu", records_path), yr, ids_r, rows, "router_mu_information"
+                cfg, cid, task, _features(r, "router_mu", records_path), yr, ids_r, rows, M.router_mu_information
             ),
             _probe_row(cfg, cid, task, "posterior", Xq, yq, ids_q),
         ],

@@ -21,7 +21,7 @@ from latentstrat import data
 from latentstrat.cell.validation import GAUSSIANS, measure_model, prepare_validation
 from latentstrat.cells import cell_training_seed, init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
-from latentstrat.metrics import history_name
+from latentstrat.metrics import M, history_name
 from latentstrat.modeling.backbone import device_for
 from latentstrat.modeling.model import build_model
 from latentstrat.paths import STEP0_FILES
@@ -105,7 +105,7 @@ def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, thr
     save_step0(measured, fingerprint, init, val_df, out_dir)
     print(
         f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "
-        f"posterior probe {measured['metrics']['posterior_probe']:.3f}, "
-        f"answer accuracy {measured['metrics']['final_answer_accuracy']:.3f}"
+        f"posterior probe {measured['metrics'][M.posterior_probe]:.3f}, "
+        f"answer accuracy {measured['metrics'][M.final_answer_accuracy]:.3f}"
     )
     return fingerprint

@@ -30,7 +30,7 @@ import torch
 from latentstrat import data
 from latentstrat.cell.probes import linear_probe
 from latentstrat.cells import cell_training_seed
-from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, derive
+from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, M, derive
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import device_of
 from latentstrat.modeling.decode import Decoding, generate
@@ -38,7 +38,7 @@ from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.modeling.scoring import score_generations
 from latentstrat.tasks import TASKS
 
-ROUTER, GLOBAL = SCORED_NAMES["within_task_router_probe"], SCORED_NAMES["global_router_probe"]
+ROUTER, GLOBAL = SCORED_NAMES[M.within_task_router_probe], SCORED_NAMES[M.global_router_probe]
 GRAD_SHARE_ROWS = 16  # rows per task of the validation gradient-norm share
 GAUSSIANS = ("mu_q", "logvar_q", "mu_r", "logvar_r")
 
@@ -87,11 +87,11 @@ def validate(
         measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(cell))
     metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
-    metrics[SCORED_NAMES["matched_router_score"]] = scored_matched(metrics)
+    metrics[SCORED_NAMES[M.matched_router_score]] = scored_matched(metrics)
     per_task = {t: dict(m) for t, m in measured["per_task"].items()}
     for t, m in per_task.items():
-        if "final_answer_accuracy" in m:
-            m[SCORED_NAMES["matched_router_score"]] = scored_matched(m)
+        if M.final_answer_accuracy in m:
+            m[SCORED_NAMES[M.matched_router_score]] = scored_matched(m)
     grad = _task_grad_norms(model, objective, val, step)
     task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
@@ -163,7 +163,7 @@ def validation_losses(passes: dict, val, objective: Objective, step: int) -> tup
     b, _ = _padded(val["b"])
     out = obj.losses({**passes, "l": nll}, b, mask, objective, step)
     base = derive({metric: out[k].mean().item() for k, metric in LOSS_METRIC_OF.items()})
-    metrics = {k: base[k] for k in (*LOSS_METRICS, "kl_over_active_reconstruction", "inferred_zfree_reference_scale")}
+    metrics = {k: base[k] for k in (*LOSS_METRICS, M.kl_over_active_reconstruction, M.inferred_zfree_reference_scale)}
     metrics.update(
         posterior_variance=out["posterior_variance"].item(),
         router_marginal_kl_to_prior=out["router_marginal_kl_to_prior"].item(),
@@ -178,10 +178,10 @@ def scored_matched(m: dict) -> float:
     subset's strategy-match rate (the metrics row's identity, derive, on the scored probe)."""
     return derive(
         {
-            "within_task_router_probe": m.get(SCORED_NAMES["within_task_router_probe"]),
-            "strategy_match_rate": m.get("strategy_match_rate"),
+            M.within_task_router_probe: m.get(SCORED_NAMES[M.within_task_router_probe]),
+            M.strategy_match_rate: m.get(M.strategy_match_rate),
         }
-    )["matched_router_score"]
+    )[M.matched_router_score]
 
 
 def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
@@ -197,11 +197,11 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
     fol = np.array([f if f is not None else "" for f in followed], dtype=object)
     for t in per_task:
         m = (task_arr == t) & ~amb
-        per_task[t]["posterior_probe"], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
+        per_task[t][M.posterior_probe], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
         m2 = (task_arr == t) & (fol != "")
         per_task[t][ROUTER], per_task[t][f"{ROUTER}_chance"] = _probe(zr[m2], fol[m2], cfg)
     out = {}
-    for k in ("posterior_probe", ROUTER):
+    for k in (M.posterior_probe, ROUTER):
         for key in (k, f"{k}_chance"):
             # the chance level averaged over the tasks the probe itself covers
             vals = [per_task[t][key] for t in per_task if np.isfinite(per_task[t][k])]
@@ -275,7 +275,7 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
     """Answer accuracy and strategy-match rate of router-sampled greedy generations on the
     decoded subset: (overall, {task: per-task})."""
     if not rows:
-        return {"final_answer_accuracy": math.nan, "strategy_match_rate": math.nan}, {}
+        return {M.final_answer_accuracy: math.nan, M.strategy_match_rate: math.nan}, {}
     sub = df.loc[rows]
     gen = generate(
         model,
@@ -289,12 +289,12 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
     task_arr = sub.task.to_numpy()
     by_task = {
         t: {
-            "final_answer_accuracy": float(correct[task_arr == t].mean()),
-            "strategy_match_rate": float(matched[task_arr == t].mean()),
+            M.final_answer_accuracy: float(correct[task_arr == t].mean()),
+            M.strategy_match_rate: float(matched[task_arr == t].mean()),
         }
         for t in np.unique(task_arr)
     }
-    return {"final_answer_accuracy": float(correct.mean()), "strategy_match_rate": float(matched.mean())}, by_task
+    return {M.final_answer_accuracy: float(correct.mean()), M.strategy_match_rate: float(matched.mean())}, by_task
 
 
 def _task_grad_norms(model, objective: Objective, val: dict, step: int) -> dict[str, float]:

@@ -19,11 +19,11 @@ import math
 
 import pandas as pd
 
-from latentstrat.metrics import label
+from latentstrat.metrics import M, label
 from latentstrat.report.tables import md_table
 
-PARTS = ("single_strategy_share", "followed_strategy_entropy", "router_information_of_followed")
-DECOMPOSITION_METRICS = (*PARTS, "router_information")
+PARTS = (M.single_strategy_share, M.followed_strategy_entropy, M.router_information_of_followed)
+DECOMPOSITION_METRICS = (*PARTS, M.router_information)
 
 
 def _mean(values: pd.Series) -> float | None:

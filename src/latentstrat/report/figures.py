@@ -15,7 +15,7 @@ import seaborn as sns  # noqa: E402
 
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
 from latentstrat.io import atomic_path  # noqa: E402
-from latentstrat.metrics import history_label, label  # noqa: E402
+from latentstrat.metrics import M, history_label, label  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 FAM, BETA = "family", "beta"
@@ -114,10 +114,10 @@ def objective_scale_heatmap(t):
 
 def kl_vs_reconstruction(t):
     df = _rows(t)
-    if not _need(df, "kl_prior_loss", "active_reconstruction_objective"):
+    if not _need(df, M.kl_prior_loss, M.active_reconstruction_objective):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
-    return _scatter(df, "active_reconstruction_objective", "kl_prior_loss", "KL-to-reconstruction trade-off")
+    return _scatter(df, M.active_reconstruction_objective, M.kl_prior_loss, "KL-to-reconstruction trade-off")
 
 
 def _bar(df, y, title):
@@ -138,8 +138,8 @@ def _bar(df, y, title):
 def kl_recon_ratio(t):
     df = _primary(t)
     return (
-        _bar(df, "kl_over_active_reconstruction", "KL / active reconstruction (primary arm)")
-        if _need(df, "kl_over_active_reconstruction")
+        _bar(df, M.kl_over_active_reconstruction, "KL / active reconstruction (primary arm)")
+        if _need(df, M.kl_over_active_reconstruction)
         else None
     )
 
@@ -147,27 +147,27 @@ def kl_recon_ratio(t):
 def posterior_router_gap(t):
     df = _primary(t)
     return (
-        _bar(df, "posterior_router_probe_gap", "Posterior minus router probe (primary arm)")
-        if _need(df, "posterior_router_probe_gap")
+        _bar(df, M.posterior_router_probe_gap, "Posterior minus router probe (primary arm)")
+        if _need(df, M.posterior_router_probe_gap)
         else None
     )
 
 
 def base_relative_vs_router(t):
     df = _rows(t)
-    if not _need(df, "base_relative_reconstruction", "within_task_router_probe"):
+    if not _need(df, M.base_relative_reconstruction, M.within_task_router_probe):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
     fig = _scatter(
         df,
-        "base_relative_reconstruction",
-        "within_task_router_probe",
+        M.base_relative_reconstruction,
+        M.within_task_router_probe,
         "Base-relative reconstruction vs router probe\n(grey ticks: each cell's chance level)",
     )
     fig.axes[0].axvline(1.0, color="0.5", ls="--", lw=0.8)
     if "within_task_router_probe_chance" in df.columns:  # the probe's chance level under each point
         fig.axes[0].scatter(
-            df["base_relative_reconstruction"],
+            df[M.base_relative_reconstruction],
             df["within_task_router_probe_chance"],
             marker="_",
             s=120,
@@ -253,14 +253,14 @@ def trajectory(t):
     h = _history(t)
     if h.empty:
         return None
-    w = h[h.metric.isin(["base_relative_reconstruction", "scored_matched_router_score"])]
+    w = h[h.metric.isin([M.base_relative_reconstruction, "scored_matched_router_score"])]
     w = w.pivot_table(index=["cell_id", "step", FAM, BETA], columns="metric", values="value").reset_index()
-    if not _need(w, "base_relative_reconstruction", "scored_matched_router_score"):
+    if not _need(w, M.base_relative_reconstruction, "scored_matched_router_score"):
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     sns.lineplot(
         data=w.sort_values("step"),
-        x="base_relative_reconstruction",
+        x=M.base_relative_reconstruction,
         y="scored_matched_router_score",
         hue=FAM,
         style=BETA,
@@ -282,7 +282,7 @@ def trajectory(t):
     )
     ax.set_xscale("log")
     ax.set(
-        xlabel=label("base_relative_reconstruction") + " (log)",
+        xlabel=label(M.base_relative_reconstruction) + " (log)",
         ylabel=history_label("scored_matched_router_score"),
         title="Reconstruction-router trajectory",
     )
@@ -350,7 +350,7 @@ def router_information_by_cell(t):
     """The primary endpoint per cell: one panel per beta, families along x, arms side by side,
     95% intervals (test inputs), the marker naming the cell's state."""
     s, st = t.get("summary", pd.DataFrame()), t.get("cell_states", pd.DataFrame())
-    if not _need(s, "router_information") or "arm" not in s.columns:
+    if not _need(s, M.router_information) or "arm" not in s.columns:
         return None
     df = s.merge(st[["cell_id", "state"]], on="cell_id", how="left") if not st.empty else s.assign(state="unknown")
     betas = list(dict.fromkeys(df.beta_label))
@@ -365,7 +365,7 @@ def router_information_by_cell(t):
             a = g[g.arm == arm]
             x = np.array([fams.index(f) for f in a.family_label]) + (j - (len(arms) - 1) / 2) * 0.25
             x = x + 0.04 * a.groupby("family_label").cumcount().to_numpy()  # seeds side by side
-            err = _err(a, "router_information")
+            err = _err(a, M.router_information)
             ax.errorbar(x, a.router_information, yerr=err, fmt="none", ecolor=colors[arm], elinewidth=0.8, capsize=2)
             for state, m in markers.items():
                 sel = (a.state == state).to_numpy()
@@ -374,7 +374,7 @@ def router_information_by_cell(t):
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xticks(range(len(fams)), fams, rotation=30, ha="right", fontsize=8)
         ax.set(title=beta, xlabel="", xlim=(-0.6, len(fams) - 0.4))
-    axes[0][0].set_ylabel(label("router_information"))
+    axes[0][0].set_ylabel(label(M.router_information))
     handles = [plt.Line2D([], [], color=colors[a], marker="o", ls="", label=a) for a in arms]
     handles += [plt.Line2D([], [], color="0.3", marker=m, ls="", label=s) for s, m in markers.items()]
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
@@ -394,20 +394,20 @@ FIGURES = {
     "posterior_router_gap": ("Posterior-router gap", posterior_router_gap),
     "dynamics_base_relative": (
         "Base-relative reconstruction dynamics",
-        lambda t: dynamics(t, ["base_relative_reconstruction"], "Validation dynamics"),
+        lambda t: dynamics(t, [M.base_relative_reconstruction], "Validation dynamics"),
     ),
     "dynamics_active_objective": (
         "Active reconstruction objective dynamics",
-        lambda t: dynamics(t, ["active_reconstruction_objective"], "Validation dynamics"),
+        lambda t: dynamics(t, [M.active_reconstruction_objective], "Validation dynamics"),
     ),
-    "dynamics_kl": ("KL dynamics", lambda t: dynamics(t, ["kl_prior_loss"], "Validation dynamics")),
+    "dynamics_kl": ("KL dynamics", lambda t: dynamics(t, [M.kl_prior_loss], "Validation dynamics")),
     "dynamics_kl_ratio": (
         "KL/reconstruction ratio dynamics",
-        lambda t: dynamics(t, ["kl_over_active_reconstruction"], "Validation dynamics"),
+        lambda t: dynamics(t, [M.kl_over_active_reconstruction], "Validation dynamics"),
     ),
     "dynamics_probes": (
         "Router and posterior probe dynamics",
-        lambda t: dynamics(t, ["scored_router_probe", "posterior_probe"], "Validation probes"),
+        lambda t: dynamics(t, ["scored_router_probe", M.posterior_probe], "Validation probes"),
     ),
     "reconstruction_router_trajectory": ("Reconstruction-router trajectory", trajectory),
     "per_task_router_dynamics": ("Per-task router dynamics", per_task_router),
@@ -443,7 +443,7 @@ FIGURE_NOTES = {
         "a generation follows (out-of-fold probe), with its 95% interval over test inputs, one panel per arm. "
         "Above 0 with the interval: the router carries the strategy; the router-mean probe (what x alone tells) "
         "is the floor a `strategy` cell must clear.",
-        "router_information",
+        M.router_information,
     ),
     "base_relative_vs_router": FigureNote(
         0,
@@ -451,14 +451,14 @@ FIGURE_NOTES = {
         "reference's; 1 = z helps nothing, dashed line) against the within-task router probe, the probe's "
         "chance level as a grey tick under each point. Left of 1: z is used; above the tick: the router "
         "predicts the strategy. Left but at chance: z carries something other than the strategy.",
-        "base_relative_reconstruction",
+        M.base_relative_reconstruction,
     ),
     "posterior_router_gap": FigureNote(
         0,
         "Posterior probe minus router probe per family and beta (primary arm): how much more the posterior "
         "q(z|x,y) tells about the strategy than the router p(z|x). A large gap: the strategy is in z but the "
         "router does not predict it.",
-        "posterior_router_probe_gap",
+        M.posterior_router_probe_gap,
     ),
     "objective_scale_heatmap": FigureNote(
         1,
@@ -466,67 +466,67 @@ FIGURE_NOTES = {
         "annotations are the deltas, the colors the delta over its row's largest |delta| (red: the primary "
         "arm higher). Under `sum` the reconstruction objective grows with the tokens of a trace, so its rows "
         "show by how much the sum arm weighs reconstruction against the KL more.",
-        "kl_over_active_reconstruction",
+        M.kl_over_active_reconstruction,
     ),
     "kl_vs_reconstruction": FigureNote(
         1,
         "KL to the prior (y) against the active reconstruction objective (x) per setting and arm: the trade-off "
         "beta sets. A setting at KL near 0 does not use z (`empty`); the higher, the more information z carries.",
-        "kl_prior_loss",
+        M.kl_prior_loss,
     ),
     "kl_reconstruction_ratio": FigureNote(
         1,
         "KL over the active reconstruction objective per family (bars) and beta (colors), primary arm: the "
         "size of the KL against the reconstruction it buys.",
-        "kl_over_active_reconstruction",
+        M.kl_over_active_reconstruction,
     ),
     "inferred_scale": FigureNote(
         1,
         "The z-free reference scale S_ref = raw reconstruction / base-relative reconstruction per source and "
         "aggregation (log axis, mean and SD), with the ratios between them in the box: the factor between a "
         "token sum and a sequence mean on these data (about the mean trace length).",
-        "inferred_zfree_reference_scale",
+        M.inferred_zfree_reference_scale,
     ),
     "dynamics_base_relative": FigureNote(
         2,
         "Validation base-relative reconstruction over training steps, one line per cell: 1 at step 0 (the cell "
         "starts as the entangled model), dropping where the latent starts (the onset).",
-        "base_relative_reconstruction",
+        M.base_relative_reconstruction,
     ),
     "dynamics_active_objective": FigureNote(
         2,
         "The active reconstruction objective over training steps, per cell.",
-        "active_reconstruction_objective",
+        M.active_reconstruction_objective,
     ),
     "dynamics_kl": FigureNote(
         2,
         "KL to the prior over training steps, per cell: it rises when z starts to carry information; a cell "
         "that stays near 0 never starts.",
-        "kl_prior_loss",
+        M.kl_prior_loss,
     ),
     "dynamics_kl_ratio": FigureNote(
         2,
         "KL over the active reconstruction objective over training steps, per cell.",
-        "kl_over_active_reconstruction",
+        M.kl_over_active_reconstruction,
     ),
     "dynamics_probes": FigureNote(
         2,
         "The router and posterior probe scores on validation over training steps, per cell: the router "
         "follows the posterior once the latent carries the strategy.",
-        "within_task_router_probe",
+        M.within_task_router_probe,
     ),
     "reconstruction_router_trajectory": FigureNote(
         2,
         "Each cell's path through (base-relative reconstruction, log x; matched router score, y) over its "
         "validation checkpoints, the first marked x: left first (z used), then up (the router predicts the "
         "strategy).",
-        "base_relative_reconstruction",
+        M.base_relative_reconstruction,
     ),
     "per_task_router_dynamics": FigureNote(
         2,
         "The matched router score on validation per task over training steps: which tasks' strategies the "
         "router learns first.",
-        "within_task_router_probe",
+        M.within_task_router_probe,
     ),
     "token_count_dominance": FigureNote(
         3,

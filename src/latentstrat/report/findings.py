@@ -13,7 +13,7 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.families import family_label, parse_family
-from latentstrat.metrics import SCORED_NAMES, label
+from latentstrat.metrics import SCORED_NAMES, M, label
 from latentstrat.report.tables import fmt
 
 SUPPORTED, NOT_SUPPORTED, CANNOT_TELL = "supported", "not supported", "cannot tell"
@@ -47,7 +47,7 @@ def _arm_aggs(t) -> dict:
     return out
 
 
-def _deltas(t, arm, metric="matched_router_score") -> pd.Series:
+def _deltas(t, arm, metric=M.matched_router_score) -> pd.Series:
     c = t["common_cells"]
     if c.empty or f"delta_{metric}" not in c.columns:
         return pd.Series(dtype=float)
@@ -115,10 +115,10 @@ Z = 1.959963984540054
 
 def _ranking_metric(t) -> str:
     c = t["common_cells"]
-    for m in ("router_information", "matched_router_score"):
+    for m in (M.router_information, M.matched_router_score):
         if f"delta_{m}" in c.columns and c[f"delta_{m}"].notna().any():
             return m
-    return "matched_router_score"
+    return M.matched_router_score
 
 
 def _raw_delta(t, arm, metric):
@@ -205,7 +205,7 @@ def q_scale_cancels(t, thr_near_zero, thr_one):
         return _f(q, CANNOT_TELL, "matched router score or active objective missing (probes NA): " + ev, thr, nums)
     a = t.get("arm_contrasts", pd.DataFrame())
     noise = (
-        a[(a.comparison_arm == arm) & (a.metric == "matched_router_score")] if not a.empty and "why" in a.columns else a
+        a[(a.comparison_arm == arm) & (a.metric == M.matched_router_score)] if not a.empty and "why" in a.columns else a
     )
     if not noise.empty and noise.why.iloc[0]:
         return _f(q, CANNOT_TELL, f"{noise.why.iloc[0]}, so the behavioural half cannot be compared: " + ev, thr, nums)
@@ -313,7 +313,7 @@ def q_early_or_late(t, thr):
     q = "Do sum runs lose router structure early, or do they initially learn structure and collapse later?"
     h = t.get("history_long", pd.DataFrame())
     st = t["collection_state"]
-    metric = SCORED_NAMES["matched_router_score"]
+    metric = SCORED_NAMES[M.matched_router_score]
     if h.empty or metric not in set(h.metric):
         return _f(q, CANNOT_TELL, "no validation history with matched router score", "")
     h = h[h.metric == metric]
@@ -363,7 +363,7 @@ def q_tokcc_narrow(t, thr_one, thr):
     )
     s = t["summary_by_setting"]
     st = t["collection_state"]
-    if s.empty or "base_relative_reconstruction" not in s.columns:
+    if s.empty or M.base_relative_reconstruction not in s.columns:
         return _f(q, CANNOT_TELL, "summary lacks base-relative reconstruction", "")
     if not st.empty and "arm" in s.columns:
         s = s[s.arm.isin(st.loc[st.role == "primary", "arm"])]
@@ -371,10 +371,10 @@ def q_tokcc_narrow(t, thr_one, thr):
     if tok.empty or tok.base_relative_reconstruction.isna().all():
         return _f(q, CANNOT_TELL, "no tokcc rows with base-relative reconstruction", "")
     br = tok.base_relative_reconstruction.median()
-    acc = tok.final_answer_accuracy.median() if "final_answer_accuracy" in tok.columns else float("nan")
+    acc = tok.final_answer_accuracy.median() if M.final_answer_accuracy in tok.columns else float("nan")
     act = (
         tok.active_reconstruction_objective.median()
-        if "active_reconstruction_objective" in tok.columns
+        if M.active_reconstruction_objective in tok.columns
         else float("nan")
     )
     nums = {"median_base_relative": br, "median_final_answer_accuracy": acc, "median_active_tokcc": act}

@@ -14,10 +14,10 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
-from latentstrat.metrics import label
+from latentstrat.metrics import M, label
 from latentstrat.report.tables import fmt, md_table
 
-SECONDARY = "matched_router_score"  # the original study's router score, kept in every table
+SECONDARY = M.matched_router_score  # the original study's router score, kept in every table
 ALPHA = 0.05  # the sign-flip test's level, the interval's (95%)
 
 
@@ -63,7 +63,7 @@ def _attribution(t: dict, arm: str | None) -> tuple[str | None, str]:
 
 def headline(t: dict, meta: dict) -> dict:
     """brief.yaml's headline keys (and what analysis.md says about them)."""
-    metric = meta.get("primary_metric") or "router_information"
+    metric = meta.get("primary_metric") or M.router_information
     arm = primary_contrast_arm(t, meta)
     r = _contrast(t, arm, metric)
     fresh = _contrast(t, arm, metric, "headline_contrasts")
@@ -386,8 +386,8 @@ def empty_groups_md(t: dict, thr: dict) -> list[str]:
     out = ["### Empty Cells\n"]
     for arm, beta, g in groups:
         hist = h[h.cell_id.isin(g.cell_id) & (h.step > 0)] if not h.empty else h
-        kl = hist[hist.metric == "kl_prior_loss"].value if len(hist) else pd.Series(dtype=float)
-        br = hist[hist.metric == "base_relative_reconstruction"].value if len(hist) else pd.Series(dtype=float)
+        kl = hist[hist.metric == M.kl_prior_loss].value if len(hist) else pd.Series(dtype=float)
+        br = hist[hist.metric == M.base_relative_reconstruction].value if len(hist) else pd.Series(dtype=float)
         seen = (
             f" Over their validation checkpoints after step 0, KL stays between {fmt(kl.min())} and {fmt(kl.max())} "
             f"({int((kl < thr['empty_kl']).sum())} of {len(kl)} checkpoints below {thr['empty_kl']}) and base-relative "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
-from latentstrat.metrics import label
+from latentstrat.metrics import M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.tables import fmt, md_table
@@ -99,7 +99,7 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
 
 def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
-    metric = meta.get("primary_metric", "router_information")
+    metric = meta.get("primary_metric", M.router_information)
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
     if meta.get("description"):
         out.append(meta["description"].strip() + "\n")
@@ -177,13 +177,13 @@ def _aggregate_metrics_md(t: dict, meta: dict, metric: str) -> list[str]:
         b = p.iloc[0]
         extra = ", ".join(
             f"{label(m)} {fmt(b[m])}"
-            for m in ("matched_router_score", "final_answer_accuracy")
+            for m in (M.matched_router_score, M.final_answer_accuracy)
             if m != metric and m in b.index and pd.notna(b[m])
         )
         probe = ""
-        if "within_task_router_probe" in b.index and pd.notna(b["within_task_router_probe"]):
+        if M.within_task_router_probe in b.index and pd.notna(b[M.within_task_router_probe]):
             probe = (
-                f", within-task router probe {fmt(b['within_task_router_probe'])} (chance "
+                f", within-task router probe {fmt(b[M.within_task_router_probe])} (chance "
                 f"{fmt(b.get('within_task_router_probe_chance'))}, shuffled labels "
                 f"{fmt(b.get('within_task_router_probe_shuffled'))}, chance-corrected "
                 f"{fmt(b.get('within_task_router_probe_corrected'))})"
@@ -202,7 +202,7 @@ def _aggregate_metrics_md(t: dict, meta: dict, metric: str) -> list[str]:
     if not by.empty and by.get("n_seeds", pd.Series([1])).max() > 1:
         cols = ["arm", "family_label", "beta_label", "n_seeds"] + [
             c
-            for m in ("matched_router_score", "final_answer_accuracy", "active_reconstruction_objective")
+            for m in (M.matched_router_score, M.final_answer_accuracy, M.active_reconstruction_objective)
             for c in (m, f"{m}_std")
         ]
         out += ["Mean and std (sample) across seeds:\n", md_table(by, cols)]
@@ -235,7 +235,7 @@ def _common_cells_md(t: dict) -> list[str]:
         ]
     out += [
         "## Inferred Z-Free Reference Scale\n",
-        "Inferred as reconstruction_loss / base_relative_reconstruction.\n",
+        f"Inferred as {M.reconstruction_loss} / {M.base_relative_reconstruction}.\n",
         md_table(t["reference_scale"]),
     ]
     out += [
