@@ -19,7 +19,7 @@ include: "workflow/rules/step0.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/probe.smk"
-include: "workflow/rules/metrics.smk"
+include: "workflow/rules/tabulate.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 

@@ -114,7 +114,7 @@ def write_collection(cfg, root, skip=(), with_history=True):
     for i, c in enumerate(expand_cells(cfg)):
         d = root / c.cell_id
         d.mkdir(parents=True)
-        mp[c.cell_id], hp[c.cell_id] = d / "metrics.parquet", d / "history.parquet"
+        mp[c.cell_id], hp[c.cell_id] = d / "row.parquet", d / "history.parquet"
         if c.cell_id in skip:
             continue
         off = 0.01 * (c.settings["seed"] % 3)

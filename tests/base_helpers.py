@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from latentstrat import data
+from latentstrat import encoding
+from latentstrat.base import data
 from latentstrat.base.reference import run_reference
 from latentstrat.modeling.backbone import build_backbone, write_model_extras
 
@@ -50,7 +51,7 @@ def make_base(root: Path, cfg: dict) -> dict:
     """data/ + entangle/model (a tiny random Qwen2) + reference/tokens.parquet (b from it)."""
     dd, ed, rd = root / "data", root / "entangle", root / "reference"
     data.build_dataset(cfg["data"], dd)
-    tok = data.load_tokenizer(dd)
+    tok = encoding.load_tokenizer(dd)
     torch.manual_seed(0)
     build_backbone(cfg["backbone"], tok).save_pretrained(ed / "model")
     write_model_extras(ed / "model", tok, cfg)  # as the entangle stage does: tokenizer and card

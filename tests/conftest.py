@@ -27,7 +27,7 @@ def small_data_cfg() -> dict:
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, small_data_cfg):
     """A built data stage folder (splits, tokenizer.json, data card) for `small_data_cfg`."""
-    from latentstrat.data import build_dataset
+    from latentstrat.base.data import build_dataset
 
     out = tmp_path_factory.mktemp("data")
     build_dataset(small_data_cfg, out)

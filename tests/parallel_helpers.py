@@ -3,7 +3,7 @@ name, so they live in a module of their own (the test puts tests/ on the workers
 
 import torch
 
-from latentstrat import parallel
+from latentstrat.runtime import parallel
 
 
 def sum_ranks(rank: int, world: int) -> float:

@@ -11,7 +11,7 @@ from latentstrat.aggregate.columns import SHARE_METRICS
 from latentstrat.aggregate.contrasts import common_cells, scale_table
 from latentstrat.aggregate.dynamics import task_shares
 from latentstrat.aggregate.fairness import attribution, collection_metadata
-from latentstrat.aggregate.inputs import load_cell_metrics, read_summary_table, validate_summary_table
+from latentstrat.aggregate.inputs import load_cell_rows, read_summary_table, validate_summary_table
 from latentstrat.aggregate.settings import metric_distributions, seed_means
 from latentstrat.cells import expand_cells, schema_cell_defaults
 
@@ -254,7 +254,7 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
     records.write_bytes(b"garbage")
     t = os.path.getmtime(mp[cid])
     os.utime(records, (t + 10, t + 10))
-    summary, state = load_cell_metrics(cfg, mp, upstream={cid: [records]})
+    summary, state = load_cell_rows(cfg, mp, upstream={cid: [records]})
     row = state.set_index("cell_id").loc[cid]
     assert row.status == "incomplete" and "older than" in row.reason and "records.parquet" in row.reason
     assert cid not in set(summary.cell_id)
@@ -278,8 +278,8 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
     assert partial_report(cfg, log=lambda m: None) is None and not p.report_dir.exists()
     mp, hp = write_collection(cfg, tmp_path / "made", skip=cells[:1])
     for c in cells[1:]:
-        p.metrics_path(c).parent.mkdir(parents=True)
-        shutil.copy(mp[c], p.metrics_path(c))
+        p.row_path(c).parent.mkdir(parents=True)
+        shutil.copy(mp[c], p.row_path(c))
         Path(p.train_files(c)["history"]).parent.mkdir(parents=True)
         shutil.copy(hp[c], p.train_files(c)["history"])
     got = partial_report(cfg, log=lambda m: None)

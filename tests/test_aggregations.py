@@ -14,7 +14,7 @@ import torch
 from base_helpers import TINY
 from latentstrat import aggregations as A
 from latentstrat.base.reference import compute_scales
-from latentstrat.cell.cell_metrics import summed_nll
+from latentstrat.cell.tabulate import summed_nll
 from latentstrat.cells import expand_cells
 from latentstrat.config import ConfigError, load_config
 from latentstrat.modeling.objective import aggregate_tokens

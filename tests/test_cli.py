@@ -20,7 +20,7 @@ ENTRY_POINTS = [
     "latentstrat.config",
     "latentstrat.status",
     "latentstrat.report.__main__",
-    "latentstrat.data",
+    "latentstrat.base.data",
     "latentstrat.base.entangle",
     "latentstrat.base.reference",
     "latentstrat.base.shipped",
@@ -81,7 +81,7 @@ def test_bad_config_file_is_one_line(tmp_path):
     bad.write_text("collection: [x\nbase: y\n")
     for path, says in ((bad, "not valid YAML (line"), (tmp_path / "missing.yaml", "does not exist")):
         r = subprocess.run(
-            [sys.executable, "-m", "latentstrat.data", "--configfile", str(path)], capture_output=True, text=True
+            [sys.executable, "-m", "latentstrat.base.data", "--configfile", str(path)], capture_output=True, text=True
         )
         assert r.returncode != 0
         assert "Traceback" not in r.stderr and says in r.stderr and str(path) in r.stderr

@@ -9,26 +9,27 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data as D
+from latentstrat import batching, encoding
+from latentstrat.base import data as D
+from latentstrat.base.data_card import data_card
 from latentstrat.config import ConfigError, load_config
-from latentstrat.data_card import data_card
 from latentstrat.tasks import TASKS
 
 BASE_CFG = {"collection": "t", "base": "t", "grid": {"beta": [0.1]}}
 
 
 def test_render_record_forms():
-    assert D.render_record("sort 2 1", "1 2 ; answer 1 2", with_z=True, z_slots=2) == (
+    assert encoding.render_record("sort 2 1", "1 2 ; answer 1 2", with_z=True, z_slots=2) == (
         "<bos> <x> sort 2 1 </x> <z> [Z] [Z] </z> <y> 1 2 ; answer 1 2 </y> <eos>"
     )
-    assert D.render_record("a", "b", with_z=False) == "<bos> <x> a </x> <y> b </y> <eos>"
-    assert D.render_record("a", "b", with_z=False, eos=False) == "<bos> <x> a </x> <y> b </y>"
+    assert encoding.render_record("a", "b", with_z=False) == "<bos> <x> a </x> <y> b </y> <eos>"
+    assert encoding.render_record("a", "b", with_z=False, eos=False) == "<bos> <x> a </x> <y> b </y>"
 
 
 def test_splits_columns_sizes_and_disjoint_inputs(data_dir, small_data_cfg):
-    splits = {s: D.load_split(data_dir, s) for s in D.SPLITS}
+    splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
     for s, df in splits.items():
-        assert list(df.columns) == list(D.COLUMNS)
+        assert list(df.columns) == list(encoding.COLUMNS)
         assert (df.split == s).all()
         n = small_data_cfg[f"{s}_per_task"]
         assert df.groupby("task").size().to_dict() == {t: n for t in small_data_cfg["tasks"]}
@@ -42,7 +43,9 @@ def test_splits_columns_sizes_and_disjoint_inputs(data_dir, small_data_cfg):
     for t in small_data_cfg["tasks"]:
         xs = [set(df.x[df.task == t]) for df in splits.values()]
         assert not (xs[0] & xs[1]) and not (xs[0] & xs[2]) and not (xs[1] & xs[2])
-        assert sum(map(len, xs)) == sum(small_data_cfg[f"{s}_per_task"] for s in D.SPLITS), "x unique within splits"
+        assert sum(map(len, xs)) == sum(small_data_cfg[f"{s}_per_task"] for s in encoding.SPLITS), (
+            "x unique within splits"
+        )
 
 
 def test_strategy_labels_are_roughly_uniform():
@@ -72,31 +75,31 @@ def test_same_config_gives_byte_identical_files(tmp_path, small_data_cfg):
 
 
 def test_tokenizer_round_trips_every_record(data_dir):
-    tok = D.load_tokenizer(data_dir)
+    tok = encoding.load_tokenizer(data_dir)
     assert len(tok) < 200
     vocab = tok.get_vocab()
-    assert [vocab[t] for t in D.SPECIAL_TOKENS] == list(range(len(D.SPECIAL_TOKENS)))
+    assert [vocab[t] for t in encoding.SPECIAL_TOKENS] == list(range(len(encoding.SPECIAL_TOKENS)))
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (vocab["<pad>"], vocab["<bos>"], vocab["<eos>"])
     unk = vocab["<unk>"]
-    for s in D.SPLITS:
-        df = D.load_split(data_dir, s)
+    for s in encoding.SPLITS:
+        df = encoding.load_split(data_dir, s)
         for x, y in zip(df.x, df.y):
             for text in (
-                D.render_record(x, y, True, 2),
-                D.render_record(x, y, False),
-                D.render_record(x, y, False, eos=False),
+                encoding.render_record(x, y, True, 2),
+                encoding.render_record(x, y, False),
+                encoding.render_record(x, y, False, eos=False),
             ):
-                ids = D.text_ids(tok, [text])[0]
+                ids = encoding.text_ids(tok, [text])[0]
                 assert unk not in ids and len(ids) == len(text.split())
                 assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
     # unknown words map to <unk> (negative control)
-    assert D.text_ids(tok, ["answer zebra"])[0][1] == unk
+    assert encoding.text_ids(tok, ["answer zebra"])[0][1] == unk
 
 
 def test_data_card(data_dir, small_data_cfg):
     card = pd.read_parquet(data_dir / "data_card.parquet")
     assert sorted(card.task) == sorted(small_data_cfg["tasks"])
-    df = pd.concat([D.load_split(data_dir, s) for s in D.SPLITS])
+    df = pd.concat([encoding.load_split(data_dir, s) for s in encoding.SPLITS])
     for r in card.itertuples():
         g = df[df.task == r.task]
         assert r.n_train == small_data_cfg["train_per_task"]
@@ -165,7 +168,7 @@ def test_cli_writes_data_and_base_config(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     D.main(["--configfile", str(path)])
     out = tmp_path / "results" / "base" / "t" / "data"
-    assert len(D.load_split(out, "test")) == 4
+    assert len(encoding.load_split(out, "test")) == 4
     base = json.loads((out / "base_config.json").read_text())
     assert base["data"]["tasks"] == ["grid_pathfinding", "sorting_algorithms"] and "backbone" in base
     with pytest.raises(SystemExit, match=r"data\.train_per_task"):
@@ -178,15 +181,15 @@ def test_cli_writes_data_and_base_config(tmp_path):
 
 @pytest.fixture(scope="module")
 def encoded(data_dir):
-    df = D.load_split(data_dir, "train")
-    return df, D.load_tokenizer(data_dir), D.encode(df, D.load_tokenizer(data_dir), z_slots=2)
+    df = encoding.load_split(data_dir, "train")
+    return df, encoding.load_tokenizer(data_dir), encoding.encode(df, encoding.load_tokenizer(data_dir), z_slots=2)
 
 
 def test_collate_fields(encoded):
     df, tok, enc = encoded
     v = tok.get_vocab()
     idx = [0, 5, 40, len(df) - 1]
-    b = D.collate(enc, idx)
+    b = batching.collate(enc, idx)
     B, P = len(idx), 2
     L = int(df.n_supervised.iloc[idx].max())
     assert b.gen_ids.shape == b.gen_mask.shape and b.gen_ids.shape[0] == B
@@ -216,20 +219,20 @@ def test_collate_fields(encoded):
 def test_collate_reference_b_alignment(encoded):
     df, _, enc = encoded
     b_all = [np.arange(n, dtype=float) for n in df.n_supervised]
-    b = D.collate(enc, [2, 3], b=b_all)
+    b = batching.collate(enc, [2, 3], b=b_all)
     assert b.b.shape == b.sup_ids.shape and b.b.dtype == torch.float32
     n2 = int(df.n_supervised.iloc[2])
     assert b.b[0, :n2].tolist() == list(range(n2)) and (b.b[0, n2:] == 0).all()
     bad = list(b_all)
     bad[3] = bad[3][:-1]
     with pytest.raises(ValueError, match="row 3"):
-        D.collate(enc, [2, 3], b=bad)
+        batching.collate(enc, [2, 3], b=bad)
 
 
 def test_length_grouped_batches(encoded):
     _, _, enc = encoded
     lengths = enc.lengths
-    batches = list(D.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
+    batches = list(batching.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
     flat = sorted(i for bt in batches for i in bt)
     assert flat == list(range(len(lengths)))
     assert all(len(bt) <= 16 for bt in batches)
@@ -244,22 +247,24 @@ def test_length_grouped_batches(encoded):
         ]
     )
     assert spread < rand_spread / 2  # grouping by length cuts padding (control: random batches)
-    again = list(D.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
+    again = list(batching.length_grouped_batches(lengths, 16, np.random.default_rng(0)))
     assert again == batches
-    assert list(D.length_grouped_batches(lengths, 16, random.Random(0)))  # random.Random works too
-    assert list(D.length_grouped_batches(lengths, 16, 0)) == list(D.length_grouped_batches(lengths, 16, 0))
+    assert list(batching.length_grouped_batches(lengths, 16, random.Random(0)))  # random.Random works too
+    assert list(batching.length_grouped_batches(lengths, 16, 0)) == list(
+        batching.length_grouped_batches(lengths, 16, 0)
+    )
     with pytest.raises(ValueError, match="batch_size"):
-        list(D.length_grouped_batches(lengths, 0, 0))
+        list(batching.length_grouped_batches(lengths, 0, 0))
 
 
 def test_length_batches_are_the_stable_length_order_in_chunks():
     lengths = [5, 3, 5, 1, 3, 9, 5]
     # stable: equal lengths keep their row order; the last batch holds the rest
-    assert list(D.length_batches(lengths, 3)) == [[3, 1, 4], [0, 2, 6], [5]]
-    assert [i for b in D.length_batches(lengths, 1) for i in b] == [3, 1, 4, 0, 2, 6, 5]
-    assert list(D.length_batches([], 4)) == []
+    assert list(batching.length_batches(lengths, 3)) == [[3, 1, 4], [0, 2, 6], [5]]
+    assert [i for b in batching.length_batches(lengths, 1) for i in b] == [3, 1, 4, 0, 2, 6, 5]
+    assert list(batching.length_batches([], 4)) == []
     with pytest.raises(ValueError, match="batch_size"):
-        list(D.length_batches(lengths, 0))
+        list(batching.length_batches(lengths, 0))
 
 
 def test_strategy_free_lengths_by_hand():
@@ -269,7 +274,7 @@ def test_strategy_free_lengths_by_hand():
     t = TASKS["base_conversion"]
     assert [len(t.render(x, s).split()) for s in t.strategies] == [20, 33]
     df = pd.DataFrame({"task": ["base_conversion"] * 2, "x": [x, x]})
-    assert D.strategy_free_lengths(df) == [11 + 26.5, 11 + 26.5]  # either strategy: the same length
+    assert encoding.strategy_free_lengths(df) == [11 + 26.5, 11 + 26.5]  # either strategy: the same length
 
 
 def test_batches_grouped_by_strategy_free_length_mix_the_strategies():
@@ -278,16 +283,16 @@ def test_batches_grouped_by_strategy_free_length_mix_the_strategies():
     # batch to batch (the entangled model's prior ended 73/27 that way)
     df = D.generate_task("base_conversion", {"train": 1024, "validation": 1, "test": 1}, seed=3)
     df = df[df.split == "train"].reset_index(drop=True)
-    enc = D.encode(df, D.record_tokenizer(D.build_tokenizer(list(df.x) + list(df.y))))
+    enc = encoding.encode(df, encoding.record_tokenizer(D.build_tokenizer(list(df.x) + list(df.y))))
 
     def majority_share(lengths):
-        batches = list(D.length_grouped_batches(lengths, 32, np.random.default_rng(0)))
+        batches = list(batching.length_grouped_batches(lengths, 32, np.random.default_rng(0)))
         assert sorted(i for b in batches for i in b) == list(range(len(df)))
         return np.mean([df.strategy[b].value_counts().iloc[0] / len(b) for b in batches])
 
     assert majority_share(enc.lengths) > 0.9  # control: own lengths sort the strategies apart
     # strategy-free: each batch holds the data's ~50/50 draws (binomial majority of 32: ~0.57)
-    assert majority_share(D.strategy_free_lengths(df)) < 0.65
+    assert majority_share(encoding.strategy_free_lengths(df)) < 0.65
 
 
 def test_ambiguous_examples_are_kept_and_flagged():
@@ -296,7 +301,7 @@ def test_ambiguous_examples_are_kept_and_flagged():
     assert straight.sum() >= 3 and (df.ambiguous == straight).all()
     assert all(m == ["horizontal_first", "vertical_first"] for m in df.matching_strategies[df.ambiguous])
     assert all(len(m) == 1 for m in df.matching_strategies[~df.ambiguous])
-    card = data_card(df, D.SPLITS)
+    card = data_card(df, encoding.SPLITS)
     assert card.n_ambiguous.iloc[0] == straight.sum()
     assert card.ambiguity_rate.iloc[0] == pytest.approx(straight.mean())
 
@@ -308,14 +313,14 @@ def test_task_mixed_batches_follow_the_mixture_and_length_batches_do_not():
     task_idx = [0] * 500 + [1] * 300 + [2] * 200
     lengths = [40] * 500 + [10] * 300 + [25] * 200
     rng = np.random.default_rng(0)
-    batches = D.task_mixed_batches(task_idx, 20, rng)
+    batches = batching.task_mixed_batches(task_idx, 20, rng)
     assert sorted(i for b in batches for i in b) == list(range(1000))
     for b in batches:
         counts = np.bincount([task_idx[i] for i in b], minlength=3)
         assert np.abs(counts - np.array([10, 6, 4])).max() <= 2, counts
-    grouped = list(D.length_grouped_batches(lengths, 20, np.random.default_rng(0)))
+    grouped = list(batching.length_grouped_batches(lengths, 20, np.random.default_rng(0)))
     pure = [b for b in grouped if len({task_idx[i] for i in b}) == 1]
     assert len(pure) / len(grouped) > 0.9
     # a different epoch seed gives a different order, the same mixture
-    other = D.task_mixed_batches(task_idx, 20, np.random.default_rng(1))
+    other = batching.task_mixed_batches(task_idx, 20, np.random.default_rng(1))
     assert other != batches

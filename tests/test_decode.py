@@ -3,7 +3,8 @@ import random
 import pytest
 import torch
 
-from latentstrat import data
+from latentstrat import encoding
+from latentstrat.base import data
 from latentstrat.bench.decode import naive_decode
 from latentstrat.modeling import decode
 from latentstrat.modeling.backbone import build_backbone
@@ -29,7 +30,7 @@ def tiny(tmp_path_factory):
     texts = xs + [task.render(x, s) for x in xs for s in task.strategies]
     d = tmp_path_factory.mktemp("tok")
     data.build_tokenizer(texts).save(str(d / "tokenizer.json"))
-    tok = data.load_tokenizer(d)
+    tok = encoding.load_tokenizer(d)
     torch.manual_seed(0)
     backbone = build_backbone({"source": "embedded", "embedded": EMBEDDED}, tok)
     model = LatentStrategyModel(backbone, latent_dim=4, z_slots=2, adaptation="lora")
@@ -99,9 +100,9 @@ def test_temperature_sampling_seeded(tiny):
 def test_y_text_cut_at_end_tokens(tiny):
     _, tok, _ = tiny
     ids = [tok.convert_tokens_to_ids(w) for w in ["answer", "1", "2", "</y>", "<eos>"]]
-    assert data.decode_y(tok, ids) == "answer 1 2"
-    assert data.decode_y(tok, ids[:3]) == "answer 1 2"
-    assert data.decode_y(tok, []) == ""
+    assert encoding.decode_y(tok, ids) == "answer 1 2"
+    assert encoding.decode_y(tok, ids[:3]) == "answer 1 2"
+    assert encoding.decode_y(tok, []) == ""
 
 
 def test_bad_arguments(tiny):

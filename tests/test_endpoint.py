@@ -12,7 +12,7 @@ from aggregate_helpers import cell_settings
 from latentstrat.aggregate.contrasts import delta_test, interval_with_noise, verdict
 from latentstrat.aggregate.states import cell_state
 from latentstrat.cell import probes
-from latentstrat.cell.cell_metrics import bootstrap_replicates, cell_metrics_row
+from latentstrat.cell.tabulate import bootstrap_replicates, cell_row
 from latentstrat.io import write_parquet
 
 CFG = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000}}
@@ -79,7 +79,7 @@ def test_two_empty_arms_with_different_collapse_read_no_difference(tmp_path):
     for cid, mix in (("balanced", 0.5), ("collapsed", 0.85)):
         rec = records(cid, mix, rng)
         pr = probed(rec, tmp_path)
-        row = cell_metrics_row(cell(cid, cid), rec, pr)
+        row = cell_row(cell(cid, cid), rec, pr)
         out[cid] = (row, bootstrap_replicates(rec, pr))
     for cid, (row, _) in out.items():
         assert abs(row["router_information"]) < 0.02, (cid, row["router_information"])
@@ -98,7 +98,7 @@ def test_two_empty_arms_with_different_collapse_read_no_difference(tmp_path):
 def test_a_z_that_fixes_the_followed_strategy_reads_about_1(tmp_path):
     rng = np.random.default_rng(1)
     rec = records("fixed", None, rng, informative=True)
-    row = cell_metrics_row(cell("fixed", "a"), rec, probed(rec, tmp_path))
+    row = cell_row(cell("fixed", "a"), rec, probed(rec, tmp_path))
     # the followed mix is the data's, so I(z; s) = H(s) = H(data): 1 (the probe's p just under 1)
     assert row["router_information"] == pytest.approx(1.0, abs=0.03)
 

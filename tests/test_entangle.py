@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.base.entangle import lr_at, run_entangle, strategy_alternatives
 from latentstrat.base.quality import (
     CHECKS,
@@ -20,8 +21,8 @@ from latentstrat.base.quality import (
     strategy_distribution,
     total_variation,
 )
+from latentstrat.batching import epoch_batches
 from latentstrat.config import load_config
-from latentstrat.data import epoch_batches
 from latentstrat.modeling import decode
 from latentstrat.tasks import TASKS
 from workflow_helpers import smoke_cfg
@@ -151,10 +152,10 @@ def _naive_greedy(model, prompt, eos, n):
 
 def test_zfree_sampling_kv_cache_left_padding_matches_naive_loop(data_dir):
     torch.set_num_threads(1)
-    tok = data.load_tokenizer(data_dir)
+    tok = encoding.load_tokenizer(data_dir)
     model = _tiny_model(tok)
-    df = data.load_split(data_dir, "test")
-    enc = data.encode(df, tok)
+    df = encoding.load_split(data_dir, "test")
+    enc = encoding.encode(df, tok)
     xs = df.x.tolist()[:5]
     prompts = decode.encode_prompts(tok, xs, 1).prompt
     assert prompts == [ids[: p + 4] for ids, p in zip(enc.gen_ids[:5], enc.z_open_pos)]  # the record cut after <y>
@@ -240,9 +241,9 @@ def test_run_entangle_writes_loadable_model_and_report(data_dir, tmp_path):
     assert val.step.min() == 0 and val.step.max() == 3
     assert (hist[hist.metric == "train_loss"].step == 3).any()
     # from_pretrained on the saved dir gives the trained model's logits exactly
-    tok = data.load_tokenizer(data_dir)
-    enc = data.encode(data.load_split(data_dir, "validation"), tok)
-    batch = data.collate(enc, range(4))
+    tok = encoding.load_tokenizer(data_dir)
+    enc = encoding.encode(encoding.load_split(data_dir, "validation"), tok)
+    batch = batching.collate(enc, range(4))
     a = load_entangled(out)
     b = load_entangled(out / "model")
     with torch.no_grad():
@@ -284,7 +285,7 @@ def test_missing_inputs_name_the_file(data_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="train.parquet"):
         run_entangle(smoke_cfg(), tmp_path / "nowhere", tmp_path / "out", threads=1)
     (tmp_path / "partial").mkdir()
-    for s in data.SPLITS:
+    for s in encoding.SPLITS:
         (tmp_path / "partial" / f"{s}.parquet").write_bytes((data_dir / f"{s}.parquet").read_bytes())
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         run_entangle(smoke_cfg(), tmp_path / "partial", tmp_path / "out", threads=1)
@@ -327,10 +328,10 @@ def test_eager_attention_compile_and_bf16_autocast_compute_the_plain_step(data_d
     from latentstrat.modeling.objective import zfree_token_nll
 
     torch.set_num_threads(1)
-    tok = data.load_tokenizer(data_dir)
+    tok = encoding.load_tokenizer(data_dir)
     model = _tiny_model(tok).train()
-    enc = data.encode(data.load_split(data_dir, "train"), tok)
-    batch = data.collate(enc, range(8))
+    enc = encoding.encode(encoding.load_split(data_dir, "train"), tok)
+    batch = batching.collate(enc, range(8))
     assert batch.sup_mask.float().mean() < 1  # padding is exercised
     ref_nll, ref_grads = _step_nll_and_grads(model, batch, zfree_token_nll)
 
@@ -486,15 +487,15 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
     """auto on a CPU without native bf16 (the Intel Xeon case, where bf16 runs at 0.66x of
     float32) keeps float32; with native bf16 the bf16 step is timed against plain float32 and
     chosen only if it beats it by MIN_GAIN; the record names the host and the measured rates."""
-    from latentstrat import host
     from latentstrat.base import entangle_step as E
     from latentstrat.modeling.backbone import build_backbone
+    from latentstrat.runtime import host
 
     cfg = smoke_cfg(autocast="auto", attention="auto", compile="auto", processes="auto")
-    tok = data.load_tokenizer(data_dir)
-    train_df = data.load_split(data_dir, "train")
-    enc = data.encode(train_df, tok)
-    lengths = data.strategy_free_lengths(train_df)
+    tok = encoding.load_tokenizer(data_dir)
+    train_df = encoding.load_split(data_dir, "train")
+    enc = encoding.encode(train_df, tok)
+    lengths = encoding.strategy_free_lengths(train_df)
     model = build_backbone(cfg["backbone"], tok)
     monkeypatch.setattr(host, "has_cxx_compiler", lambda: False)
     monkeypatch.setattr(host, "native_bf16", lambda: False)
@@ -518,7 +519,7 @@ def test_auto_step_settings_never_pick_bf16_without_native_bf16(data_dir, monkey
 def test_cpu_capability_names_the_vector_width_and_bf16(monkeypatch):
     """Two CPUs that both read `AMD EPYC` differ by 2.4x on the same cell: every speed number is
     named with the capability, from the flags torch reports."""
-    from latentstrat import host
+    from latentstrat.runtime import host
 
     def flags(*names):
         monkeypatch.setattr(host, "cpu_flags", lambda: frozenset(names))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from base_helpers import TINY
-from latentstrat import data, metrics
-from latentstrat.cell import cell_metrics, probes
+from latentstrat import encoding, metrics
+from latentstrat.cell import probes, tabulate
 from latentstrat.cell.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
 from latentstrat.cell.probes import PROBE_COLUMNS
 from latentstrat.cell.train import train_cell
@@ -58,7 +58,7 @@ def smoke(tiny_base, tmp_path_factory):
     for t, p in zip(cfg["data"]["tasks"], probe_paths):
         probes.probe_task(cfg, rec_path, t, p)
     probes.probe_global(cfg, rec_path, probe_paths[-1])
-    cell_metrics.write_cell_metrics(cfg, cell, rec_path, probe_paths, root / "metrics.parquet")
+    tabulate.write_cell_row(cfg, cell, rec_path, probe_paths, root / "row.parquet")
     return dict(
         cfg=cfg,
         cell=cell,
@@ -66,14 +66,14 @@ def smoke(tiny_base, tmp_path_factory):
         dirs=(dd, ed, rd, td),
         records=rec_path,
         probe_paths=probe_paths,
-        metrics=root / "metrics.parquet",
+        row=root / "row.parquet",
     )
 
 
 def test_records_schema(smoke):
     rec = read_parquet(smoke["records"])
     assert list(rec.columns) == RECORD_COLUMNS
-    test = data.load_split(smoke["dirs"][0], "test")
+    test = encoding.load_split(smoke["dirs"][0], "test")
     assert len(rec) == len(test) == 20
     assert sorted(zip(rec.task, rec.example_id)) == sorted(zip(test.task, test.example_id))
     D = smoke["cell"]["latent_dim"]
@@ -104,7 +104,7 @@ def test_per_example_losses_follow_the_family_identities(smoke):
 
 def test_metrics_row_recomputed_from_records_with_task_verifiers(smoke):
     rec = read_parquet(smoke["records"])
-    row = read_parquet(smoke["metrics"]).iloc[0]
+    row = read_parquet(smoke["row"]).iloc[0]
     correct = [TASKS[t].final_answer_correct(x, y) for t, x, y in zip(rec.task, rec.x, rec.y_generated)]
     matched = [len(TASKS[t].matching_strategies(x, y)) >= 1 for t, x, y in zip(rec.task, rec.x, rec.y_generated)]
     assert row.final_answer_accuracy == pytest.approx(np.mean(correct))
@@ -120,7 +120,7 @@ def test_metrics_row_recomputed_from_records_with_task_verifiers(smoke):
 
 
 def test_metric_identities_on_the_row(smoke):
-    row = read_parquet(smoke["metrics"]).iloc[0].to_dict()
+    row = read_parquet(smoke["row"]).iloc[0].to_dict()
     for m in metrics.METRICS:
         assert m in row
     for p in metrics.PROBE_METRICS:
@@ -276,9 +276,7 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
     for df, p in zip((p1, p2, g), paths):
         write_parquet(df.reindex(columns=PROBE_COLUMNS), p)
-    row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[
-        0
-    ]
+    row = tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[0]
     assert row.final_answer_accuracy == pytest.approx(0.75)
     assert row.strategy_match_rate == pytest.approx(0.75)
     assert row.within_task_router_probe == pytest.approx(0.7)
@@ -304,10 +302,8 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     # wrong cell, missing probe task
     other = dict(cell, cell_id="agg-mean_fam-raw_beta-1_seed-1")
     with pytest.raises(ValueError, match="belong to cell"):
-        cell_metrics.write_cell_metrics(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
+        tabulate.write_cell_row(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
     with pytest.raises(ValueError, match=r"lack the within_task_router probe of \['t2'\]"):
-        cell_metrics.write_cell_metrics(
-            cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet"
-        )
+        tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet")
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
-        cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")
+        tabulate.write_cell_row(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")

@@ -1,7 +1,7 @@
 """The information probe against a known mutual information, its per-example bound, and the parts
 of the cell metrics built on it: the interval that carries the probe's own variance
 (information_replicates), router_mu_information, token_base_relative_reconstruction and the
-decomposition of the endpoint (cell_metrics.endpoint_decomposition, report/decomposition.py)."""
+decomposition of the endpoint (tabulate.endpoint_decomposition, report/decomposition.py)."""
 
 import math
 
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from aggregate_helpers import cell_settings
-from latentstrat.cell import cell_metrics, probes
-from latentstrat.cell.cell_metrics import (
+from latentstrat.cell import probes, tabulate
+from latentstrat.cell.tabulate import (
     bootstrap_replicates,
-    cell_metrics_row,
+    cell_row,
     endpoint_decomposition,
     information_replicates,
     reference_sums,
@@ -232,7 +232,7 @@ def test_router_mu_information_separates_x_from_z():
     out = {}
     for name, rec in (("x", from_x), ("z", from_z)):
         pr = _probe_tables(rec, repeats=1)
-        row = cell_metrics_row(_cell(), rec, pr)
+        row = cell_row(_cell(), rec, pr)
         reps = bootstrap_replicates(rec, pr)
         out[name] = (row, {m: interval(reps[m]) for m in ("router_information", "router_mu_information")})
     row, ci = out["x"]
@@ -303,18 +303,18 @@ def test_token_base_relative_reconstruction_is_one_weighting_in_every_aggregatio
     got, brr = {}, {}
     for agg in ("mean", "sum", "sum_scaled"):
         rec = _loss_records(agg, l_tok, b, ref["n_bar"])
-        got[agg] = cell_metrics.token_base_relative(rec, agg, ref)
+        got[agg] = tabulate.token_base_relative(rec, agg, ref)
         brr[agg] = rec["base_relative_reconstruction"].mean()
         assert got[agg] == pytest.approx(expected, rel=1e-12), agg
     assert brr["mean"] == pytest.approx(1.0) and brr["sum"] == pytest.approx(expected)
     assert abs(brr["mean"] - brr["sum"]) > 0.2
-    assert math.isnan(cell_metrics.token_base_relative(rec, "sum", None))
+    assert math.isnan(tabulate.token_base_relative(rec, "sum", None))
     bad = _tokens_table(b)
     bad.loc[0, "n_supervised"] = 3
     with pytest.raises(ValueError, match="n_supervised=3"):
-        cell_metrics.token_base_relative(rec, "sum", reference_sums(bad))
+        tabulate.token_base_relative(rec, "sum", reference_sums(bad))
     with pytest.raises(ValueError, match="no test row"):
-        cell_metrics.token_base_relative(rec, "sum", reference_sums(_tokens_table(b).iloc[1:]))
+        tabulate.token_base_relative(rec, "sum", reference_sums(_tokens_table(b).iloc[1:]))
 
 
 def test_write_cell_metrics_reads_the_reference_tokens(tmp_path):
@@ -336,7 +336,7 @@ def test_write_cell_metrics_reads_the_reference_tokens(tmp_path):
     outs = [tmp_path / f"{t}.parquet" for t in (*TASKS, "global")]
     probes.probe_cell(cfg, tmp_path / "records.parquet", list(TASKS), outs)
     cell = _cell("mean")
-    row = cell_metrics.write_cell_metrics(
+    row = tabulate.write_cell_row(
         cfg,
         cell,
         tmp_path / "records.parquet",
@@ -347,9 +347,7 @@ def test_write_cell_metrics_reads_the_reference_tokens(tmp_path):
     expected = l_sum.sum() / sum(map(sum, b))
     assert row.token_base_relative_reconstruction == pytest.approx(expected)
     assert row.token_base_relative_reconstruction_ci_low < expected < row.token_base_relative_reconstruction_ci_high
-    row = cell_metrics.write_cell_metrics(cfg, cell, tmp_path / "records.parquet", outs, tmp_path / "m2.parquet").iloc[
-        0
-    ]
+    row = tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", outs, tmp_path / "m2.parquet").iloc[0]
     assert math.isnan(row.token_base_relative_reconstruction)
     assert (
         {"token_base_relative_reconstruction", "router_mu_information"}
@@ -422,7 +420,7 @@ def test_decomposition_on_probed_cells_matches_router_information():
     rec = _cell_records(np.random.default_rng(31), z_shift=10.0, z_noise=0.3, none_every=4)
     rec = rec[rec["task"] == "sorting"]
     pr = _probe_tables_one(rec)
-    row = cell_metrics_row(_cell(), rec, pr)
+    row = cell_row(_cell(), rec, pr)
     assert row["single_strategy_share"] == pytest.approx(0.75)
     product = (
         row["single_strategy_share"]

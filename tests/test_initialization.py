@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.base.entangle import run_entangle
 from latentstrat.base.reference import cell_objective, load_b, run_reference
 from latentstrat.cell.train import train_cell
@@ -55,12 +56,12 @@ def base(tmp_path_factory):
 def step0_token_nll(cfg, cell, root, model=None):
     """Per supervised token NLL of the cell's generator at step 0 on the validation split
     (z ~ posterior), and the reference b for the same tokens, as [B, L] with a mask."""
-    tok = data.load_tokenizer(root / "data")
-    val = data.load_split(root / "data", "validation")
+    tok = encoding.load_tokenizer(root / "data")
+    val = encoding.load_split(root / "data", "validation")
     model = model or build_model(cfg, cell, tok, root / "entangle")
     model.eval()
-    enc = data.encode(val, tok, int(cell["z_slots"]))
-    batch = data.collate(enc, range(len(val)), load_b(root / "reference", val))
+    enc = encoding.encode(val, tok, int(cell["z_slots"]))
+    batch = batching.collate(enc, range(len(val)), load_b(root / "reference", val))
     torch.manual_seed(0)
     with torch.no_grad():
         mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
@@ -88,7 +89,7 @@ def test_step0_base_relative_losses_are_one_for_every_family(base, family, aggre
     cell = next(c.to_json() for c in expand_cells(cfg) if c.settings["reconstruction_family"] == family)
     _, _, _, batch = step0_token_nll(cfg, cell, base)
     objective = cell_objective(base / "reference", cell)
-    model = build_model(cfg, cell, data.load_tokenizer(base / "data"), base / "entangle").eval()
+    model = build_model(cfg, cell, encoding.load_tokenizer(base / "data"), base / "entangle").eval()
     with torch.no_grad():
         out = forward_losses(model, batch, objective, 0, torch.randn(len(batch), 4))
     # S_ref and T_ref are the entangled model's values on exactly these (validation) rows
@@ -115,7 +116,7 @@ def test_controls_a_random_z_projection_or_untrained_slot_tokens_break_the_invar
     """Negative controls: the two ways the invariant was broken before."""
     cfg = cfg_for()
     cell = expand_cells(cfg)[0].to_json()
-    tok = data.load_tokenizer(base / "data")
+    tok = encoding.load_tokenizer(base / "data")
     # 1. a randomly initialized z projection: z leaks into the generator at step 0
     model = build_model(cfg, cell, tok, base / "entangle")
     torch.nn.init.normal_(model.z_proj.weight, std=0.02)
@@ -127,7 +128,7 @@ def test_controls_a_random_z_projection_or_untrained_slot_tokens_break_the_invar
     emb = model.lm.get_input_embeddings().weight
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for t in (data.Z_OPEN, data.Z_SLOT, data.Z_CLOSE):
+        for t in (encoding.Z_OPEN, encoding.Z_SLOT, encoding.Z_CLOSE):
             emb[tok.convert_tokens_to_ids(t)] = torch.randn(emb.shape[1], generator=gen) * 0.02
     l, b, m, _ = step0_token_nll(cfg, cell, base, model)
     assert float(l[m].mean()) > float(b[m].mean()) * 1.02

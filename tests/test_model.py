@@ -5,7 +5,8 @@ import pytest
 import torch
 from peft.tuners.lora import LoraLayer
 
-from latentstrat import data
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.modeling.backbone import build_backbone, load_entangled
 from latentstrat.modeling.model import LatentStrategyModel
 from latentstrat.modeling.objective import Objective
@@ -23,16 +24,16 @@ BB = {"source": "embedded", "dtype": "float32", "embedded": EMB}
 
 @pytest.fixture(scope="module")
 def tok():
-    texts = [data.render_record("3 1 2", "a b c 1 2 3"), data.render_record("5 4", "d e 4 5")]
+    texts = [encoding.render_record("3 1 2", "a b c 1 2 3"), encoding.render_record("5 4", "d e 4 5")]
     tk = data.build_tokenizer(texts)
-    return data.record_tokenizer(tk)
+    return encoding.record_tokenizer(tk)
 
 
 def batch(tok, ys, xs=None, P=1):
     xs = xs or ["3 1 2"] * len(ys)
     df = pd.DataFrame({"task": "t", "x": xs, "y": ys})
-    enc = data.encode(df, tok, P)
-    return data.collate(enc, range(len(ys)))
+    enc = encoding.encode(df, tok, P)
+    return batching.collate(enc, range(len(ys)))
 
 
 ROWS = [("a b c 1 2 3", "3 1 2"), ("d e 4 5", "5 4"), ("c b a 1 2 3", "3 1 2")]

@@ -1,4 +1,4 @@
-"""Data parallelism over CPU processes (latentstrat.parallel, entangle.processes): the entangle
+"""Data parallelism over CPU processes (latentstrat.runtime.parallel, entangle.processes): the entangle
 step split over two processes computes the one-process step, repeats exactly, and a failing
 or diverging worker is an error that names it."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import parallel_helpers
-from latentstrat import data, parallel
-from latentstrat.base import entangle
+from latentstrat.base import data, entangle
 from latentstrat.modeling.backbone import load_entangled
+from latentstrat.runtime import parallel
 from workflow_helpers import smoke_cfg
 
 TESTS = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from base_helpers import TINY
-from latentstrat import data
+from latentstrat import batching, encoding
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
 from latentstrat.modeling import decode
@@ -33,9 +33,9 @@ def cell(tiny_base, tmp_path_factory):
     c = expand_cells(cfg)[0].to_json()
     out = tmp_path_factory.mktemp("cell") / "train"
     train_cell(cfg, c, tiny_base["data_dir"], tiny_base["entangle_dir"], tiny_base["reference_dir"], out, threads=1)
-    tok = data.load_tokenizer(tiny_base["data_dir"])
+    tok = encoding.load_tokenizer(tiny_base["data_dir"])
     model = load_cell_model(cfg, c, tok, tiny_base["entangle_dir"], out).eval()
-    df = data.load_split(tiny_base["data_dir"], "test").groupby("task").head(3).reset_index(drop=True)
+    df = encoding.load_split(tiny_base["data_dir"], "test").groupby("task").head(3).reset_index(drop=True)
     return {"train": out, "base": tiny_base["entangle_dir"] / "model", "tok": tok, "model": model, "df": df}
 
 
@@ -56,8 +56,8 @@ def realign(t, shift):
 
 def test_generator_adapter_reproduces_the_cells_logits(cell):
     m, tok = cell["model"], cell["tok"]
-    enc = data.encode(cell["df"], tok, m.z_slots)
-    b = data.collate(enc, range(len(enc)))
+    enc = encoding.encode(cell["df"], tok, m.z_slots)
+    b = batching.collate(enc, range(len(enc)))
     assert b.gen_mask.sum(1).unique().numel() > 1  # rows of different lengths: real padding
     z = torch.randn(len(enc), m.latent_dim, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -89,7 +89,7 @@ def test_generator_adapter_reproduces_the_cells_logits(cell):
 
 def test_posterior_adapter_reproduces_mu_q(cell):
     m, tok = cell["model"], cell["tok"]
-    b = data.collate(data.encode(cell["df"], tok, m.z_slots), range(len(cell["df"])))
+    b = batching.collate(encoding.encode(cell["df"], tok, m.z_slots), range(len(cell["df"])))
     with torch.no_grad():
         want = m.posterior(b.post_ids, b.post_mask)[0]
     peft = PeftModel.from_pretrained(
@@ -132,11 +132,11 @@ def test_the_model_folder_opens_with_autotokenizer(cell, tiny_base):
     auto, ours = AutoTokenizer.from_pretrained(cell["base"]), cell["tok"]
     texts = [
         t
-        for s in data.SPLITS
-        for t in (lambda d: d.x.tolist() + d.y.tolist())(data.load_split(tiny_base["data_dir"], s))
+        for s in encoding.SPLITS
+        for t in (lambda d: d.x.tolist() + d.y.tolist())(encoding.load_split(tiny_base["data_dir"], s))
     ]
     ids = auto(texts, add_special_tokens=False).input_ids
     assert ids == ours(texts, add_special_tokens=False).input_ids
     assert [auto.decode(i) for i in ids[:50]] == [ours.decode(i) for i in ids[:50]]
-    assert auto.pad_token == data.PAD and auto.eos_token == data.EOS
+    assert auto.pad_token == encoding.PAD and auto.eos_token == encoding.EOS
     assert "AutoModelForCausalLM" in (cell["base"] / "README.md").read_text()

@@ -14,7 +14,8 @@ import pytest
 import torch
 import yaml
 
-from latentstrat import data
+from latentstrat import encoding
+from latentstrat.base import data
 from latentstrat.config import load_config
 from latentstrat.modeling.backbone import build_backbone
 from latentstrat.tasks import TASKS
@@ -22,7 +23,15 @@ from latentstrat.tasks import TASKS
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 TASK_NAMES = ["multidigit_addition", "grid_pathfinding"]
-MARKERS = [data.X_OPEN, data.X_CLOSE, data.Z_OPEN, data.Z_SLOT, data.Z_CLOSE, data.Y_OPEN, data.Y_CLOSE]
+MARKERS = [
+    encoding.X_OPEN,
+    encoding.X_CLOSE,
+    encoding.Z_OPEN,
+    encoding.Z_SLOT,
+    encoding.Z_CLOSE,
+    encoding.Y_OPEN,
+    encoding.Y_CLOSE,
+]
 
 
 def make_pretrained_dir(root: Path) -> Path:
@@ -79,29 +88,29 @@ def test_data_stage_uses_the_backbones_tokenizer_with_single_token_markers(pretr
     info = json.loads((tmp_path / "tokenizer_info.json").read_text())
     own = AutoTokenizer.from_pretrained(pretrained_dir)
     assert info["identity"] == f"pretrained:{pretrained_dir}@default"
-    tok = data.load_tokenizer(tmp_path)
-    assert len(tok) == len(own) + len(data.SPECIAL_TOKENS)  # its own vocabulary + the record tokens
+    tok = encoding.load_tokenizer(tmp_path)
+    assert len(tok) == len(own) + len(encoding.SPECIAL_TOKENS)  # its own vocabulary + the record tokens
     assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["type"] == "BPE"
-    assert sorted(info["added_token_ids"]) == list(range(len(own), len(own) + len(data.SPECIAL_TOKENS)))
+    assert sorted(info["added_token_ids"]) == list(range(len(own), len(own) + len(encoding.SPECIAL_TOKENS)))
     for m in MARKERS:  # each marker is one token, in the record too
-        ids = data.text_ids(tok, [f"3 {m} 4"])[0]
-        assert tok.convert_tokens_to_ids(m) in ids and len(data.text_ids(tok, [m])[0]) == 1
-    df = pd.concat([data.load_split(tmp_path, s) for s in data.SPLITS])
+        ids = encoding.text_ids(tok, [f"3 {m} 4"])[0]
+        assert tok.convert_tokens_to_ids(m) in ids and len(encoding.text_ids(tok, [m])[0]) == 1
+    df = pd.concat([encoding.load_split(tmp_path, s) for s in encoding.SPLITS])
     # token counts are the backbone's, not words
     bpe_counts = [len(own(y, add_special_tokens=False)["input_ids"]) for y in df.y]
     assert df.n_y_tokens.tolist() == bpe_counts and df.n_supervised.tolist() == [n + 2 for n in bpe_counts]
     assert (df.n_y_tokens != df.y.str.split().str.len()).any()
     # a trace encoded as the model sees it and decoded back is the same text, and it verifies
-    enc = data.encode(df, tok)
+    enc = encoding.encode(df, tok)
     for i in range(len(df)):
-        text = data.decode_y(tok, enc.sup_ids[i])
+        text = encoding.decode_y(tok, enc.sup_ids[i])
         assert text == df.y.iloc[i]
         assert TASKS[df.task.iloc[i]].final_answer_correct(df.x.iloc[i], text)
     # the markers' embedding rows start at the mean pretrained row (rows the model never trained)
-    model = build_backbone(cfg["backbone"], tok, data.added_token_ids(tmp_path))
+    model = build_backbone(cfg["backbone"], tok, encoding.added_token_ids(tmp_path))
     emb = model.get_input_embeddings().weight
     mean = emb[: len(own)].mean(0)
-    for t in data.SPECIAL_TOKENS:
+    for t in encoding.SPECIAL_TOKENS:
         assert torch.allclose(emb[tok.convert_tokens_to_ids(t)], mean, atol=1e-6)
 
 
@@ -151,10 +160,10 @@ def test_local_pretrained_collection_end_to_end(pretrained_dir, tmp_path):
     brief = yaml.safe_load((res / "smoke-pretrained" / "report" / "brief.yaml").read_text())
     assert brief["cells"]["complete"] == 2 and brief["cells"]["incomplete"] == []
     rec = pd.concat(pd.read_parquet(p) for p in base.glob("cells/*/*/evaluate/records.parquet"))
-    tok = data.load_tokenizer(base / "data")
+    tok = encoding.load_tokenizer(base / "data")
     # generated traces are text; re-encoding one and decoding it again gives the same text
     for y in rec.y_generated.head(20):
-        assert data.decode_y(tok, data.text_ids(tok, [y])[0]) == " ".join(y.split())
+        assert encoding.decode_y(tok, encoding.text_ids(tok, [y])[0]) == " ".join(y.split())
 
 
 @pytest.mark.slow

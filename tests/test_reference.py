@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.base.reference import (
     TOKENS_COLUMNS,
     compute_scales,
@@ -40,7 +41,7 @@ def dirs(tmp_path_factory):
     cfg = smoke_cfg()
     data.build_dataset(cfg["data"], root / "data")
     torch.manual_seed(0)
-    model = build_backbone(cfg["backbone"], data.load_tokenizer(root / "data"))
+    model = build_backbone(cfg["backbone"], encoding.load_tokenizer(root / "data"))
     model.save_pretrained(root / "entangle" / "model")
     scales = run_reference(cfg, root / "data", root / "entangle", root / "reference", threads=1, log=lambda m: None)
     return root, cfg, scales
@@ -52,12 +53,12 @@ def test_b_equals_hand_computed_token_nll(dirs):
     root, cfg, _ = dirs
     tokens = pd.read_parquet(root / "reference" / "tokens.parquet")
     assert list(tokens.columns) == TOKENS_COLUMNS
-    tok = data.load_tokenizer(root / "data")
+    tok = encoding.load_tokenizer(root / "data")
     model = load_entangled(root / "entangle").eval()
-    for split in data.SPLITS:
-        df = data.load_split(root / "data", split)
+    for split in encoding.SPLITS:
+        df = encoding.load_split(root / "data", split)
         ex = df.iloc[-1]  # one example per split, by hand: full record (neutral slot), full softmax
-        ids = data.text_ids(tok, [data.render_record(ex.x, ex.y, with_z=True)])[0]
+        ids = encoding.text_ids(tok, [encoding.render_record(ex.x, ex.y, with_z=True)])[0]
         y_open = ids.index(tok.convert_tokens_to_ids("<y>"))
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
@@ -65,7 +66,7 @@ def test_b_equals_hand_computed_token_nll(dirs):
         row = tokens[(tokens.split == split) & (tokens.example_id == ex.example_id)].iloc[0]
         assert row.n_supervised == ex.n_supervised == len(want)
         np.testing.assert_allclose(np.asarray(row.b), want, rtol=1e-4, atol=1e-5)
-    assert len(tokens) == sum(len(data.load_split(root / "data", s)) for s in data.SPLITS)
+    assert len(tokens) == sum(len(encoding.load_split(root / "data", s)) for s in encoding.SPLITS)
     assert all(len(b) == n for b, n in zip(tokens.b, tokens.n_supervised))
 
 
@@ -139,11 +140,11 @@ def test_token_counts_file_covers_tasks_and_splits(dirs):
 
 def test_load_b_aligns_and_checks(dirs, tmp_path):
     root, _, _ = dirs
-    df = data.load_split(root / "data", "validation").iloc[::-1].reset_index(drop=True)
+    df = encoding.load_split(root / "data", "validation").iloc[::-1].reset_index(drop=True)
     b = load_b(root / "reference", df)
     assert [len(v) for v in b] == df.n_supervised.tolist()
-    enc = data.encode(df, data.load_tokenizer(root / "data"))
-    batch = data.collate(enc, [0, 1], b=b)
+    enc = encoding.encode(df, encoding.load_tokenizer(root / "data"))
+    batch = batching.collate(enc, [0, 1], b=b)
     assert torch.allclose(batch.b[0, : len(b[0])], torch.tensor(b[0]))
     bad = df.copy()
     bad.loc[0, "n_supervised"] += 1

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latentstrat import data
-from latentstrat.base import shipped
+from latentstrat.base import data, shipped
 from latentstrat.base.entangle import run_entangle
 from latentstrat.config import base_settings, load_config
 from latentstrat.paths import Paths

@@ -1,4 +1,4 @@
-"""Slurm requests from the jobs' benchmark files (latentstrat.sizing): hand-computed requests,
+"""Slurm requests from the jobs' benchmark files (latentstrat.status.sizing): hand-computed requests,
 unreadable and missing files, and a block that Snakemake's Slurm profile accepts."""
 
 import math
@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from latentstrat import sizing
 from latentstrat.config import load_config
 from latentstrat.paths import BENCH_RULES, Paths
+from latentstrat.status import sizing
 from workflow_helpers import ROOT, copy_workflow, dry_run, rules
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"

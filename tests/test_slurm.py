@@ -148,7 +148,7 @@ def test_smoke_collection_on_slurm_and_cancelled_cell_reruns_alone(slurm_env, tm
     assert all(s["train"][0] == "done" for s in others.values()), others
     after = status_of(wd, env)
     assert after[CELL]["train"] == ("failed", cancelled)  # CANCELLED in the queue
-    assert all(s["metrics"][0] == "done" for c, s in after.items() if c != CELL)
+    assert all(s["tabulate"][0] == "done" for c, s in after.items() if c != CELL)
 
     # 3. the next run does only that cell (+ collection jobs), to completion
     rc, jobs, dout = dry_run(wd, config=GRID)

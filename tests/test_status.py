@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from latentstrat import host
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
 from latentstrat.paths import Paths
+from latentstrat.runtime import host
 from latentstrat.status import collection_status, main, render, stage_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     write_outputs(stage_outputs(p, pending, tasks)["train"], now)
     st = collection_status(cfg, jobs=jobs)
     by = {c["cell_id"]: {s: v["state"] for s, v in c["stages"].items()} for c in st["cells"]}
-    assert by[done] == dict.fromkeys(["train", "evaluate", "probes", "metrics"], "done")
+    assert by[done] == dict.fromkeys(["train", "evaluate", "probes", "tabulate"], "done")
     assert by[stale]["train"] == "stale"
     assert by[failed]["train"] == "failed"
     assert next(c for c in st["cells"] if c["cell_id"] == failed)["stages"]["train"]["detail"].startswith("ValueError")
@@ -65,7 +65,7 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
         "train": "done",
         "evaluate": "pending",
         "probes": "missing",
-        "metrics": "missing",
+        "tabulate": "missing",
     }
     assert st["summary"].endswith(f"; 2/{len(cells)} cells done, 1 running, 1 failed, 1 stale")
     text = render(st)
@@ -87,7 +87,7 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
         return {s: v["state"] for s, v in next(c for c in st["cells"] if c["cell_id"] == cid)["stages"].items()}
 
     st = collection_status(cfg, jobs=[])
-    assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "metrics"), "done") and st["corrupt"] == []
+    assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "tabulate"), "done") and st["corrupt"] == []
     # the base: nothing built yet, every base stage missing and named in the summary
     assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "missing"
     assert st["summary"].startswith(
@@ -145,7 +145,7 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     cfg = load_config(cfg_path)
     p = Paths.from_config(cfg)
     (cid,) = [c.cell_id for c in expand_cells(cfg)]
-    records, metrics, summary = p.records_path(cid), p.metrics_path(cid), p.train_dir(cid) / "summary.json"
+    records, metrics, summary = p.records_path(cid), p.row_path(cid), p.train_dir(cid) / "summary.json"
     before = pd.read_parquet(metrics)
     train_mtime = summary.stat().st_mtime_ns
     good = records.read_bytes()
@@ -159,7 +159,7 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     ran = re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)", log, flags=re.M)
-    assert sorted(ran) == sorted(["evaluate", "probes", "metrics", "aggregate", "report", "all"]), ran
+    assert sorted(ran) == sorted(["evaluate", "probes", "tabulate", "aggregate", "report", "all"]), ran
     assert summary.stat().st_mtime_ns == train_mtime  # train did not rerun
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
@@ -172,7 +172,7 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
 def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsys):
     """The train job's progress file (written by progress.Progress as the cell trains) gives the
     running cell's step, total and ETA; the measured jobs' median wall times give the collection's."""
-    from latentstrat.progress import Progress
+    from latentstrat.runtime.progress import Progress
     from latentstrat.status import collection_eta
 
     cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
@@ -183,7 +183,7 @@ def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsy
     for files in stage_outputs(p, done, tasks).values():
         write_outputs(files, host.code_version()["code_version"])
     # the done cell's jobs were measured (Snakemake benchmark files): train 600 s, the rest 60 s each
-    for rule, wall in (("train", 600.0), ("evaluate", 60.0), ("probes", 60.0), ("metrics", 60.0)):
+    for rule, wall in (("train", 600.0), ("evaluate", 60.0), ("probes", 60.0), ("tabulate", 60.0)):
         b = p.bench_path(rule, done)
         b.parent.mkdir(parents=True, exist_ok=True)
         b.write_text(f"s\th:m:s\tmax_rss\n{wall}\t0:00:00\t100.0\n")
@@ -202,9 +202,9 @@ def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsy
     assert abs(train["progress"]["eta_s"] - 449 * 1.5) < 5
     assert f"{running} train: running: step 751/1200, ETA 11 min" in render(st)
     # the collection: the running train's ETA plus the median per job of every stage left, at 2 jobs at once
-    eta = collection_eta(st, {"train": 600.0, "evaluate": 60.0, "probes": 60.0, "metrics": 60.0}, 2)
+    eta = collection_eta(st, {"train": 600.0, "evaluate": 60.0, "probes": 60.0, "tabulate": 60.0}, 2)
     left_cells = len(cells) - 2
     want = (449 * 1.5 + 3 * 60 + left_cells * (600 + 3 * 60)) / 2
     assert eta["jobs_left"] == 4 + 4 * left_cells and abs(eta["seconds"] - want) < 5
     # with no measured job of a stage left to run, the ETA says so instead of guessing
-    assert collection_eta(st, {"train": 600.0}, 2)["unmeasured"] == ["evaluate", "metrics", "probes"]
+    assert collection_eta(st, {"train": 600.0}, 2)["unmeasured"] == ["evaluate", "probes", "tabulate"]

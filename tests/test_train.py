@@ -352,7 +352,7 @@ def test_corrupt_checkpoint_is_moved_aside_and_the_cell_restarts(base, tmp_path,
 
 
 def test_progress_lines_name_step_loss_rate_and_eta():
-    from latentstrat.progress import Progress
+    from latentstrat.runtime.progress import Progress
 
     lines = []
     p = Progress("c", 4, every=0.0, log=lambda m, flush=True: lines.append(m))

@@ -11,7 +11,7 @@ import torch
 
 from base_helpers import TINY
 from latentstrat import cells as K
-from latentstrat import data
+from latentstrat import encoding
 from latentstrat.config import load_config
 from latentstrat.modeling.model import build_model
 
@@ -105,7 +105,7 @@ def test_a_pair_starts_from_bit_identical_heads_and_two_settings_from_different_
     cfg["replicates"] = {"extra_seeds": 1, "grid": {"beta": [0.01]}}
     cfg = load_config(cfg=cfg)
     cells = {c.cell_id: c.settings for c in K.expand_cells(cfg)}
-    tok = data.load_tokenizer(tiny_base["data_dir"])
+    tok = encoding.load_tokenizer(tiny_base["data_dir"])
 
     def built(cid):
         torch.manual_seed(12345)  # the global RNG state before the build must not matter

@@ -131,7 +131,7 @@ def test_contrast_interval_by_hand():
     from scipy import stats
 
     from latentstrat.aggregate.contrasts import contrast_row
-    from latentstrat.power import detect_factor
+    from latentstrat.aggregate.power import detect_factor
 
     c = _contrast_frame(
         delta_m=[-0.1, -0.2],
@@ -366,9 +366,9 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=(314159, 314160)):
 
 
 def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
+    from latentstrat.aggregate.power import detect_factor, se_with_seeds
     from latentstrat.cells import expand_cells
     from latentstrat.config import load_config
-    from latentstrat.power import detect_factor, se_with_seeds
 
     row, out = run_with_config(tmp_path, delta=-0.03, noise=0.1, half_width=0.02)
     assert row.verdict == "cannot tell" and row.training_noise_in_interval
@@ -425,8 +425,8 @@ def test_a_noisy_collection_already_at_its_seed_cap_gets_no_followup(tmp_path):
 
 
 def test_power_arithmetic_by_hand():
+    from latentstrat.aggregate.power import detectable_difference, se_with_seeds, seeds_to_detect
     from latentstrat.cells import next_seeds
-    from latentstrat.power import detectable_difference, se_with_seeds, seeds_to_detect
 
     # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
@@ -438,7 +438,7 @@ def test_power_arithmetic_by_hand():
     assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]
     # the detectable difference in SEs: 2.80 with a known variance; the noncentral t's with few df
-    from latentstrat.power import DETECT, detect_factor, t_power
+    from latentstrat.aggregate.power import DETECT, detect_factor, t_power
 
     assert detect_factor(float("inf")) == DETECT and t_power(DETECT, float("inf")) == pytest.approx(0.8, abs=1e-6)
     assert detect_factor(2) == pytest.approx(5.65, abs=0.01) and detect_factor(8) == pytest.approx(3.20, abs=0.01)

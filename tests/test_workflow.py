@@ -19,7 +19,7 @@ from latentstrat.io import dump_json
 from latentstrat.paths import Paths
 from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake, tiny_collection
 
-CELL_RULES = {"train", "evaluate", "probes", "metrics"}
+CELL_RULES = {"train", "evaluate", "probes", "tabulate"}
 
 
 # ----------------------------------------------------------------------------- grid
@@ -46,7 +46,7 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     assert "agg-sum_fam-raw_beta-1_sched-lin300_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probes"] == n["metrics"] == n["evaluate"] == 50  # one probe job per cell, every task in it
+    assert n["probes"] == n["tabulate"] == n["evaluate"] == 50  # one probe job per cell, every task in it
     # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
     # model (their training seed), every other cell from its own
     assert n["step0"] == 25
@@ -64,7 +64,7 @@ def test_smoke_and_aa_configs_list_their_step0_jobs(wd):
     rc, jobs, out = dry_run(wd, configfile="config/aa.yaml")
     assert rc == 0, out[-3000:]
     n = rules(jobs)
-    assert (n["train"], n["evaluate"], n["metrics"], n["step0"], n["report"]) == (42, 42, 42, 42, 1), n
+    assert (n["train"], n["evaluate"], n["tabulate"], n["step0"], n["report"]) == (42, 42, 42, 42, 1), n
     train = [c for r, c, _ in jobs if r == "train"]
     assert sum(c.endswith(("seed-271828", "seed-271829")) for c in train) == 16
     assert sum(c.endswith("seed-271830") for c in train) == 5
@@ -193,8 +193,8 @@ def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
     trained = {c for r, c, _ in jobs if r == "train"}
     assert trained and all(c.startswith("agg-mean_") and "sched-lin100" in c for c in trained), trained
     assert not {"data", "entangle", "reference"} & set(rules(jobs))
-    n_cells = len({c for r, c, _ in jobs if r == "metrics"})
-    assert n_cells == len(trained) + rules(dry_run(done, "--forceall")[1])["metrics"]  # every row, new + shared
+    n_cells = len({c for r, c, _ in jobs if r == "tabulate"})
+    assert n_cells == len(trained) + rules(dry_run(done, "--forceall")[1])["tabulate"]  # every row, new + shared
     # negative control: another train budget is other work, so every cell trains (base still shared)
     rc, jobs, out = dry_run(done, config=extra + ["train={steps: 7}"])
     assert rc == 0, out[-3000:]
@@ -203,7 +203,7 @@ def test_a_second_collection_on_the_base_reuses_its_cells_and_base(done):
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_corrupting_one_cells_metrics_reruns_from_there(done):
-    metrics = done / "results" / "smoke" / "cells" / CELL / "metrics.parquet"
+    metrics = done / "results" / "smoke" / "cells" / CELL / "row.parquet"
     st = metrics.stat()
     metrics.unlink()
     try:
@@ -213,7 +213,7 @@ def test_corrupting_one_cells_metrics_reruns_from_there(done):
         os.utime(metrics, (st.st_atime, st.st_mtime))
     assert rc == 0, out[-3000:]
     assert sorted((r, c) for r, c, _ in jobs) == sorted(
-        [("metrics", CELL), ("aggregate", None), ("report", None), ("all", None)]
+        [("tabulate", CELL), ("aggregate", None), ("report", None), ("all", None)]
     )
 
 
@@ -358,7 +358,7 @@ def test_one_changed_byte_of_the_data_reruns_every_cell(done):
         _restore(saved)
     assert rc == 0, out[-3000:]
     n = rules(jobs)
-    assert n["entangle"] == n["reference"] == 1 and n["train"] == n["evaluate"] == n["metrics"] == 24, n
+    assert n["entangle"] == n["reference"] == 1 and n["train"] == n["evaluate"] == n["tabulate"] == 24, n
     assert dry_run(done)[1] == []  # the original bytes back: nothing to do again
 
 

@@ -3,7 +3,7 @@
 The folders follow the data flow: tasks/ -> the definitions and infrastructure here (families,
 cells, config, paths, data, metrics, ...) -> modeling/ (backbone -> model -> objective, decode,
 scoring) -> base/ (entangle -> reference) -> cell/ (step0 -> train -> evaluate -> probes ->
-cell_metrics) -> aggregate/ -> report/. See docs/architecture.md.
+tabulate) -> aggregate/ -> report/. See docs/architecture.md.
 """
 
 __version__ = "0.1.0"

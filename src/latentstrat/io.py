@@ -51,7 +51,7 @@ PRODUCERS = {
     "train": "train",
     "evaluate": "evaluate",
     "probes": "probe",
-    "cells": "metrics",
+    "cells": "tabulate",
     "aggregate": "aggregate",
     "report": "report",
 }

@@ -5,7 +5,7 @@ Every metric is declared here once (`Metric`: name, label, direction, level, wha
 objective term it logs, whether the training history has it). Other modules name a metric as
 `M.<name>` (a plain str), never as a string literal: `tests/test_metric_names.py` fails on one.
 `python -m latentstrat.metrics > docs/metrics.md` writes the reference users read. The cell-metrics
-stage that computes a cell's row is latentstrat.cell.cell_metrics.
+stage that computes a cell's row is latentstrat.cell.tabulate.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# the version of what the probe and metrics jobs write (probe tables, a cell's metrics row): their
+# the version of what the probe and tabulate jobs write (probe tables, a cell's metrics row): their
 # rules take it as a param, so a change that makes cached tables unreadable reruns those jobs once
 # (never training); bump it with such a change
 CELL_TABLES_VERSION = 3
@@ -388,7 +388,7 @@ def derive(row: dict) -> dict:
 
 # ----------------------------------------------------------------------------- intervals
 
-BOOTSTRAP_FILE = "bootstrap.parquet"  # beside a cell's metrics.parquet
+BOOTSTRAP_FILE = "bootstrap.parquet"  # beside a cell's row.parquet
 N_BOOT = 1000  # bootstrap replicates per cell
 BOOT_SEED = 20261201
 # per-cell test metrics that get a 95% bootstrap interval (<metric>_ci_low / _ci_high)

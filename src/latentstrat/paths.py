@@ -18,7 +18,13 @@ WORK_KEY_SECTIONS = ("lora", "train", "evaluate", "probes")
 RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
 
 # the folder of a per-cell (or per-init) job's log and benchmark, by rule
-CELL_JOB_FOLDER = {"step0": "step0", "train": "train", "evaluate": "evaluate", "probes": "probe", "metrics": "metrics"}
+CELL_JOB_FOLDER = {
+    "step0": "step0",
+    "train": "train",
+    "evaluate": "evaluate",
+    "probes": "probe",
+    "tabulate": "tabulate",
+}
 # every rule that writes a benchmark file, in pipeline order
 BENCH_RULES = (
     "data",
@@ -28,7 +34,7 @@ BENCH_RULES = (
     "train",
     "evaluate",
     "probes",
-    "metrics",
+    "tabulate",
     "aggregate",
     "report",
 )
@@ -196,8 +202,8 @@ class Paths:
     def collection_dir(self) -> Path:
         return self.results / self.collection
 
-    def metrics_path(self, cid: str) -> Path:
-        return self.collection_dir / "cells" / cid / "metrics.parquet"
+    def row_path(self, cid: str) -> Path:
+        return self.collection_dir / "cells" / cid / "row.parquet"
 
     def bootstrap_path(self, cid: str) -> Path:
         return self.collection_dir / "cells" / cid / "bootstrap.parquet"

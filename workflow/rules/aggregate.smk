@@ -1,4 +1,4 @@
-# Stage 7 (per collection): collection tables from every cell's metrics and history.
+# Stage 7 (per collection): collection tables from every cell's row and history.
 # Package code is not an input of the cell rules (editing it never retrains); the aggregate
 # and report code ARE inputs here, so editing them reruns only aggregate + report.
 
@@ -9,7 +9,7 @@ rule aggregate:
             after_base(
                 "cell",
                 lambda w: {
-                    "metrics": [str(P.metrics_path(c)) for c in CELLS],
+                    "rows": [str(P.row_path(c)) for c in CELLS],
                     "bootstrap": [str(P.bootstrap_path(c)) for c in CELLS],
                     "history": [P.train_files(c)["history"] for c in CELLS],
                     "comparison_tables": comparison_tables(),

@@ -247,7 +247,7 @@ def all_targets():
     files = [f for stage_files in BASE_STAGE_FILES.values() for f in stage_files]
     for cid in CELLS:
         files += [*P.train_files(cid).values(), str(P.records_path(cid)), *P.probe_files(cid, TASKS),
-                  str(P.metrics_path(cid))]
+                  str(P.row_path(cid))]
     return files + [*P.report_files().values()]
 
 

@@ -1,5 +1,5 @@
 # Stage 6a (per cell): every task's probes and the global one in one job, the libraries imported
-# once. Probes and the cell's metrics (metrics.smk) are separate jobs, not a `group:`: Snakemake
+# once. Probes and the cell's row (tabulate.smk) are separate jobs, not a `group:`: Snakemake
 # loses track of a running group job when a checkpoint (the base stages here) finishes meanwhile
 # and the run stops with `KeyError: metrics` (snakemake/snakemake issues 1331 and 4202).
 

@@ -7,7 +7,7 @@ with logged(snakemake):
     cells = snakemake.params.cells
     aggregate_collection(
         cfg,
-        dict(zip(cells, snakemake.input.metrics)),
+        dict(zip(cells, snakemake.input.rows)),
         dict(zip(cells, snakemake.input.history)),
         snakemake.output[0],
         quality_path=snakemake.input.quality,

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _stage import logged, stage_config
 
-from latentstrat import data
+from latentstrat.base import data
 from latentstrat.config import base_settings
 
 with logged(snakemake):

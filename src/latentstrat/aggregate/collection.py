@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from latentstrat import host
 from latentstrat.aggregate.columns import ROUTER_METRIC
 from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts, scale_table
 from latentstrat.aggregate.dynamics import history_tables
@@ -29,7 +28,7 @@ from latentstrat.aggregate.fairness import (
 from latentstrat.aggregate.followup import cell_costs, followup_plan, write_followup_plan
 from latentstrat.aggregate.inputs import (
     load_bootstrap,
-    load_cell_metrics,
+    load_cell_rows,
     load_entangle_quality,
     load_histories,
     read_history_table,
@@ -49,6 +48,7 @@ from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS, M
+from latentstrat.runtime import host
 
 
 def report_settings(report_cfg: dict | None) -> dict:
@@ -176,11 +176,11 @@ class CollectionData:
     """What the aggregate tables are computed from.
 
     summary: complete cells (all arms; `role` column marks the primary arm, else all rows are primary).
-    state: every cell of the collection and its status (`load_cell_metrics`).
+    state: every cell of the collection and its status (`load_cell_rows`).
     comparisons: external comparison arm name -> validated table; run-here arms come from summary.
     grid_axes: the cell settings the primary arm's grid varies.
     history: the complete cells' training histories (long).
-    bootstrap: cell id -> its bootstrap replicates (cell_metrics.bootstrap_replicates), for intervals.
+    bootstrap: cell id -> its bootstrap replicates (tabulate.bootstrap_replicates), for intervals.
     costs: per cell job seconds (cell_costs), or None.
     entangle_quality: the entangle stage's quality.json (the cell sanity check's yardstick), or None.
     """
@@ -245,7 +245,7 @@ def aggregate_tables(
 
 def aggregate_collection(
     cfg: dict,
-    metrics_paths: dict,
+    row_paths: dict,
     history_paths: dict,
     out_dir,
     quality_path=None,
@@ -256,19 +256,17 @@ def aggregate_collection(
     """The aggregate job: per-cell metrics + histories of a collection (+ the entangle stage's
     quality.json, the cell sanity check's yardstick) -> aggregate tables under out_dir, and
     FOLLOWUP_FILE: the seeds that would settle a `cannot tell` of the main contrast (or none).
-    `upstream`: see inputs.load_cell_metrics (the partial report after a failed run passes it).
+    `upstream`: see inputs.load_cell_rows (the partial report after a failed run passes it).
     `bench_dir`: the collection's Snakemake benchmark folder, for what a cell costs; `configfile`:
     the collection's config file, which a follow-up config extends."""
     quality = load_entangle_quality(quality_path) if quality_path else None
     comparisons = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
         comparisons[arm["name"]] = read_summary_table(arm["table"])
-    summary, state = load_cell_metrics(cfg, metrics_paths, upstream)
+    summary, state = load_cell_rows(cfg, row_paths, upstream)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
-    bootstrap = load_bootstrap(
-        {c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in metrics_paths.items() if c in complete}
-    )
+    bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in row_paths.items() if c in complete})
     grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
     meta = {
         "collection": cfg["collection"],
@@ -279,7 +277,7 @@ def aggregate_collection(
         "unreadable_histories": bad,
         "configfile": str(Path(configfile).resolve()) if configfile else None,
     }
-    costs = cell_costs(bench_dir, list(metrics_paths))
+    costs = cell_costs(bench_dir, list(row_paths))
     t = aggregate_tables(
         CollectionData(summary, state, comparisons, grid_axes, history, bootstrap, costs, quality),
         out_dir,

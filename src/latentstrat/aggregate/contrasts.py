@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from latentstrat import power
+from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
 from latentstrat.aggregate.settings import aggregation_name, setting_replicates
 from latentstrat.cells import CELL_KEYS, format_value

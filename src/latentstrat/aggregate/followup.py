@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from latentstrat import power
+from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import FALLBACK_METRIC
 from latentstrat.cells import expand_cells, next_seeds
 from latentstrat.io import write_text
@@ -19,11 +19,11 @@ from latentstrat.paths import CELL_JOB_FOLDER
 FOLLOWUP_FILE = "followup.json"
 
 # the cell jobs whose benchmark seconds make a cell's cost
-COST_PARTS = ("train", "evaluate", "probes", "metrics")
+COST_PARTS = ("train", "evaluate", "probes", "tabulate")
 
 
 def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
-    """Per cell: the seconds of its train, evaluate, probe and metrics jobs from Snakemake's
+    """Per cell: the seconds of its train, evaluate, probe and tabulate jobs from Snakemake's
     benchmark files, and their total; cells whose work was done by another collection (shared
     cell work) have none here and are left out (all of them without a `bench_dir`)."""
     columns = ["cell_id", *(f"{p}_s" for p in COST_PARTS), "total_s"]

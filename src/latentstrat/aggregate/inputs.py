@@ -84,9 +84,7 @@ def read_cell_row(path, cell_id: str) -> dict:
     return row
 
 
-def load_cell_metrics(
-    cfg: dict, metrics_paths: dict, upstream: dict | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_cell_rows(cfg: dict, row_paths: dict, upstream: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary of complete cells, collection_state of every expected cell). With `upstream`
     (cell id -> the files its metrics are computed from), a metrics file older than one of them
     (say evaluate records rewritten, or corrupted, after it) is not complete: its numbers
@@ -94,7 +92,7 @@ def load_cell_metrics(
     cells = expand_cells(cfg)
     rows, state = [], []
     for c in cells:
-        path = metrics_paths.get(c.cell_id)
+        path = row_paths.get(c.cell_id)
         status, reason = "complete", ""
         newer = [
             Path(u)

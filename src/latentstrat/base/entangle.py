@@ -13,12 +13,12 @@ default trains from scratch; a pretrained backbone is fine-tuned; `entangle.mode
 backbone as is; `entangle.mode: shipped` installs the entangled model shipped in the repository
 for this base (latentstrat.base.shipped) and reruns the quality checks on this host.
 AdamW, linear warmup then cosine decay to lr x entangle.min_lr_ratio, grad clip 1.0,
-length-grouped batches (data.epoch_batches), seeded.
+length-grouped batches (batching.epoch_batches), seeded.
 With `backbone.dtype: bfloat16` the weights train in float32 under bf16 autocast and are saved
 in bf16. The training step's speed settings (the default's CPU step, docs/entangle.md):
 `entangle.autocast: bfloat16` (bf16 matmuls, float32 weights and saved model),
 `entangle.attention: eager` (for the step only), `entangle.compile: true` (torch.compile),
-`entangle.processes: 2` (each batch split between two 1-thread processes, `latentstrat.parallel`).
+`entangle.processes: 2` (each batch split between two 1-thread processes, `latentstrat.runtime.parallel`).
 With `entangle.ema_decay` the saved model is a moving average of the weights.
 
 Writes to `out_dir`:
@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, host, parallel
+from latentstrat import batching, encoding
 from latentstrat.base import shipped
 from latentstrat.base.entangle_step import (
     Records,
@@ -65,6 +65,7 @@ from latentstrat.modeling.backbone import (
 )
 from latentstrat.modeling.objective import zfree_token_nll
 from latentstrat.paths import ENTANGLE_FILES
+from latentstrat.runtime import host, parallel
 from latentstrat.tasks import TASKS
 
 LOG_EVERY = 25  # train-loss history interval (steps)
@@ -97,13 +98,13 @@ def strategy_alternatives(train_df: pd.DataFrame) -> tuple[pd.DataFrame, list[li
 
 
 @torch.no_grad()
-def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, float]:
+def validation_loss(model, encoded: encoding.Encoded, batch_size: int) -> dict[str, float]:
     """Per-task and overall ("all") mean NLL per supervised token."""
     was_training = model.training
     model.eval()
     tot = torch.zeros(len(encoded.tasks), dtype=torch.float64)
     cnt = torch.zeros(len(encoded.tasks), dtype=torch.float64)
-    for _, batch in data.split_batches(encoded, batch_size, device_of(model)):
+    for _, batch in batching.split_batches(encoded, batch_size, device_of(model)):
         nll = zfree_token_nll(model, batch).double().sum(1).cpu()
         n = batch.sup_mask.sum(1).double().cpu()
         tot.index_add_(0, batch.task_idx.cpu(), nll)
@@ -115,7 +116,7 @@ def validation_loss(model, encoded: data.Encoded, batch_size: int) -> dict[str, 
 
 
 def validation_rows(
-    model, encoded: data.Encoded, batch_size: int, step: int, metric: str = "validation_loss"
+    model, encoded: encoding.Encoded, batch_size: int, step: int, metric: str = "validation_loss"
 ) -> list[dict]:
     """`validation_loss` as history rows of `step`."""
     return [
@@ -249,7 +250,7 @@ def training_loop(
     for step in range(steps):
         idx = next(batches, None)
         if idx is None:  # new epoch
-            batches = data.epoch_batches(records.group_lengths, bs, rng, records.alternatives)
+            batches = batching.epoch_batches(records.group_lengths, bs, rng, records.alternatives)
             idx = next(batches)
         batch, n_supervised, n_tok = rank_share(records.train, idx, rank, world, dev)
         cur_lr = lr_at(step, lr, warmup, steps, ecfg["min_lr_ratio"])
@@ -283,7 +284,7 @@ def training_loop(
 
 
 def _check_inputs(data_dir: Path) -> None:
-    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
+    for name in [f"{s}.parquet" for s in encoding.SPLITS] + ["tokenizer.json"]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"entangle: input {data_dir / name} does not exist (run the data stage)")
 
@@ -337,8 +338,8 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     _check_inputs(data_dir)
     device = device_for(cfg)
     _check_step_settings(ecfg, device)
-    tokenizer = data.load_tokenizer(data_dir)
-    train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
+    tokenizer = encoding.load_tokenizer(data_dir)
+    train_df, val_df = (encoding.load_split(data_dir, s) for s in ("train", "validation"))
     alternatives = None
     if ecfg["resample_strategies"]:
         # the data's strategy labels are uniform and independent of x: drawing them afresh each
@@ -347,13 +348,13 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
         rows_df, alternatives = strategy_alternatives(train_df)
     else:
         rows_df = train_df
-    train_enc = data.encode(rows_df, tokenizer, ecfg["z_slots"])
-    group_lengths = data.strategy_free_lengths(rows_df)
-    val_enc = data.encode(val_df, tokenizer, ecfg["z_slots"])
+    train_enc = encoding.encode(rows_df, tokenizer, ecfg["z_slots"])
+    group_lengths = encoding.strategy_free_lengths(rows_df)
+    val_enc = encoding.encode(val_df, tokenizer, ecfg["z_slots"])
 
     torch.manual_seed(ecfg["seed"])
     dtype = DTYPES[cfg["backbone"]["dtype"]]
-    model = build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
+    model = build_backbone(cfg["backbone"], tokenizer, encoding.added_token_ids(data_dir))
     model = model.to(device=device, dtype=torch.float32)
     records = Records(train_enc, val_enc, group_lengths, alternatives)
     ecfg, choice = choose_step_settings(ecfg, model, replace(records, val=None), device, int(threads), dtype, log)
@@ -409,8 +410,8 @@ def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=p
         f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:"
     )
     model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(device_for(cfg))
-    tokenizer = data.load_tokenizer(data_dir)
-    train_df, val_df = (data.load_split(data_dir, s) for s in ("train", "validation"))
+    tokenizer = encoding.load_tokenizer(data_dir)
+    train_df, val_df = (encoding.load_split(data_dir, s) for s in ("train", "validation"))
     return write_quality(
         model,
         tokenizer,

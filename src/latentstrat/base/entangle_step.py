@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latentstrat import data, host, parallel
+from latentstrat import batching, encoding
 from latentstrat.modeling.backbone import device_of
 from latentstrat.modeling.objective import zfree_token_nll
+from latentstrat.runtime import host, parallel
 
 GRAD_CLIP = 1.0
 
@@ -27,12 +28,12 @@ GRAD_CLIP = 1.0
 class Records:
     """What the entangled model trains and validates on: the encoded train split, the encoded
     validation split (None in the data-parallel workers, which do not validate), one grouping
-    length per train row (`data.strategy_free_lengths`: batches group rows of similar length)
+    length per train row (`encoding.strategy_free_lengths`: batches group rows of similar length)
     and, when each epoch draws one strategy per train input, the rows of each input's
     strategies (`strategy_alternatives`; `train` then encodes those rows)."""
 
-    train: data.Encoded
-    val: data.Encoded | None
+    train: encoding.Encoded
+    val: encoding.Encoded | None
     group_lengths: list[float]
     alternatives: list[list[int]] | None = None
 
@@ -60,14 +61,14 @@ def autocast_for(model, dtype: torch.dtype):
 def train_step(
     model,
     opt,
-    batch: data.Batch | None,
+    batch: batching.Batch | None,
     step_nll=zfree_token_nll,
     amp_dtype: torch.dtype = torch.float32,
     n_supervised: int | None = None,
     world: int = 1,
 ):
     """One update on the mean NLL per supervised token of the batch; returns (loss, grad norm).
-    Data parallel (`world` > 1, `latentstrat.parallel`): `batch` is this rank's share of the
+    Data parallel (`world` > 1, `latentstrat.runtime.parallel`): `batch` is this rank's share of the
     global batch (None: an empty share) and `n_supervised` the global batch's supervised token
     count; the gradients and the loss are summed across ranks before clipping, so every rank
     takes the same update."""
@@ -94,12 +95,12 @@ def train_step(
     return loss, gnorm
 
 
-def rank_share(enc: data.Encoded, idx: list[int], rank: int, world: int, device):
+def rank_share(enc: encoding.Encoded, idx: list[int], rank: int, world: int, device):
     """This rank's part of the global batch `idx` (rows rank::world; None if none), the global
     batch's supervised-token count (None in one process: `train_step` counts its batch) and its
     real (non-pad) tokens."""
     share = idx[rank::world]
-    batch = data.collate(enc, share).to(device) if share else None
+    batch = batching.collate(enc, share).to(device) if share else None
     n_supervised = sum(len(enc.sup_ids[i]) for i in idx) if world > 1 else None
     return batch, n_supervised, sum(enc.lengths[i] for i in idx)
 
@@ -140,7 +141,7 @@ def step_candidates(ecfg: dict, device: torch.device) -> list[dict]:
 
 def time_step(
     model,
-    enc: data.Encoded,
+    enc: encoding.Encoded,
     batches: list[list[int]],
     settings: dict,
     ecfg: dict,
@@ -193,7 +194,7 @@ def choose_step_settings(
     epochs = (
         b
         for _ in itertools.count()
-        for b in data.epoch_batches(records.group_lengths, ecfg["batch_size"], rng, records.alternatives)
+        for b in batching.epoch_batches(records.group_lengths, ecfg["batch_size"], rng, records.alternatives)
     )
     batches = list(itertools.islice(epochs, TRIAL_WARMUP + TRIAL_STEPS))
     prev_threads = torch.get_num_threads()

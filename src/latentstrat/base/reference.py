@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
 from latentstrat.aggregations import AGGREGATIONS
 from latentstrat.cells import expand_cells, format_value
 from latentstrat.families import DEFAULT_ALPHA, parse_family
@@ -57,11 +57,11 @@ def alpha_key(alpha: float) -> str:
 
 
 @torch.no_grad()
-def reference_nll(model, encoded: data.Encoded, batch_size: int) -> list[np.ndarray]:
+def reference_nll(model, encoded: encoding.Encoded, batch_size: int) -> list[np.ndarray]:
     """b per example (float32 arrays of length n_supervised), in row order of `encoded`."""
     model.eval()
     out: list[np.ndarray | None] = [None] * len(encoded)
-    for _, batch in data.split_batches(encoded, batch_size, device_of(model)):
+    for _, batch in batching.split_batches(encoded, batch_size, device_of(model)):
         b = zfree_token_nll(model, batch).float().cpu().numpy()
         n = batch.sup_mask.sum(1).cpu().numpy()
         for r, i in enumerate(batch.row_idx.tolist()):
@@ -142,7 +142,7 @@ def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:
 
 def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
     """b for each row of a split DataFrame (by task, example_id), checked against n_supervised.
-    This is what the trainer passes to `data.collate(..., b=...)`."""
+    This is what the trainer passes to `batching.collate(..., b=...)`."""
     path = Path(reference_dir) / REFERENCE_FILES["tokens"]
     tokens = read_parquet(path, what="reference tokens", columns=TOKENS_COLUMNS)
     lookup = {(t, e): (n, b) for t, e, n, b in zip(tokens.task, tokens.example_id, tokens.n_supervised, tokens.b)}
@@ -166,7 +166,7 @@ def _load_entangled_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokeniz
 
     if cfg["entangle"]["mode"] == "skip":
         torch.manual_seed(cfg["entangle"]["seed"])
-        return build_backbone(cfg["backbone"], tokenizer, data.added_token_ids(data_dir))
+        return build_backbone(cfg["backbone"], tokenizer, encoding.added_token_ids(data_dir))
     model_dir = entangle_dir / "model"
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(
@@ -181,7 +181,7 @@ def reference_tokens(model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame
     bs = 2 * cfg["entangle"]["batch_size"]
     parts = []
     for split, df in splits.items():
-        b = reference_nll(model, data.encode(df, tokenizer, cfg["entangle"]["z_slots"]), bs)
+        b = reference_nll(model, encoding.encode(df, tokenizer, cfg["entangle"]["z_slots"]), bs)
         bad = [e for e, v in zip(df.example_id, b) if not np.isfinite(v).all()]
         if bad:
             raise FloatingPointError(f"reference: non-finite b for {len(bad)} {split} examples (first {bad[0]!r})")
@@ -242,13 +242,13 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
     the base (`shipped_tokens`), else b computed here. Returns the scales dict."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
-    for name in [f"{s}.parquet" for s in data.SPLITS] + ["tokenizer.json"]:
+    for name in [f"{s}.parquet" for s in encoding.SPLITS] + ["tokenizer.json"]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
     torch.set_num_threads(int(threads))
     alphas = config_alphas(cfg)
-    tokenizer = data.load_tokenizer(data_dir)
-    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
+    tokenizer = encoding.load_tokenizer(data_dir)
+    splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
     model = _load_entangled_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
     mode = cfg["entangle"]["mode"]
     if mode == "shipped":

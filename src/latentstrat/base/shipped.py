@@ -29,10 +29,11 @@ import shutil
 import time
 from pathlib import Path
 
-from latentstrat import host
+from latentstrat import encoding
 from latentstrat.config import base_settings, config_for_command, settings_diff
 from latentstrat.io import dump_json
 from latentstrat.paths import ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths
+from latentstrat.runtime import host
 
 MANIFEST = "SHA256SUMS"
 REFERENCE = "reference/tokens.parquet"
@@ -57,14 +58,13 @@ def data_fingerprint(data_dir: str | Path) -> str:
     """sha256 of the data stage's content: every split's examples (task, id, strategy, x, y) and
     the tokenizer's vocabulary. Independent of the parquet writer, so equal data on two hosts
     gives equal fingerprints."""
-    from latentstrat import data
 
     h = hashlib.sha256()
-    for split in data.SPLITS:
-        df = data.load_split(data_dir, split)[["task", "example_id", "strategy", "x", "y"]]
+    for split in encoding.SPLITS:
+        df = encoding.load_split(data_dir, split)[["task", "example_id", "strategy", "x", "y"]]
         h.update(split.encode())
         h.update(df.to_json(orient="values").encode())
-    vocab = data.load_tokenizer(data_dir).get_vocab()
+    vocab = encoding.load_tokenizer(data_dir).get_vocab()
     h.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode())
     return h.hexdigest()
 
@@ -129,14 +129,13 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     output, latentstrat.base.reference) as REFERENCE; returns its provenance (code, host, when)."""
     import torch
 
-    from latentstrat import data
     from latentstrat.base.reference import reference_tokens
     from latentstrat.io import write_parquet
     from latentstrat.modeling.backbone import load_entangled
 
     torch.set_num_threads(threads)
-    tokenizer = data.load_tokenizer(data_dir)
-    splits = {s: data.load_split(data_dir, s) for s in data.SPLITS}
+    tokenizer = encoding.load_tokenizer(data_dir)
+    splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
     tokens = reference_tokens(load_entangled(shipped_dir), cfg, tokenizer, splits, log=lambda m: None)
     write_parquet(tokens, Path(shipped_dir) / REFERENCE)
     return {
@@ -162,12 +161,11 @@ def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -
     """Put the tokenizer files and the model card (backbone.write_model_extras) into an already
     shipped base's model/ folder, after its files pass their checksums and match the config and
     data (`verify`); the manifest is rewritten."""
-    from latentstrat import data
     from latentstrat.modeling.backbone import write_model_extras
 
     d = Path(shipped_dir)
     verify(d, cfg, data_dir, need_reference=False)
-    write_model_extras(d / "model", data.load_tokenizer(data_dir), cfg)
+    write_model_extras(d / "model", encoding.load_tokenizer(data_dir), cfg)
     _write_manifest(d)
 
 
@@ -177,7 +175,6 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     that no longer passes. The manifest is rewritten. Returns the new report."""
     import torch
 
-    from latentstrat import data
     from latentstrat.base.quality import check_quality
     from latentstrat.modeling.backbone import load_entangled
 
@@ -185,11 +182,11 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     verify(d, cfg, data_dir)
     torch.set_num_threads(2)
     old = json.loads((d / ENTANGLE_FILES["quality"]).read_text())
-    splits = {s: data.load_split(data_dir, s) for s in ("train", "validation")}
+    splits = {s: encoding.load_split(data_dir, s) for s in ("train", "validation")}
     ecfg = cfg["entangle"]
     report, _ = check_quality(
         load_entangled(d),
-        data.load_tokenizer(data_dir),
+        encoding.load_tokenizer(data_dir),
         splits["validation"],
         splits["train"],
         ecfg,

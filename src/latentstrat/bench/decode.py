@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from latentstrat import data
+from latentstrat import encoding
+from latentstrat.base import data
 from latentstrat.modeling import decode
 from latentstrat.modeling.backbone import device_of
 
@@ -26,7 +27,7 @@ from latentstrat.modeling.backbone import device_of
 @torch.no_grad()
 def naive_decode(model, tokenizer, x_texts: list[str], z: torch.Tensor, max_new_tokens: int) -> list[list[int]]:
     """Reference: one example at a time, full forward per token, no KV cache."""
-    eos = decode.special_id(tokenizer, data.EOS)
+    eos = decode.special_id(tokenizer, encoding.EOS)
     prompts = decode.encode_prompts(tokenizer, x_texts, model.z_slots)
     dev = device_of(model)
     model.eval()
@@ -68,7 +69,7 @@ def build_bench_model(cfg: dict, seed: int = 0):
             texts += [x] + [task.render(x, s) for s in task.strategies]
     with tempfile.TemporaryDirectory() as d:
         data.build_tokenizer(texts).save(str(Path(d) / "tokenizer.json"))
-        tokenizer = data.load_tokenizer(d)
+        tokenizer = encoding.load_tokenizer(d)
     torch.manual_seed(seed)
     backbone = build_backbone(cfg["backbone"], tokenizer)
     c = cfg["cell"]

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from latentstrat import data, parallel
+from latentstrat import batching, encoding
 from latentstrat.base.entangle_step import Records, make_optimizer, rank_share, step_settings, train_step
 from latentstrat.bench.train import (
     _sync,
@@ -37,6 +37,7 @@ from latentstrat.bench.train import (
     train_split_and_tokenizer,
 )
 from latentstrat.modeling.backbone import build_backbone
+from latentstrat.runtime import parallel
 
 
 def time_variant(bcfg, tok, work: tuple, device, args, ecfg: dict, rank: int = 0, world: int = 1) -> dict:
@@ -79,20 +80,20 @@ def run(args) -> dict:
     device = torch.device(args.device)
     df, tok = train_split_and_tokenizer(args)
     bcfg = embedded_backbone_cfg(args, "float32")
-    enc = data.encode(df, tok)
+    enc = encoding.encode(df, tok)
     batches = list(
-        data.length_grouped_batches(data.strategy_free_lengths(df), args.batch_size, np.random.default_rng(0))
+        batching.length_grouped_batches(encoding.strategy_free_lengths(df), args.batch_size, np.random.default_rng(0))
     )
-    from latentstrat import host
     from latentstrat.base.entangle_step import PLAIN, SPEED_KEYS, choose_step_settings
     from latentstrat.config import config_for_command
+    from latentstrat.runtime import host
 
     ecfg = config_for_command(args.configfile)["entangle"]
     choice = None
     if any(ecfg[k] == "auto" for k in SPEED_KEYS):  # resolved on this host, as the stage does
         torch.manual_seed(0)
         model = build_backbone(bcfg, tok).to(device)
-        records = Records(enc, None, data.strategy_free_lengths(df))
+        records = Records(enc, None, encoding.strategy_free_lengths(df))
         ecfg, choice = choose_step_settings(
             ecfg, model, records, device, args.threads, torch.float32, log=lambda m: None
         )

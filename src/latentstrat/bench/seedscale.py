@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from latentstrat import data, host
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.base.reference import reference_nll
 from latentstrat.cell.train import batch_at, step_noise
 from latentstrat.config import config_for_command
@@ -43,6 +44,7 @@ from latentstrat.modeling.backbone import build_backbone, device_of
 from latentstrat.modeling.decode import decode_batch, encode_prompts
 from latentstrat.modeling.model import HEAD_PREFIXES, LatentStrategyModel
 from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.runtime import host
 
 # Qwen/Qwen2.5-0.5B's config.json as published (architecture only: the weights here are random)
 QWEN25_05B = {
@@ -119,7 +121,7 @@ def records(batch_size: int):
             "test_per_task": 1,
         }
     )
-    tok = data.record_tokenizer(data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y)))
+    tok = encoding.record_tokenizer(data.build_tokenizer(encoding.render_record(x, y) for x, y in zip(df.x, df.y)))
     return df[df.split == "train"].reset_index(drop=True), df[df.split == "validation"].reset_index(drop=True), tok
 
 
@@ -133,7 +135,7 @@ def train_steps(model, objective, enc, b_train, lr: float, batch_size: int, step
     losses, grad_norms, adapter_grads, step_s, tokens, supervised = [], [], [], [], 0, 0
     for step in range(steps):
         idx = batch_at(enc.task_idx, batch_size, 0, step)
-        batch = data.collate(enc, idx, b_train).to(dev)
+        batch = batching.collate(enc, idx, b_train).to(dev)
         t = time.perf_counter()
         out = forward_losses(model, batch, objective, step, step_noise(0, step, (len(idx), latent_dim)))
         opt.zero_grad(set_to_none=True)
@@ -167,7 +169,7 @@ def run(args) -> dict:
         backbone = build_backbone(bcfg).to(dev)
     build_s = time.perf_counter() - t0
     z_slots, latent_dim = int(cfg["cell"]["z_slots"]), int(cfg["cell"]["latent_dim"])
-    enc, val = data.encode(train_df, tok, z_slots), data.encode(val_df, tok, z_slots)
+    enc, val = encoding.encode(train_df, tok, z_slots), encoding.encode(val_df, tok, z_slots)
     b_train, b_val = reference_nll(backbone, enc, args.batch_size), reference_nll(backbone, val, args.batch_size)
     model = LatentStrategyModel(backbone, latent_dim, z_slots, "lora", cfg["lora"]).to(dev)
     counts = parameter_counts(model)
@@ -188,7 +190,7 @@ def run(args) -> dict:
     )
     model.eval()
     with torch.no_grad():
-        vb = data.collate(val, list(range(len(val))), b_val).to(dev)
+        vb = batching.collate(val, list(range(len(val))), b_val).to(dev)
         val_loss = float(forward_losses(model, vb, objective, 2, step_noise(1, 0, (len(val), latent_dim)))["total"])
         prompts = encode_prompts(tok, list(val_df.x[:2]), z_slots)
         z = torch.randn(2, latent_dim, generator=torch.Generator().manual_seed(1)).to(dev)

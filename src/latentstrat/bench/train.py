@@ -37,7 +37,8 @@ import time
 import numpy as np
 import torch
 
-from latentstrat import data, host
+from latentstrat import batching, encoding
+from latentstrat.base import data
 from latentstrat.base.reference import reference_nll
 from latentstrat.cell.train import batch_at, step_noise
 from latentstrat.modeling import model as model_module
@@ -45,6 +46,7 @@ from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import build_backbone
 from latentstrat.modeling.model import LatentStrategyModel
 from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.runtime import host
 
 CELL = {
     "reconstruction_family": "dist_tokcc_0.05_0.95",
@@ -75,14 +77,14 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def pad_to(batch: data.Batch, widths: dict, pad_id: int) -> data.Batch:
+def pad_to(batch: batching.Batch, widths: dict, pad_id: int) -> batching.Batch:
     """Right-pad a batch's sequences to fixed widths (the dataset's longest)."""
     out = dict(batch.__dict__)
     for ids, mask in (("gen_ids", "gen_mask"), ("post_ids", "post_mask")):
         extra = widths[ids] - out[ids].shape[1]
         out[ids] = torch.nn.functional.pad(out[ids], (0, extra), value=pad_id)
         out[mask] = torch.nn.functional.pad(out[mask], (0, extra), value=0)
-    return data.Batch(**out)
+    return batching.Batch(**out)
 
 
 def naive_losses(model, entangled, batch, objective: Objective, eps):
@@ -128,7 +130,7 @@ def train_split_and_tokenizer(args):
         }
     )
     df = df[df.split == "train"].reset_index(drop=True)
-    tok = data.record_tokenizer(data.build_tokenizer(data.render_record(x, y) for x, y in zip(df.x, df.y)))
+    tok = encoding.record_tokenizer(data.build_tokenizer(encoding.render_record(x, y) for x, y in zip(df.x, df.y)))
     return df, tok
 
 
@@ -178,7 +180,7 @@ def setup(args, device):
         p.requires_grad_(False)
     model = LatentStrategyModel(copy.deepcopy(entangled), args.latent_dim, 1, args.adaptation, {"r": 8}).to(device)
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=1e-4)
-    enc = data.encode(df, tok)
+    enc = encoding.encode(df, tok)
     b = reference_nll(entangled, enc, args.batch_size)
     n_bar = float(df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
@@ -194,7 +196,7 @@ def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[floa
     @torch.no_grad()
     def eval_pass(i):
         idx = batch_at(enc.task_idx, args.batch_size, 0, i)
-        batch = data.collate(enc, idx, b).to(device)
+        batch = batching.collate(enc, idx, b).to(device)
         forward_losses(model, batch, objective, i, step_noise(0, i, (len(idx), args.latent_dim)))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
@@ -256,13 +258,13 @@ def run(args) -> dict:
 
     def trainer_step(i):
         idx = batch_at(enc.task_idx, args.batch_size, 0, i)
-        batch = data.collate(enc, idx, b).to(device)
+        batch = batching.collate(enc, idx, b).to(device)
         update(forward_losses(model, batch, objective, i, step_noise(0, i, (len(idx), args.latent_dim)))["total"])
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
     def naive_step(i):
         idx = rng.choice(len(enc), size=args.batch_size, replace=False).tolist()
-        batch = pad_to(data.collate(enc, idx), widths, enc.pad_id).to(device)
+        batch = pad_to(batching.collate(enc, idx), widths, enc.pad_id).to(device)
         eps = step_noise(0, i, (len(idx), args.latent_dim)).to(device)
         update(naive_losses(model, entangled, batch, objective, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())

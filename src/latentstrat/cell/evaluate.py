@@ -9,7 +9,7 @@ and matcher score the generation (scoring.score_generations), the posterior adap
 mu_q(x, y_true), and the
 test-split losses of every reconstruction family and the KL are computed per example exactly
 as training computes them (objective.forward_losses, z ~ q with seeded noise). The per-cell
-metrics are means of these columns (cell_metrics.write_cell_metrics); the probes read router_z and
+metrics are means of these columns (tabulate.write_cell_row); the probes read router_z and
 posterior_mu (probes.probe_cell).
 
 Record columns (RECORD_COLUMNS, one parquet row per example):
@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
 from latentstrat.base.reference import cell_objective, load_b
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
@@ -97,7 +97,7 @@ def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, n
 
 @torch.no_grad()
 def example_losses(
-    model, encoded: data.Encoded, b, objective: Objective, batch_size: int, seed: int, step: int
+    model, encoded: encoding.Encoded, b, objective: Objective, batch_size: int, seed: int, step: int
 ) -> dict[str, np.ndarray]:
     """Per-example reconstruction terms, active objective and KL, and mu_q, with z ~ q (noise
     seeded per example)."""
@@ -105,7 +105,7 @@ def example_losses(
     eps = torch.randn((n, model.latent_dim), generator=torch.Generator().manual_seed(seed))
     out = {k: np.zeros(n) for k in LOSS_METRIC_OF}
     out["mu_q"] = np.zeros((n, model.latent_dim), dtype=np.float32)
-    for idx, batch in data.split_batches(encoded, batch_size, device_of(model), b):
+    for idx, batch in batching.split_batches(encoded, batch_size, device_of(model), b):
         o = forward_losses(model, batch, objective, step, eps[idx])
         for k in LOSS_METRIC_OF:
             out[k][idx] = o[k].double().cpu().numpy()
@@ -140,14 +140,14 @@ def evaluate_cell(
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     _check_inputs(data_dir, reference_dir, train_dir)
     ecfg = cfg["evaluate"]
-    tokenizer = data.load_tokenizer(data_dir)
-    test = select_test_rows(data.load_split(data_dir, "test"), ecfg["test_per_task"])
+    tokenizer = encoding.load_tokenizer(data_dir)
+    test = select_test_rows(encoding.load_split(data_dir, "test"), ecfg["test_per_task"])
     unknown = sorted(set(test.task) - set(TASKS))
     if unknown:
         raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
     objective = cell_objective(reference_dir, cell)
-    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, data.added_token_ids(data_dir)).to(
+    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, encoding.added_token_ids(data_dir)).to(
         device_for(cfg)
     )
 
@@ -162,7 +162,7 @@ def evaluate_cell(
         )
         losses = example_losses(
             model,
-            data.encode(test, tokenizer, model.z_slots),
+            encoding.encode(test, tokenizer, model.z_slots),
             b,
             objective,
             ecfg["batch_size"],

@@ -24,7 +24,7 @@ Two kinds of probe:
   The CV is repeated over `repeats` fold seeds (config `probes.information_repeats`): an
   example's bits are the mean over the repeats (`oof_bits`), and the repeats themselves are kept
   (`oof_bits_repeats`) so the bootstrap can carry the probe's own variance (fold split and
-  refit; cell_metrics.information_replicates).
+  refit; tabulate.information_replicates).
 
 Probes on the evaluate records of a cell:
 - within_task_router: per task, router-sampled z -> the strategy the generation followed

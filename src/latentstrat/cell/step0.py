@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import encoding
 from latentstrat.cell.validation import GAUSSIANS, measure_model, prepare_validation
 from latentstrat.cells import cell_training_seed, init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
@@ -96,9 +96,9 @@ def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, thr
     measured once here, read by each cell's trainer after it checks that its own model is this
     one. Returns the fingerprint."""
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
-    tokenizer = data.load_tokenizer(data_dir)
-    val_df = data.load_split(data_dir, "validation").reset_index(drop=True)
-    model = build_model(cfg, init, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(device_for(cfg))
+    tokenizer = encoding.load_tokenizer(data_dir)
+    val_df = encoding.load_split(data_dir, "validation").reset_index(drop=True)
+    model = build_model(cfg, init, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(device_for(cfg))
     val = prepare_validation(cfg, init, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
     fingerprint = step0_fingerprint(model, cfg, val)
     measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(init))

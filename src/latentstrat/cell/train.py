@@ -5,7 +5,7 @@ Per step: one posterior pass (z ~ q, reparameterized) and one router+generator p
 (objective.forward_losses); b comes from the reference stage's tokens.parquet and the scales
 S_ref, T_ref, n_bar from its scales.json (reference.load_b, reference.cell_objective: never
 recomputed, the same numbers the evaluate stage reads); batches are task-mixed
-(data.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
+(batching.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
 of (seed, step), the seed being the cell's training seed (cells.training_seed: shared by the two
 arms of a pair), so a resumed run replays exactly what an uninterrupted one does.
 
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data, host
+from latentstrat import batching, encoding
 from latentstrat.base.reference import cell_objective, load_b
 from latentstrat.cell.step0 import load_step0, step0_fingerprint
 from latentstrat.cell.validation import prepare_validation, validate
@@ -43,7 +43,8 @@ from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.paths import PROGRESS_FILE, TRAIN_FILES
-from latentstrat.progress import Progress
+from latentstrat.runtime import host
+from latentstrat.runtime.progress import Progress
 
 CHECKPOINT = "last.pt"
 # forward_losses key -> history metric name
@@ -89,11 +90,11 @@ def step_noise(seed: int, step: int, shape) -> torch.Tensor:
 
 
 def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
-    """The rows of training step `step`: its epoch's task-mixed batches (data.task_mixed_batches)
+    """The rows of training step `step`: its epoch's task-mixed batches (batching.task_mixed_batches)
     are a pure function of (seed, epoch), so a resumed run replays the same batches."""
     per_epoch = math.ceil(len(task_idx) / batch_size)
     epoch = step // per_epoch
-    batches = data.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))
+    batches = batching.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))
     return batches[step % per_epoch]
 
 
@@ -218,7 +219,7 @@ class CellSetup:
     objective: Objective
     clip: float
     tokenizer: Any
-    train: data.Encoded
+    train: encoding.Encoded
     b_train: list
     val: dict
     out_dir: Path | None = None
@@ -270,19 +271,19 @@ def train_cell(
     cid = cell["cell_id"]
     tcfg = cfg["train"]
     # inputs first: clear errors before any model work
-    tokenizer = data.load_tokenizer(data_dir)
-    train_df = data.load_split(data_dir, "train")
-    val_df = data.load_split(data_dir, "validation")
+    tokenizer = encoding.load_tokenizer(data_dir)
+    train_df = encoding.load_split(data_dir, "train")
+    val_df = encoding.load_split(data_dir, "validation")
     b_train = load_b(reference_dir, train_df)
     b_val = load_b(reference_dir, val_df)
     objective = cell_objective(reference_dir, cell)
 
     dev = device_for(cfg)
-    model = build_model(cfg, cell, tokenizer, entangle_dir, data.added_token_ids(data_dir)).to(dev)
+    model = build_model(cfg, cell, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
     if tcfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
-    enc = data.encode(train_df, tokenizer, int(cell["z_slots"]))
+    enc = encoding.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
     setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
@@ -382,7 +383,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
         step = run.step
         t0 = time.perf_counter()
         idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
-        batch = data.collate(enc, idx, setup.b_train).to(dev)
+        batch = batching.collate(enc, idx, setup.b_train).to(dev)
         losses = forward_losses(
             model, batch, setup.objective, step, step_noise(seed, step, (len(idx), model.latent_dim))
         )

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from latentstrat import data
+from latentstrat import batching, encoding
 from latentstrat.cell.probes import linear_probe
 from latentstrat.cells import cell_training_seed
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, M, derive
@@ -61,7 +61,7 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {
         "df": val_df,
-        "enc": data.encode(val_df, tokenizer, z_slots),
+        "enc": encoding.encode(val_df, tokenizer, z_slots),
         "b": b_val,
         "rows": rows,
         "batch_size": int(cfg["train"]["val_batch_size"]),
@@ -134,7 +134,7 @@ def validation_passes(model, val) -> dict:
     acc: dict[str, list] = {k: [] for k in GAUSSIANS}
     l_rows: list = [None] * len(df)
     order: list[int] = []
-    for idx, batch in data.split_batches(enc, bs, device_of(model)):
+    for idx, batch in batching.split_batches(enc, bs, device_of(model)):
         order += idx
         out = obj.forward_passes(model, batch, val["eps"][idx])
         nll, n = out["l"].float().cpu().numpy(), batch.sup_mask.sum(1).tolist()
@@ -239,10 +239,10 @@ def scored_strategies(
             cand.append({"task": task, "x": x, "y": y})
             owner.append((k, strategies))
     cdf = pd.DataFrame(cand)
-    enc = data.encode(cdf, tokenizer, model.z_slots)
+    enc = encoding.encode(cdf, tokenizer, model.z_slots)
     dev = device_of(model)
     scores = np.zeros(len(cdf))
-    for idx, b in data.split_batches(enc, batch_size, dev):
+    for idx, b in batching.split_batches(enc, batch_size, dev):
         zz = z[[owner[i][0] for i in idx]].to(dev)
         logits, _, _ = model.generator(b.gen_ids, b.gen_mask, zz, b.z_open_pos, b.z_slot_pos, sup_pos=b.gen_sup_pos)
         nll = (obj.token_nll(logits, b.sup_ids) * b.sup_mask).sum(1)
@@ -308,7 +308,7 @@ def _task_grad_norms(model, objective: Objective, val: dict, step: int) -> dict[
     size = min(GRAD_SHARE_ROWS, min(len(v) for v in by_task.values()))
     out = {}
     for t, rs in sorted(by_task.items()):
-        batch = data.collate(val["enc"], rs[:size], val["b"]).to(dev)
+        batch = batching.collate(val["enc"], rs[:size], val["b"]).to(dev)
         with torch.enable_grad():
             o = forward_losses(model, batch, objective, step, val["eps"][rs[:size]])
             grads = torch.autograd.grad(o["active"].mean(), params, allow_unused=True)

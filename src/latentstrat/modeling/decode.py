@@ -14,8 +14,8 @@ For each input x:
      KV cache;
   3. one token per step (greedy, or sampled at a temperature from a torch.Generator) until
      every row has produced `<eos>` or max_new_tokens tokens; finished rows leave the batch.
-Prompts are batched by length (data.length_batches). The generated y text is the decoded
-tokens before the first `</y>` / `<eos>` (data.decode_y).
+Prompts are batched by length (batching.length_batches). The generated y text is the decoded
+tokens before the first `</y>` / `<eos>` (encoding.decode_y).
 
 The model interface used for a cell (latentstrat.modeling.model.LatentStrategyModel): `router_prefix`,
 `embed_with_z`, `adapter("generator")`, `z_slots`, and `lm`: the adapted causal LM (an HF
@@ -33,9 +33,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from latentstrat import data
+from latentstrat import batching, encoding
 from latentstrat.modeling.backbone import device_of
-from latentstrat.progress import Progress
+from latentstrat.runtime.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ class Prompts:
 
 
 def encode_prompts(tokenizer, x_texts: list[str], z_slots: int) -> Prompts:
-    """Cut from data.encode's generator record, so decoding sees exactly the training layout."""
-    enc = data.encode(pd.DataFrame({"task": "", "x": list(x_texts), "y": ""}), tokenizer, z_slots)
+    """Cut from encoding.encode's generator record, so decoding sees exactly the training layout."""
+    enc = encoding.encode(pd.DataFrame({"task": "", "x": list(x_texts), "y": ""}), tokenizer, z_slots)
     router, prompt, slots = [], [], []
     for ids, zo in zip(enc.gen_ids, enc.z_open_pos):
         router.append(ids[: zo + 1])
@@ -110,9 +110,9 @@ def router_z(model, tokenizer, prompts: Prompts, batch_size: int = 64, seed: int
     """(z, mu_r, logvar_r) [N, D] per prompt, the router's pass batched by prompt length;
     z = mu_r + sigma_r * eps, eps drawn once for all N rows from `seed` (so z depends on the
     batching only through the last bits of the pass); sample=False: z = mu_r."""
-    pad, dev = special_id(tokenizer, data.PAD), device_of(model)
+    pad, dev = special_id(tokenizer, encoding.PAD), device_of(model)
     mu, logvar = torch.empty(len(prompts.router), model.latent_dim), torch.empty(len(prompts.router), model.latent_dim)
-    for rows in data.length_batches([len(p) for p in prompts.router], batch_size):
+    for rows in batching.length_batches([len(p) for p in prompts.router], batch_size):
         ids, mask = _pad([prompts.router[i] for i in rows], pad, left=False)
         m, lv = model.router_prefix(ids.to(dev), mask.to(dev), (mask.sum(1) - 1).to(dev))
         mu[rows], logvar[rows] = m.float().cpu(), lv.float().cpu()
@@ -151,7 +151,7 @@ def decode_batch(
     prompts fills the KV cache, then one token per step; rows that produced <eos> leave the
     batch (and the cache).
     """
-    pad, eos, dev = special_id(tokenizer, data.PAD), special_id(tokenizer, data.EOS), device_of(model)
+    pad, eos, dev = special_id(tokenizer, encoding.PAD), special_id(tokenizer, encoding.EOS), device_of(model)
     ids, mask = _pad(prompts, pad, left=True)
     shift = (ids.shape[1] - mask.sum(1))[:, None]
     ids, mask = ids.to(dev), mask.to(dev)
@@ -195,7 +195,7 @@ def decode_prompts(
     gen: torch.Generator | None = None,
     progress: str | None = None,
 ) -> list[list[int]]:
-    """`decode_batch` over every prompt, batched by prompt length (data.length_batches);
+    """`decode_batch` over every prompt, batched by prompt length (batching.length_batches);
     generated ids in input order. `z`: [N, D] for a cell, None for the entangled model;
     `gen`: the sampling generator (temperature > 0); `progress`: a label to show progress under."""
     N = len(prompts.prompt)
@@ -205,7 +205,7 @@ def decode_prompts(
     bar = tqdm(total=N, desc=progress, unit="ex", disable=not tty, mininterval=5)
     lines = Progress(progress, N, unit="example") if progress and not tty else None
     done = 0
-    for idx in data.length_batches([len(p) for p in prompts.prompt], decoding.batch_size):
+    for idx in batching.length_batches([len(p) for p in prompts.prompt], decoding.batch_size):
         out = decode_batch(
             model,
             tokenizer,
@@ -262,7 +262,7 @@ def generate(
             token_ids = decode_prompts(model, tokenizer, prompts, z, d, gen, progress)
     finally:
         model.train(was_training)
-    texts = [data.decode_y(tokenizer, ids) for ids in token_ids]
+    texts = [encoding.decode_y(tokenizer, ids) for ids in token_ids]
     return Generation(texts, z, mu, logvar, [len(t) for t in token_ids], token_ids)
 
 
@@ -280,4 +280,4 @@ def generate_zfree(model, tokenizer, x_texts: list[str], z_slots: int, decoding:
         token_ids = decode_prompts(model, tokenizer, prompts, None, decoding, gen)
     finally:
         model.train(was_training)
-    return [data.decode_y(tokenizer, ids) for ids in token_ids]
+    return [encoding.decode_y(tokenizer, ids) for ids in token_ids]

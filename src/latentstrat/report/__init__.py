@@ -83,7 +83,7 @@ def write_followup(aggregate_dir: Path, out_dir: Path, configfile: str | None) -
     import os
 
     from latentstrat.aggregate.followup import FOLLOWUP_FILE
-    from latentstrat.power import followup_text
+    from latentstrat.aggregate.power import followup_text
 
     p = aggregate_dir / FOLLOWUP_FILE
     plan = json.loads(p.read_text()) if p.exists() else {"needed": False}

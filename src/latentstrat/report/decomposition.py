@@ -1,4 +1,4 @@
-"""router_information taken apart per arm (cell_metrics.endpoint_decomposition): which part moved.
+"""router_information taken apart per arm (tabulate.endpoint_decomposition): which part moved.
 
 Per task the primary endpoint is a product, I_t = s_t * r_t * h_t / H_t:
 - s_t, `single_strategy_share`: the share of generations that follow exactly one strategy;

@@ -349,7 +349,7 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
 
 def followup_sentences(plan: dict) -> list[str]:
     """What more seeds would settle (the aggregate's follow-up plan, written as followup.yaml)."""
-    from latentstrat.power import cost_text, need_text
+    from latentstrat.aggregate.power import cost_text, need_text
 
     if not plan.get("needed"):
         return []

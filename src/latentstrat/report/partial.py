@@ -3,7 +3,7 @@ report over the cells whose metrics exist, listing the others as incomplete with
 
 Called by the workflow's `onerror` handler in the main Snakemake process; the next complete run
 replaces these outputs (the missing metrics are newer). A cell whose metrics are older than its
-records or probes (rewritten or corrupt outputs) is incomplete too (aggregate.inputs.load_cell_metrics).
+records or probes (rewritten or corrupt outputs) is incomplete too (aggregate.inputs.load_cell_rows).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def partial_report(cfg: dict, log=print) -> dict | None:
     p = Paths.from_config(cfg)
     cells = [c.cell_id for c in expand_cells(cfg)]
     tasks = list(cfg["data"]["tasks"])
-    done = [c for c in cells if p.metrics_path(c).exists()]
+    done = [c for c in cells if p.row_path(c).exists()]
     if not done:
         log("partial report: no cell has metrics yet; nothing to report")
         return None
@@ -36,7 +36,7 @@ def partial_report(cfg: dict, log=print) -> dict | None:
     quality = quality if Path(quality).exists() else None
     aggregate_collection(
         cfg,
-        {c: str(p.metrics_path(c)) for c in cells},
+        {c: str(p.row_path(c)) for c in cells},
         {c: p.train_files(c)["history"] for c in cells},
         str(p.aggregate_dir),
         quality_path=quality,

@@ -1,6 +1,7 @@
-"""Cell-metrics stage: one cell's metrics row from its evaluate records and probe tables
-(design section 6, docs/design.md), with 95% bootstrap intervals, written as the cell's
-metrics.parquet and its bootstrap replicates (`write_cell_metrics`, the metrics rule). The
+"""Tabulate stage: one cell's row of the collection's table, every metric of the registry
+computed from its evaluate records and probe tables (design section 6, docs/design.md), with 95%
+bootstrap intervals, written as the cell's row.parquet and its bootstrap replicates
+(`write_cell_row`, the tabulate rule). The
 metric names, derived-metric formulas and the bootstrap's resampling are the registry's
 (latentstrat.metrics).
 """
@@ -339,7 +340,7 @@ def bootstrap_replicates(
     return pd.DataFrame({m: rep[m] for m in BOOTSTRAP_METRICS})
 
 
-def cell_metrics_row(cell: dict, records, probes, reference: dict | None = None) -> dict:
+def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict:
     """One cell's metrics row from its evaluate records and probe tables (design section 6, docs/design.md).
 
     final_answer_accuracy = mean correct; strategy_match_rate = share of generations matching
@@ -376,7 +377,7 @@ def cell_metrics_row(cell: dict, records, probes, reference: dict | None = None)
     return {k: row[k] for k in first + [k for k in row if k not in first]}
 
 
-def write_cell_metrics(
+def write_cell_row(
     cfg: dict,
     cell: dict,
     records_path,
@@ -387,7 +388,7 @@ def write_cell_metrics(
     reference_tokens_path=None,
 ):
     """Check that records and probe tables belong to `cell` and cover its tasks, then write
-    the one-row metrics.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
+    the one-row row.parquet (with 95% bootstrap intervals, `<metric>_ci_low/_ci_high`) and
     the bootstrap replicates (bootstrap.parquet beside it, or `bootstrap_path`). Returns the row
     as a DataFrame. `reference_tokens_path`: the reference stage's tokens.parquet, which
     token_base_relative_reconstruction needs (NaN without it)."""
@@ -415,7 +416,7 @@ def write_cell_metrics(
     if reference_tokens_path is not None:
         tokens = read_parquet(reference_tokens_path, "reference tokens", columns=REFERENCE_TOKEN_COLUMNS)
         reference = reference_sums(tokens)
-    row = cell_metrics_row(cell, records, probes, reference)
+    row = cell_row(cell, records, probes, reference)
     if train_summary_path is not None:  # provenance: the code, host and times the cell trained with
         summary = json.loads(Path(train_summary_path).read_text())
         row.update({f"train_{k}": summary.get(k) for k in PROVENANCE})

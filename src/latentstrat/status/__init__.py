@@ -27,7 +27,7 @@ jobs running now); unknown while a stage left has no measured job yet.
 
 `--requests` reads the benchmark file every job writes and prints, per rule, the largest
 measured wall time and peak memory and the `mem_mb` / `runtime` a Slurm job of that rule should
-request (latentstrat.sizing).
+request (latentstrat.status.sizing).
 """
 
 from __future__ import annotations
@@ -42,20 +42,21 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from latentstrat import host, sizing
 from latentstrat.cells import expand_cells, init_id
 from latentstrat.config import ConfigError, load_config
 from latentstrat.io import unreadable
 from latentstrat.paths import Paths
-from latentstrat.progress import read_progress
+from latentstrat.runtime import host
+from latentstrat.runtime.progress import read_progress
+from latentstrat.status import sizing
 
-STAGES = ("train", "evaluate", "probes", "metrics")
+STAGES = ("train", "evaluate", "probes", "tabulate")
 BASE_STAGES = ("data", "entangle", "reference", "step0")
 SLURM_RULES = {
     "train": ("train",),
     "evaluate": ("evaluate",),
     "probes": ("probes",),
-    "metrics": ("metrics",),
+    "tabulate": ("tabulate",),
     "data": ("data",),
     "entangle": ("entangle",),
     "reference": ("reference",),
@@ -120,7 +121,7 @@ def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]
         "train": [Path(train["heads"]), Path(train["summary"])],
         "evaluate": [p.records_path(cid)],
         "probes": [Path(f) for f in p.probe_files(cid, tasks)],
-        "metrics": [p.metrics_path(cid)],
+        "tabulate": [p.row_path(cid)],
     }
 
 
@@ -364,7 +365,7 @@ def main(argv=None) -> int:
         "--requests",
         action="store_true",
         help="per rule, the measured wall time and peak memory of the jobs run so far and the Slurm "
-        "mem_mb / runtime they call for, as a set-resources block for the profile (latentstrat.sizing)",
+        "mem_mb / runtime they call for, as a set-resources block for the profile (latentstrat.status.sizing)",
     )
     ap.add_argument("--margin", type=float, default=1.5, help="with --requests: requested / measured (default 1.5)")
     ap.add_argument(

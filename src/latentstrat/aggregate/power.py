@@ -140,7 +140,7 @@ def followup_text(plan: dict) -> str:
     rows), fresh_seeds (the headline's), cells_now, cells_added, seconds_per_cell, parallel_cells."""
     lines = [
         f"# Follow-up of collection {plan['collection']}: more seeds to settle what it could not tell.",
-        "# Written by its report from the variance of its verdicts (latentstrat.power); run it with",
+        "# Written by its report from the variance of its verdicts (latentstrat.aggregate.power); run it with",
         f"#   snakemake --configfile {plan['path']} --cores 2",
         "# Cells of the collection are reused (same base and cell work); only the new seeds train.",
     ]

@@ -10,7 +10,7 @@ every rank applies the same update, so the weights stay identical (checked at th
     with workers(2, fn, args, kwargs):   # rank 0 is this process; rank 1 runs fn(*args, rank=1, world=2, **kwargs)
         fn(*args, rank=0, world=2, **kwargs)
 
-Workers are plain `python -m latentstrat.parallel <job>` subprocesses, not multiprocessing's
+Workers are plain `python -m latentstrat.runtime.parallel <job>` subprocesses, not multiprocessing's
 spawn, which would re-import the caller's main module (a Snakemake rule script runs its whole
 body at import). The job file (the pickled function and arguments) and the process group's
 file store live in a temporary folder that is removed on exit.
@@ -82,7 +82,7 @@ def workers(world: int, fn, args: tuple = (), kwargs: dict | None = None, thread
 
 
 def _start_ranks(tmp: Path, world: int, env: dict, closing: contextlib.ExitStack) -> tuple[list, list]:
-    """Ranks 1..world-1 as subprocesses of `python -m latentstrat.parallel job.pkl rank`, each
+    """Ranks 1..world-1 as subprocesses of `python -m latentstrat.runtime.parallel job.pkl rank`, each
     writing to its own log (closed by `closing`)."""
     procs, logs = [], []
     for rank in range(1, world):
@@ -90,7 +90,7 @@ def _start_ranks(tmp: Path, world: int, env: dict, closing: contextlib.ExitStack
         logs.append(log)
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "latentstrat.parallel", str(tmp / "job.pkl"), str(rank)],
+                [sys.executable, "-m", "latentstrat.runtime.parallel", str(tmp / "job.pkl"), str(rank)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,8 +1,8 @@
-# Stage 6b (per cell): the cell's metrics row and its bootstrap replicates, from its evaluation
-# records, probes and training summary.
+# Stage 6b (per cell): tabulate: the cell's row of metrics (declared in latentstrat.metrics) and
+# its bootstrap replicates, from its evaluation records, probes and training summary.
 
 
-rule metrics:
+rule tabulate:
     input:
         unpack(
             after_base(
@@ -16,12 +16,12 @@ rule metrics:
             )
         ),
     output:
-        metrics=str(P.metrics_path("{cell}")),
+        row=str(P.row_path("{cell}")),
         bootstrap=str(P.bootstrap_path("{cell}")),
     log:
-        str(P.log_path("metrics", "{cell}")),
+        str(P.log_path("tabulate", "{cell}")),
     benchmark:
-        str(P.bench_path("metrics", "{cell}"))
+        str(P.bench_path("tabulate", "{cell}"))
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1
@@ -32,4 +32,4 @@ rule metrics:
         settings=sections("probes"),
         tables_version=CELL_TABLES_VERSION,
     script:
-        "../scripts/metrics.py"
+        "../scripts/tabulate.py"

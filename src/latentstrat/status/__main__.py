@@ -1,0 +1,3 @@
+from latentstrat.status import main
+
+main()
