@@ -12,16 +12,10 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/data.smk"
-include: "workflow/rules/entangle.smk"
-include: "workflow/rules/reference.smk"
-include: "workflow/rules/step0.smk"
-include: "workflow/rules/train.smk"
-include: "workflow/rules/evaluate.smk"
-include: "workflow/rules/probe.smk"
-include: "workflow/rules/tabulate.smk"
-include: "workflow/rules/aggregate.smk"
-include: "workflow/rules/report.smk"
+# one rule file per stage, in pipeline order (latentstrat.stages declares them)
+for _stage in STAGES:
+
+    include: f"workflow/rules/{_stage.name}.smk"
 
 
 # `snakemake --report report.html`: the landing page carries the headline once the report job ran

@@ -50,7 +50,7 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
     # model (their training seed), every other cell from its own
     assert n["step0"] == 25
-    # no job groups: a group beside the base checkpoints stops a run (workflow/rules/probe.smk)
+    # no job groups: a group beside the base checkpoints stops a run (workflow/rules/probes.smk)
     assert "group job" not in out.lower()
 
 

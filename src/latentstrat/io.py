@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from latentstrat.stages import STAGES
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str | None = None):
@@ -43,18 +45,7 @@ def write_text(text: str, path: str | Path) -> None:
 
 
 # the job that writes a file, from the stage folder in its path (the layout: paths.Paths)
-PRODUCERS = {
-    "data": "data",
-    "entangle": "entangle",
-    "reference": "reference",
-    "step0": "step0",
-    "train": "train",
-    "evaluate": "evaluate",
-    "probes": "probe",
-    "cells": "tabulate",
-    "aggregate": "aggregate",
-    "report": "report",
-}
+PRODUCERS = {s.folder: s.job_folder for s in STAGES}
 RERUN_CORRUPT = "python -m latentstrat.status --configfile <config> --rerun-corrupt"
 
 

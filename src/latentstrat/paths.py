@@ -8,6 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from latentstrat.stages import STAGES
+from latentstrat.stages import names as stage_names
+
 # Config sections that, with a cell's own settings and the base, decide what its train,
 # evaluate and probe jobs compute. Collections on one base whose sections agree share those
 # outputs: a follow-up collection that repeats a cell reuses it instead of retraining it.
@@ -18,26 +21,9 @@ WORK_KEY_SECTIONS = ("lora", "train", "evaluate", "probes")
 RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
 
 # the folder of a per-cell (or per-init) job's log and benchmark, by rule
-CELL_JOB_FOLDER = {
-    "step0": "step0",
-    "train": "train",
-    "evaluate": "evaluate",
-    "probes": "probe",
-    "tabulate": "tabulate",
-}
+CELL_JOB_FOLDER = {s.name: s.job_folder for s in STAGES if s.level in ("init", "cell")}
 # every rule that writes a benchmark file, in pipeline order
-BENCH_RULES = (
-    "data",
-    "entangle",
-    "reference",
-    "step0",
-    "train",
-    "evaluate",
-    "probes",
-    "tabulate",
-    "aggregate",
-    "report",
-)
+BENCH_RULES = stage_names()
 
 
 def work_key(cfg: dict) -> str:
@@ -224,9 +210,9 @@ class Paths:
         """The Snakemake benchmark file of one job of `rule` (BENCH_RULES): the base stages' in
         the base folder, the collection's one per collection, the others one per cell (`key`:
         the cell id) or per step-0 init; `key` may be a wildcard ("{cell}") or a glob ("*")."""
-        if rule in ("data", "entangle", "reference"):
+        if rule in stage_names("base"):
             return self.base_bench_dir / f"{rule}.tsv"
-        if rule in ("aggregate", "report"):
+        if rule in stage_names("collection"):
             return self.bench_dir / f"{rule}.tsv"
         return self.bench_dir / CELL_JOB_FOLDER[rule] / f"{key}.tsv"
 

@@ -35,4 +35,4 @@ rule aggregate:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/aggregate.py"
+        "../scripts/stage.py"

@@ -13,6 +13,7 @@ from latentstrat.cells import expand_cells, external_arms, init_id, init_setting
 from latentstrat.config import ConfigError, base_guard, describe, from_snakemake, tokenizer_identity
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
+from latentstrat.stages import STAGES
 from latentstrat.status import start_line
 from latentstrat.base.shipped import MANIFEST, bases_root
 

@@ -18,4 +18,4 @@ checkpoint data:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/data.py"
+        "../scripts/stage.py"

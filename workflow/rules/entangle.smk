@@ -19,4 +19,4 @@ checkpoint entangle:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/entangle.py"
+        "../scripts/stage.py"

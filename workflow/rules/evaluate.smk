@@ -21,4 +21,4 @@ rule evaluate:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/evaluate.py"
+        "../scripts/stage.py"

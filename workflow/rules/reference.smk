@@ -19,4 +19,4 @@ checkpoint reference:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/reference.py"
+        "../scripts/stage.py"

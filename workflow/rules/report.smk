@@ -46,4 +46,4 @@ rule report:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/report.py"
+        "../scripts/stage.py"

@@ -21,4 +21,4 @@ checkpoint step0:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/step0.py"
+        "../scripts/stage.py"

@@ -32,4 +32,4 @@ rule tabulate:
         settings=sections("probes"),
         tables_version=CELL_TABLES_VERSION,
     script:
-        "../scripts/tabulate.py"
+        "../scripts/stage.py"

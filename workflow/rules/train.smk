@@ -22,4 +22,4 @@ rule train:
     conda:
         "../../envs/latentstrat.yaml"
     script:
-        "../scripts/train.py"
+        "../scripts/stage.py"

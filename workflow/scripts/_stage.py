@@ -1,7 +1,7 @@
-"""Shared by the rule scripts: the stage's config and a log that captures everything.
+"""Beside the rule script (stage.py): the package on the path and a log that captures everything.
 
-Each script reads only snakemake.input/output/params/threads/log and calls one package
-function (docs/architecture.md, "Stages").
+The script reads only snakemake.input/output/params/threads/log, builds the job and calls its
+stage's entry (docs/architecture.md, "Stages").
 """
 
 import contextlib
@@ -16,20 +16,6 @@ from pathlib import Path
 _SRC = Path(__file__).resolve().parents[2] / "src"
 if (_SRC / "latentstrat" / "__init__.py").exists():
     sys.path.insert(0, str(_SRC))
-
-from latentstrat.config import load_config  # noqa: E402
-
-
-def stage_config(snakemake) -> dict:
-    """The validated collection config, with the rule's params sections on top.
-
-    The params sections are what Snakemake's `params` rerun trigger watches, so the values a
-    stage sees are exactly the ones that decide whether it reruns.
-    """
-    cfg = load_config(cfg=dict(snakemake.config))
-    cfg.update(snakemake.params.settings)
-    return cfg
-
 
 @contextlib.contextmanager
 def logged(snakemake):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -49,6 +50,9 @@ from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS, M
 from latentstrat.runtime import host
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 
 def report_settings(report_cfg: dict | None) -> dict:
@@ -354,3 +358,17 @@ def aggregate_from_tables(
         followup_plan(cfg, t["arm_contrasts"], cell_costs(None, [])) if cfg else {"needed": False}, out_dir
     )
     return t
+
+
+def run(job: Job) -> dict:
+    """The aggregate rule's job: the collection's tables from every cell's row and history."""
+    cells = job.params["cells"]
+    return aggregate_collection(
+        job.config,
+        dict(zip(cells, job.files("rows"))),
+        dict(zip(cells, job.files("history"))),
+        job.outputs[0],
+        quality_path=job.input["quality"],
+        bench_dir=job.params["bench_dir"],
+        configfile=job.params["configfile"],
+    )

@@ -15,11 +15,12 @@ from latentstrat.aggregate.columns import FALLBACK_METRIC
 from latentstrat.cells import expand_cells, next_seeds
 from latentstrat.io import write_text
 from latentstrat.paths import CELL_JOB_FOLDER
+from latentstrat.stages import names as stage_names
 
 FOLLOWUP_FILE = "followup.json"
 
 # the cell jobs whose benchmark seconds make a cell's cost
-COST_PARTS = ("train", "evaluate", "probes", "tabulate")
+COST_PARTS = stage_names("cell")
 
 
 def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:

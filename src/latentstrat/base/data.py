@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -26,6 +27,9 @@ from latentstrat.encoding import (
 )
 from latentstrat.io import dump_json, write_parquet, write_text
 from latentstrat.tasks import TASKS
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 MAX_DRAWS_PER_EXAMPLE = 200  # give up (clear error) when a task's input space is too small
 
@@ -176,6 +180,14 @@ def build_dataset(
     if base_config is not None:
         dump_json(base_config, out_dir / "base_config.json")
     return card
+
+
+def run(job: Job) -> None:
+    """The data rule's job: the splits, tokenizer and data card into the folder of its outputs."""
+    cfg = job.config
+    build_dataset(
+        cfg["data"], job.folder("base_config"), base_config=config.base_settings(cfg), backbone_cfg=cfg["backbone"]
+    )
 
 
 def main(argv=None) -> None:

@@ -36,6 +36,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -67,6 +68,9 @@ from latentstrat.modeling.objective import zfree_token_nll
 from latentstrat.paths import ENTANGLE_FILES
 from latentstrat.runtime import host, parallel
 from latentstrat.tasks import TASKS
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 LOG_EVERY = 25  # train-loss history interval (steps)
 N_EVALS = 10  # validation-loss evaluations over the run (+ step 0 and the end)
@@ -438,6 +442,19 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
     else:
         tmp.rename(final)
+
+
+def run(job: Job) -> None:
+    """The entangle rule's job: train (or install the shipped) entangled model into the folder of
+    its outputs."""
+    shipped = job.input.get("shipped")
+    run_entangle(
+        job.config,
+        job.folder("tokenizer"),
+        job.folder("quality"),
+        job.threads,
+        shipped_dir=Path(shipped).parent if shipped else None,
+    )
 
 
 def main(argv=None) -> None:

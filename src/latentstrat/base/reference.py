@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,9 @@ from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.objective import Objective, reference_scales, zfree_token_nll
 from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 # b of a shipped table against b recomputed on this host (nats per token): float rounding of
@@ -264,6 +268,13 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     write_parquet(token_counts(tokens), out_dir / REFERENCE_FILES["token_counts"])
     dump_json(scales, out_dir / REFERENCE_FILES["scales"])
     return scales
+
+
+def run(job: Job) -> None:
+    """The reference rule's job: the entangled model's b and the scales."""
+    run_reference(
+        job.config, job.folder("tokenizer"), Path(job.params["entangle_dir"]), job.folder("scales"), job.threads
+    )
 
 
 def main(argv=None) -> None:

@@ -33,6 +33,7 @@ Record columns (RECORD_COLUMNS, one parquet row per example):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -49,6 +50,9 @@ from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.modeling.scoring import score_generations
 from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
 from latentstrat.tasks import TASKS
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 HEADS = TRAIN_FILES["heads"]
 RECORD_COLUMNS = [
@@ -198,3 +202,17 @@ def evaluate_cell(
         f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}"
     )
     return rec
+
+
+def run(job: Job) -> None:
+    """The evaluate rule's job: one trained cell's records on the test split."""
+    evaluate_cell(
+        job.config,
+        job.params["cell"],
+        data_dir=job.folder("tokenizer"),
+        entangle_dir=Path(job.params["entangle_dir"]),
+        reference_dir=job.folder("scales"),
+        train_dir=job.folder("summary"),
+        out_path=job.output["records"],
+        threads=job.threads,
+    )

@@ -48,12 +48,16 @@ import math
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import M
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 PROBE_NAMES = ("within_task_router", M.router_information, M.router_mu_information, "posterior", "global_router")
 # the information probes: probe name -> the record column of its features
@@ -511,3 +515,8 @@ def read_probes(paths) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=PROBE_COLUMNS)
     return pd.concat(frames, ignore_index=True)
+
+
+def run(job: Job) -> None:
+    """The probes rule's job: every task's probe table and the global one, from one cell's records."""
+    probe_cell(job.config, job.input["records"], job.params["tasks"], list(job.outputs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ from latentstrat.metrics import M, history_name
 from latentstrat.modeling.backbone import device_for
 from latentstrat.modeling.model import build_model
 from latentstrat.paths import STEP0_FILES
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 
 def step0_fingerprint(model, cfg, val) -> str:
@@ -109,3 +113,15 @@ def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, thr
         f"answer accuracy {measured['metrics'][M.final_answer_accuracy]:.3f}"
     )
     return fingerprint
+
+
+def run(job: Job) -> None:
+    """The step0 rule's job: the step-0 validation of one model as built (its init)."""
+    step0_validation(
+        job.config,
+        job.params["init"],
+        data_dir=job.folder("tokenizer"),
+        entangle_dir=Path(job.params["entangle_dir"]),
+        out_dir=job.folder("measured"),
+        threads=job.threads,
+    )

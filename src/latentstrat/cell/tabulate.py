@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,9 @@ from latentstrat.metrics import (
     interval,
     resample_counts,
 )
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 # probe table name -> metric name
 PROBE_METRIC = {
@@ -427,3 +431,17 @@ def write_cell_row(
     write_parquet(reps.astype("float32"), bootstrap_path or Path(out_path).with_name(BOOTSTRAP_FILE))
     write_parquet(df, out_path)
     return df
+
+
+def run(job: Job) -> None:
+    """The tabulate rule's job: the cell's row and its bootstrap replicates."""
+    write_cell_row(
+        job.config,
+        job.params["cell"],
+        job.input["records"],
+        job.files("probes"),
+        job.output["row"],
+        job.output["bootstrap"],
+        train_summary_path=job.input["summary"],
+        reference_tokens_path=job.input["reference_tokens"],
+    )

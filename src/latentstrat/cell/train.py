@@ -25,7 +25,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,9 @@ from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.paths import PROGRESS_FILE, TRAIN_FILES
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import Progress
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 CHECKPOINT = "last.pt"
 # forward_losses key -> history metric name
@@ -407,3 +410,17 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
             checkpoint()
         if stop["flag"]:
             raise Preempted(143)
+
+
+def run(job: Job) -> None:
+    """The train rule's job: train one cell into the folder of its outputs."""
+    train_cell(
+        job.config,
+        job.params["cell"],
+        data_dir=job.folder("tokenizer"),
+        entangle_dir=Path(job.params["entangle_dir"]),
+        reference_dir=job.folder("scales"),
+        out_dir=job.folder("summary"),
+        threads=job.threads,
+        step0_dir=job.folder("step0_measured"),
+    )

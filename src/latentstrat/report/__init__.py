@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from latentstrat.aggregate.collection import report_settings
-from latentstrat.aggregate.inputs import load_entangle_quality  # noqa: F401 (the report rule's reader)
+from latentstrat.aggregate.inputs import load_entangle_quality
 from latentstrat.io import write_text
+
+if TYPE_CHECKING:
+    from latentstrat.jobs import Job
 
 
 def report_thresholds(meta: dict) -> dict:
@@ -115,3 +119,12 @@ def _jsonable(o):
         return float(o)
     except (TypeError, ValueError):
         return str(o)
+
+
+def run(job: Job) -> dict:
+    """The report rule's job: the report from the aggregate tables (the aggregate's meta carries
+    the collection's and the report's settings)."""
+    quality = load_entangle_quality(job.input["quality"])
+    return build_report(
+        job.input["aggregate"], job.folder("results"), {"partial_run": False, "entangle_quality": quality}
+    )

@@ -48,20 +48,12 @@ from latentstrat.io import unreadable
 from latentstrat.paths import Paths
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import read_progress
+from latentstrat.stages import names as stage_names
 from latentstrat.status import sizing
 
-STAGES = ("train", "evaluate", "probes", "tabulate")
-BASE_STAGES = ("data", "entangle", "reference", "step0")
-SLURM_RULES = {
-    "train": ("train",),
-    "evaluate": ("evaluate",),
-    "probes": ("probes",),
-    "tabulate": ("tabulate",),
-    "data": ("data",),
-    "entangle": ("entangle",),
-    "reference": ("reference",),
-    "step0": ("step0",),
-}
+STAGES = stage_names("cell")
+BASE_STAGES = stage_names("base", "init")
+SLURM_RULES = {name: (name,) for name in (*STAGES, *BASE_STAGES)}
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 RECENT_S = 120
 

@@ -23,4 +23,4 @@ rule probes:
         tasks=TASKS,
         tables_version=CELL_TABLES_VERSION,
     script:
-        "../scripts/probes.py"
+        "../scripts/stage.py"
