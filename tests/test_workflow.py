@@ -249,6 +249,15 @@ def test_aggregate_code_edit_reruns_only_aggregate_and_report(done):
 
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
+def test_editing_the_rule_script_reruns_nothing(done):
+    """Every rule runs workflow/scripts/stage.py and code is not a rerun trigger: a refactor of
+    the script never retrains (the report-code edit above is the positive control)."""
+    rc, jobs, out = edit_and_dry_run(done, done / "workflow" / "scripts" / "stage.py")
+    assert rc == 0, out[-3000:]
+    assert jobs == [], out[-3000:]
+
+
+@pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
 def test_report_config_edit_reruns_only_aggregate_and_report(done):
     rc, jobs, out = dry_run(done, config=["report={top_k: 7}"])
     assert rc == 0, out[-3000:]
