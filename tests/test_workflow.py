@@ -175,7 +175,7 @@ def test_deleting_one_cell_reruns_that_cell_and_the_collection_jobs(done):
             shutil.move(a, d)
     assert rc == 0, out[-3000:]
     assert {c for r, c, _ in jobs if r in CELL_RULES} == {CELL}
-    assert rules(jobs) == Counter(train=1, evaluate=1, probes=1, metrics=1, aggregate=1, report=1, all=1)
+    assert rules(jobs) == Counter(train=1, evaluate=1, probes=1, tabulate=1, aggregate=1, report=1, all=1)
 
 
 @pytest.mark.slow  # the rerun policy on a whole (touched) smoke collection
@@ -281,7 +281,7 @@ def test_adding_a_beta_adds_only_the_new_cells(done):
     assert len(cells) == 8 and all("_beta-10_" in c for c in cells)
     assert sum(c.startswith("agg-sum_") for c in cells) == 4
     n = rules(jobs)
-    assert n == Counter(step0=4, train=8, evaluate=8, probes=8, metrics=8, aggregate=1, report=1, all=1), n
+    assert n == Counter(step0=4, train=8, evaluate=8, probes=8, tabulate=8, aggregate=1, report=1, all=1), n
 
 
 def _recreate(files, content=None):
