@@ -8,11 +8,11 @@ from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.report.headline import headline, headline_md
 
 
-def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_p=0.01):
+def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_p=0.01, n_settings=12):
     contrast = {
         "comparison_arm": "matched_mean",
         "metric": "router_information",
-        "n_cells": 2,
+        "n_cells": n_settings,
         "mean_delta": 0.3,
         "ci_low": 0.1 if verdict == "positive" else -0.1,
         "ci_high": 0.5,
@@ -99,3 +99,13 @@ def test_the_sign_flip_test_disagreeing_is_said():
     h = headline(tables(sign_flip_p=0.2), META)
     assert h["randomization_agrees"] is False
     assert "**disagrees**" in "\n".join(headline_md(tables(sign_flip_p=0.2), META, h))
+
+
+def test_a_sign_flip_test_that_cannot_reach_the_level_neither_agrees_nor_disagrees():
+    """Over 4 settings the smallest two-sided p is 2/16 = 0.125: not a disagreement with a sign."""
+    h = headline(tables(sign_flip_p=0.875, n_settings=4), META)
+    assert h["randomization_agrees"] is None
+    text = "\n".join(headline_md(tables(sign_flip_p=0.875, n_settings=4), META, h))
+    assert "cannot go below 0.125" in text and "stands beside" in text and "disagrees" not in text
+    # six settings can reach it (2/64): the control
+    assert headline(tables(sign_flip_p=0.875, n_settings=6), META)["randomization_agrees"] is False

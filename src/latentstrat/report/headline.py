@@ -137,9 +137,15 @@ def _randomization_agrees(h: dict) -> bool | None:
     """Does the sign-flip test (p < ALPHA) agree with the interval (a sign)? None without a p-value
     or without training noise in the interval."""
     p = h.get("sign_flip_p")
-    if p is None or not h["training_noise_in_interval"]:
+    if p is None or not h["training_noise_in_interval"] or not sign_flip_can_reach_alpha(h["common_cells"]):
         return None
     return (p < ALPHA) == (h["verdict"] in ("negative", "positive"))
+
+
+def sign_flip_can_reach_alpha(n_settings: int) -> bool:
+    """Whether the sign-flip test over n settings can go below ALPHA at all: its smallest two-sided
+    p-value is 2 / 2^n (aggregate.contrasts.sign_flip_p), 0.0625 for 5 settings."""
+    return n_settings > 0 and 2.0 / 2**n_settings < ALPHA
 
 
 def failing_cells(t: dict, arm: str | None) -> list[str]:
@@ -290,9 +296,16 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
     if p is not None:
         agrees = h.get("randomization_agrees")
         word = {True: "agrees with", False: "**disagrees** with", None: "stands beside"}[agrees]
+        n = h["common_cells"]
+        floor = (
+            ""
+            if sign_flip_can_reach_alpha(n)
+            else f"; with {n} settings it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor disagree"
+        )
         out.append(
-            f"Sign-flip (randomization) test over the {h['common_cells']} settings' paired deltas, which needs no "
-            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}); it {word} the interval"
+            f"Sign-flip (randomization) test over the {n} settings' paired deltas, which needs no "
+            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}{floor}); it {word} the "
+            "interval"
             + (
                 ". Where they disagree, read the verdict as fragile: the interval's variance model and the settings' "
                 "own signs tell different stories."
