@@ -13,13 +13,13 @@ import torch
 from latentstrat import batching, encoding
 from latentstrat.base import data
 from latentstrat.base.entangle import run_entangle
-from latentstrat.base.reference import cell_objective, load_b, run_reference
+from latentstrat.base.reference import load_b, load_scales, run_reference
 from latentstrat.cell.train import train_cell
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.model import build_model
-from latentstrat.modeling.objective import forward_losses
+from latentstrat.modeling.objective import Objective, forward_losses
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]
@@ -88,7 +88,7 @@ def test_step0_base_relative_losses_are_one_for_every_family(base, family, aggre
     cfg = cfg_for(token_aggregation=aggregation)
     cell = next(c.to_json() for c in expand_cells(cfg) if c.settings["reconstruction_family"] == family)
     _, _, _, batch = step0_token_nll(cfg, cell, base)
-    objective = cell_objective(base / "reference", cell)
+    objective = Objective.for_cell(cell, load_scales(base / "reference"))
     model = build_model(cfg, cell, encoding.load_tokenizer(base / "data"), base / "entangle").eval()
     with torch.no_grad():
         out = forward_losses(model, batch, objective, 0, torch.randn(len(batch), 4))

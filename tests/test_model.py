@@ -57,7 +57,7 @@ def objective_of(**over) -> Objective:
         "router_marginal_kl_weight": 0.0,
         **over,
     }
-    return Objective.for_cell(cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0})
+    return Objective.with_scales(cell, {"S_ref": 2.0, "T_ref": 1.5, "n_bar": 5.0})
 
 
 def model(tok, adaptation="lora", P=1, seed=0):

@@ -16,11 +16,12 @@ from latentstrat.base.reference import (
     compute_scales,
     config_alphas,
     load_b,
+    load_scales,
     run_reference,
-    scales_for,
     token_counts,
 )
 from latentstrat.config import load_config
+from latentstrat.modeling.objective import select_scales
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,12 +80,12 @@ def test_scales_json_matches_tokens(dirs):
     assert saved["S_ref"]["mean"] == pytest.approx(np.mean([np.mean(b) for b in val.b]), rel=1e-6)
     assert saved["S_ref"]["sum"] == pytest.approx(np.mean([np.sum(b) for b in val.b]), rel=1e-6)
     assert set(saved["T_ref"]) == {"0.25"} and set(saved["S_ref"]) == {"mean", "sum", "sum_scaled"}
-    s = scales_for(root / "reference", "sum", 0.25)
+    s = select_scales(load_scales(root / "reference"), "sum", 0.25)
     assert s == {"S_ref": saved["S_ref"]["sum"], "T_ref": saved["T_ref"]["0.25"]["sum"], "n_bar": saved["n_bar"]}
     with pytest.raises(ValueError, match="a=0.5"):
-        scales_for(saved, "mean", 0.5)
+        select_scales(saved, "mean", 0.5)
     with pytest.raises(FileNotFoundError, match="scales.json"):
-        scales_for(root / "nowhere", "mean")
+        load_scales(root / "nowhere")
 
 
 def _const_tokens(c, n_train, n_val):

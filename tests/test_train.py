@@ -319,7 +319,7 @@ def test_grad_clip_per_aggregation_is_explicit():
             "posterior_variance_weight": 0.0,
             "router_marginal_kl_weight": 0.0,
         }
-        return Objective.for_cell(cell, {"S_ref": 26.0, "T_ref": 3.0})
+        return Objective.with_scales(cell, {"S_ref": 26.0, "T_ref": 3.0})
 
     absolute = {"grad_clip_unit": "absolute"}
     assert grad_clip_for({"grad_clip": 1.0, **absolute}, o("sum", "raw")) == 1.0

@@ -32,11 +32,11 @@ import torch
 
 from latentstrat import batching, encoding
 from latentstrat.aggregations import AGGREGATIONS
-from latentstrat.cells import expand_cells, format_value
+from latentstrat.cells import expand_cells
 from latentstrat.families import DEFAULT_ALPHA, parse_family
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
-from latentstrat.modeling.objective import Objective, reference_scales, zfree_token_nll
+from latentstrat.modeling.objective import alpha_key, reference_scales, zfree_token_nll
 from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 if TYPE_CHECKING:
@@ -54,10 +54,6 @@ def config_alphas(cfg: dict) -> list[float]:
     return sorted(
         {DEFAULT_ALPHA} | {parse_family(c.settings["reconstruction_family"]).alpha for c in expand_cells(cfg)}
     )
-
-
-def alpha_key(alpha: float) -> str:
-    return format_value(float(alpha))
 
 
 @torch.no_grad()
@@ -96,33 +92,15 @@ def compute_scales(tokens: pd.DataFrame, alphas) -> dict:
     )
 
 
-def scales_for(scales: dict | str | Path, aggregation: str, alpha: float = DEFAULT_ALPHA) -> dict:
-    """The `scales` dict objective.reconstruction takes: {"S_ref", "T_ref", "n_bar"} for one
-    aggregation and tokcc exponent. `scales`: the scales.json dict or its path (a reference
-    dir also works)."""
-    if not isinstance(scales, dict):
-        path = Path(scales)
-        if path.suffix != ".json":  # a reference dir
-            path = path / REFERENCE_FILES["scales"]
-        if not path.exists():
-            raise FileNotFoundError(f"reference scales {path} does not exist (run the reference stage)")
-        scales = json.loads(path.read_text())
-    if aggregation not in scales["S_ref"]:
-        raise ValueError(f"reference scales have no aggregation {aggregation!r} (have {sorted(scales['S_ref'])})")
-    key = alpha_key(alpha)
-    if key not in scales["T_ref"]:
-        raise ValueError(
-            f"reference scales have no T_ref for tokcc a={key} (have a={sorted(scales['T_ref'])}); "
-            "rerun the reference stage with this family in the config"
-        )
-    return {"S_ref": scales["S_ref"][aggregation], "T_ref": scales["T_ref"][key][aggregation], "n_bar": scales["n_bar"]}
-
-
-def cell_objective(reference_dir: str | Path, cell: dict) -> Objective:
-    """A cell's objective J (objective.Objective), its family parsed once, with the entangled
-    model's scales for its aggregation and its family's tokcc exponent from `reference_dir`."""
-    alpha = parse_family(cell["reconstruction_family"]).alpha
-    return Objective.for_cell(cell, scales_for(reference_dir, cell["token_aggregation"], alpha))
+def load_scales(path: str | Path) -> dict:
+    """The reference stage's scales table (scales.json; `path` may be the reference folder), as
+    `modeling.objective.Objective.for_cell` takes it."""
+    path = Path(path)
+    if path.suffix != ".json":  # a reference dir
+        path = path / REFERENCE_FILES["scales"]
+    if not path.exists():
+        raise FileNotFoundError(f"reference scales {path} does not exist (run the reference stage)")
+    return json.loads(path.read_text())
 
 
 def token_counts(tokens: pd.DataFrame) -> pd.DataFrame:

@@ -184,7 +184,7 @@ def run(args) -> dict:
     }
     n_bar = float(train_df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b_val, cell["token_aggregation"], 0.25, n_bar)
-    objective = Objective.for_cell(cell, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
+    objective = Objective.with_scales(cell, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
     losses, grad_norms, adapter_grads, step_s, tokens, supervised = train_steps(
         model, objective, enc, b_train, cfg["train"]["lr"], args.batch_size, args.steps
     )

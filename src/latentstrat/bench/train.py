@@ -184,7 +184,7 @@ def setup(args, device):
     b = reference_nll(entangled, enc, args.batch_size)
     n_bar = float(df.n_supervised.mean())
     s_ref, t_ref = obj.reference_scales(b, CELL["token_aggregation"], 0.25, n_bar)
-    objective = Objective.for_cell(CELL, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
+    objective = Objective.with_scales(CELL, {"S_ref": s_ref, "T_ref": t_ref, "n_bar": n_bar})
     return bcfg, entangled, model, opt, enc, b, objective
 
 

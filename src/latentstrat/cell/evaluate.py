@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from latentstrat import batching, encoding
-from latentstrat.base.reference import cell_objective, load_b
+from latentstrat.base.reference import load_b, load_scales
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.modeling import decode
@@ -150,7 +150,7 @@ def evaluate_cell(
     if unknown:
         raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
-    objective = cell_objective(reference_dir, cell)
+    objective = Objective.for_cell(cell, load_scales(reference_dir))
     model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, encoding.added_token_ids(data_dir)).to(
         device_for(cfg)
     )

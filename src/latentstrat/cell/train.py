@@ -3,7 +3,7 @@ training loop and its checkpoints.
 
 Per step: one posterior pass (z ~ q, reparameterized) and one router+generator pass
 (objective.forward_losses); b comes from the reference stage's tokens.parquet and the scales
-S_ref, T_ref, n_bar from its scales.json (reference.load_b, reference.cell_objective: never
+S_ref, T_ref, n_bar from its scales.json (reference.load_b, objective.Objective.for_cell: never
 recomputed, the same numbers the evaluate stage reads); batches are task-mixed
 (batching.task_mixed_batches). The batch order is a pure function of (seed, epoch) and the z noise
 of (seed, step), the seed being the cell's training seed (cells.training_seed: shared by the two
@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from latentstrat import batching, encoding
-from latentstrat.base.reference import cell_objective, load_b
+from latentstrat.base.reference import load_b, load_scales
 from latentstrat.cell.step0 import load_step0, step0_fingerprint
 from latentstrat.cell.validation import prepare_validation, validate
 from latentstrat.cells import cell_training_seed
@@ -279,7 +279,7 @@ def train_cell(
     val_df = encoding.load_split(data_dir, "validation")
     b_train = load_b(reference_dir, train_df)
     b_val = load_b(reference_dir, val_df)
-    objective = cell_objective(reference_dir, cell)
+    objective = Objective.for_cell(cell, load_scales(reference_dir))
 
     dev = device_for(cfg)
     model = build_model(cfg, cell, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)

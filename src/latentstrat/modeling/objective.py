@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from latentstrat.aggregations import aggregation as declared_aggregation
-from latentstrat.cells import schedule_warmup
+from latentstrat.cells import format_value, schedule_warmup
 from latentstrat.families import Family, parse_family
 
 TOKCC_EPS = 1e-3
@@ -35,11 +35,25 @@ class Objective:
     scales: dict
 
     @classmethod
-    def for_cell(cls, cell: dict, scales: dict) -> "Objective":
+    def for_cell(cls, cell: dict, reference_scales: dict) -> "Objective":
+        """A cell's J: its settings, with the entangled model's scales for its aggregation and
+        its family's tokcc exponent picked from the reference stage's table (`scales.json`:
+        n_bar, S_ref per aggregation, T_ref per exponent and aggregation)."""
+        family = parse_family(cell["reconstruction_family"])
+        return cls._build(cell, family, select_scales(reference_scales, cell["token_aggregation"], family.alpha))
+
+    @classmethod
+    def with_scales(cls, cell: dict, scales: dict) -> "Objective":
+        """A cell's J with scales the caller measured itself ({"S_ref", "T_ref", "n_bar"}: the
+        benchmarks and tests)."""
+        return cls._build(cell, parse_family(cell["reconstruction_family"]), scales)
+
+    @classmethod
+    def _build(cls, cell: dict, family: Family, scales: dict) -> "Objective":
         declared_aggregation(cell["token_aggregation"])  # a clear error for an unknown aggregation
         schedule_warmup(cell["beta_schedule"])  # a clear error for an unknown schedule
         return cls(
-            family=parse_family(cell["reconstruction_family"]),
+            family=family,
             aggregation=cell["token_aggregation"],
             beta=float(cell["beta"]),
             beta_schedule=cell["beta_schedule"],
@@ -54,6 +68,25 @@ class Objective:
     def zfree(self) -> float:
         """The active objective of the z-free model on the validation split (its natural unit)."""
         return self.family.zfree(self.scales)
+
+
+def alpha_key(alpha: float) -> str:
+    """A tokcc exponent as the reference table's T_ref keys it ("0.25")."""
+    return format_value(float(alpha))
+
+
+def select_scales(table: dict, aggregation: str, alpha: float) -> dict:
+    """{"S_ref", "T_ref", "n_bar"} for one aggregation and tokcc exponent from the reference
+    stage's table; a table without them is a ValueError that names what it has."""
+    if aggregation not in table["S_ref"]:
+        raise ValueError(f"reference scales have no aggregation {aggregation!r} (have {sorted(table['S_ref'])})")
+    key = alpha_key(alpha)
+    if key not in table["T_ref"]:
+        raise ValueError(
+            f"reference scales have no T_ref for tokcc a={key} (have a={sorted(table['T_ref'])}); "
+            "rerun the reference stage with this family in the config"
+        )
+    return {"S_ref": table["S_ref"][aggregation], "T_ref": table["T_ref"][key][aggregation], "n_bar": table["n_bar"]}
 
 
 def aggregate_tokens(v: torch.Tensor, mask: torch.Tensor, aggregation: str, n_bar: float | None = None) -> torch.Tensor:
