@@ -228,9 +228,8 @@ def test_defaults_filled_and_input_not_mutated():
     assert cfg["backbone"]["embedded"]["num_hidden_layers"] >= 1
 
 
-def test_beta_and_schedule_labels():
+def test_beta_labels():
     assert K.beta_label(0.01) == "beta=.01" and K.beta_label(1.0) == "beta=1"
-    assert K.schedule_warmup("lin100") == 100 and K.schedule_warmup("constant") == 0
 
 
 def test_all_shipped_configs_validate():

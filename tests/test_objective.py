@@ -107,17 +107,6 @@ def test_gaussian_kl_matches_monte_carlo():
     assert obj.gaussian_kl(torch.ones(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1)).item() == 0.5
 
 
-def test_beta_schedules():
-    assert obj.beta_at(0, 0.1, "constant") == 0.1
-    assert obj.beta_at(500, 0.1, "constant") == 0.1
-    assert obj.beta_at(0, 0.1, "lin100") == 0.0
-    assert obj.beta_at(25, 0.1, "lin100") == pytest.approx(0.025)
-    assert obj.beta_at(100, 0.1, "lin100") == pytest.approx(0.1)
-    assert obj.beta_at(300, 0.1, "lin100") == pytest.approx(0.1)
-    with pytest.raises(ValueError, match="cosine"):
-        obj.beta_at(1, 0.1, "cosine")
-
-
 def test_diagnostics():
     lv = torch.log(torch.tensor([[1.0, 4.0], [2.0, 1.0]]))
     assert obj.posterior_variance(lv).item() == pytest.approx(2.0)

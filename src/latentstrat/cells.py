@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,16 +46,6 @@ ALWAYS_IN_ID = ("token_aggregation", "reconstruction_family", "beta", "seed")
 
 
 CELL_KEYS = tuple(ID_KEYS)
-
-
-def schedule_warmup(schedule: str) -> int:
-    """`constant` -> 0, `linN` -> N."""
-    if schedule == "constant":
-        return 0
-    m = re.fullmatch(r"lin([1-9][0-9]*)", schedule)
-    if not m:
-        raise ValueError(f"unknown beta schedule {schedule!r}")
-    return int(m[1])
 
 
 def format_value(v: Any) -> str:

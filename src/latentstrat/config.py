@@ -16,6 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from latentstrat import schedules
 from latentstrat.cells import ABLATED_KEY, arm_differences, expand_cells
 from latentstrat.families import accepted_names, name_pattern, parse_family
 from latentstrat.schema import fill_defaults, parsed_schema
@@ -48,8 +49,8 @@ def _schema_error_message(err: jsonschema.ValidationError) -> str:
         return f"config key {where}: must not be empty"
     if err.validator == "pattern" and err.schema.get("pattern") == name_pattern():
         return f"config key {where}: unknown reconstruction family {err.instance!r} (expected {accepted_names()})"
-    if err.validator == "pattern" and "lin" in str(err.schema.get("pattern", "")):
-        return f"config key {where}: unknown beta schedule {err.instance!r} (expected constant or lin<N>)"
+    if err.validator == "pattern" and err.schema.get("pattern") == schedules.name_pattern():
+        return f"config key {where}: unknown beta schedule {err.instance!r} (expected {schedules.accepted_names()})"
     return f"config key {where}: {err.message}"
 
 

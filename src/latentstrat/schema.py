@@ -31,13 +31,15 @@ def _parsed() -> dict:
 
 
 def parsed_schema() -> dict:
-    """The schema (parsed once per process), the family pattern and the token aggregations from
-    the declarations now."""
+    """The schema (parsed once per process), the family and schedule patterns and the token
+    aggregations from the declarations now."""
+    from latentstrat import schedules
     from latentstrat.aggregations import AGGREGATIONS
     from latentstrat.families import name_pattern
 
     schema = _parsed()
     schema["$defs"]["family"]["pattern"] = name_pattern()
+    schema["$defs"]["schedule"]["pattern"] = schedules.name_pattern()
     schema["$defs"]["aggregation"]["enum"] = list(AGGREGATIONS)
     return schema
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from latentstrat.aggregations import aggregation as declared_aggregation
-from latentstrat.cells import format_value, schedule_warmup
+from latentstrat.cells import format_value
 from latentstrat.families import Family, parse_family
+from latentstrat.schedules import Schedule, parse_schedule
 
 TOKCC_EPS = 1e-3
 
@@ -29,7 +30,7 @@ class Objective:
     family: Family
     aggregation: str
     beta: float
-    beta_schedule: str
+    beta_schedule: Schedule
     posterior_variance_weight: float
     router_marginal_kl_weight: float
     scales: dict
@@ -51,19 +52,18 @@ class Objective:
     @classmethod
     def _build(cls, cell: dict, family: Family, scales: dict) -> "Objective":
         declared_aggregation(cell["token_aggregation"])  # a clear error for an unknown aggregation
-        schedule_warmup(cell["beta_schedule"])  # a clear error for an unknown schedule
         return cls(
             family=family,
             aggregation=cell["token_aggregation"],
             beta=float(cell["beta"]),
-            beta_schedule=cell["beta_schedule"],
+            beta_schedule=parse_schedule(cell["beta_schedule"]),
             posterior_variance_weight=float(cell["posterior_variance_weight"]),
             router_marginal_kl_weight=float(cell["router_marginal_kl_weight"]),
             scales=dict(scales),
         )
 
     def beta_at(self, step: int) -> float:
-        return beta_at(step, self.beta, self.beta_schedule)
+        return self.beta * self.beta_schedule.factor(step)
 
     def zfree(self) -> float:
         """The active objective of the z-free model on the validation split (its natural unit)."""
@@ -128,14 +128,6 @@ def reconstruction(l, b, mask, family: Family, aggregation: str, scales: dict) -
 def gaussian_kl(mu_q, logvar_q, mu_r, logvar_r) -> torch.Tensor:
     """KL(N(mu_q, exp logvar_q) || N(mu_r, exp logvar_r)) per example [B], summed over dims."""
     return 0.5 * (logvar_r - logvar_q + (logvar_q.exp() + (mu_q - mu_r) ** 2) / logvar_r.exp() - 1).sum(-1)
-
-
-def beta_at(step: int, beta: float, schedule: str) -> float:
-    """constant: beta; linN: beta * min(1, step / N) (step = optimizer steps taken)."""
-    n = schedule_warmup(schedule)
-    if n == 0:
-        return float(beta)
-    return float(beta) * min(1.0, step / n)
 
 
 def posterior_variance(logvar_q) -> torch.Tensor:

@@ -1,0 +1,114 @@
+"""KL weight schedules, each declared once (design section 4, docs/design.md): how the KL weight
+beta of J reaches its value over the optimizer steps, the setting `beta_schedule`.
+
+A schedule's declaration (`Kind`) holds its name pattern and parameters, the factor f(step) in
+[0, 1] the objective multiplies beta by, and the step from which f is 1 (its warm-up). A name is
+parsed once, at the edge (`parse_schedule`), into a `Schedule`; the config schema's pattern and
+the config's error text are generated from the declarations here.
+
+Adding a schedule: one `declare(Kind(...))` below and a test with its hand-computed factors
+(tests/test_schedules.py trains a cell on a toy one).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The declaration of one kind of KL weight schedule.
+
+    name     the kind (`linear`)
+    syntax   the names as a user writes them (`lin<N>`), for error messages
+    pattern  a regular expression over the whole name, one named group per parameter (integers)
+    factor   (Schedule, step) -> the fraction of beta in J after `step` optimizer steps, in [0, 1]
+    warmup   Schedule -> the first step from which the factor is 1 (0: beta from the start)
+    """
+
+    name: str
+    syntax: str
+    pattern: str
+    factor: Callable[["Schedule", int], float]
+    warmup: Callable[["Schedule"], int]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A parsed schedule name: its kind and parameters."""
+
+    name: str
+    kind: str
+    params: tuple[tuple[str, int], ...] = ()
+
+    def __getitem__(self, key: str) -> int:
+        return dict(self.params)[key]
+
+    @property
+    def declaration(self) -> Kind:
+        return KINDS[self.kind]
+
+    def factor(self, step: int) -> float:
+        return float(self.declaration.factor(self, int(step)))
+
+    @property
+    def warmup(self) -> int:
+        return int(self.declaration.warmup(self))
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def declare(kind: Kind) -> Kind:
+    """Add a schedule kind (its name unique). Returns it."""
+    if kind.name in KINDS:
+        raise ValueError(f"beta schedule kind {kind.name!r} is declared twice")
+    re.compile(kind.pattern)
+    KINDS[kind.name] = kind
+    return kind
+
+
+def accepted_names() -> str:
+    """The names every declared schedule accepts, for error messages."""
+    return " or ".join(k.syntax for k in KINDS.values())
+
+
+def name_pattern() -> str:
+    """One regular expression that accepts every declared schedule's names (the config schema's
+    `$defs.schedule.pattern`; latentstrat.schema sets it from here)."""
+    plain = [re.sub(r"\(\?P<\w+>", "(", k.pattern) for k in KINDS.values()]
+    return "^(?:" + "|".join(plain) + ")$"
+
+
+def parse_schedule(name: str) -> Schedule:
+    """The Schedule a name denotes; ValueError naming it and the accepted names otherwise."""
+    text = str(name)
+    for kind in KINDS.values():
+        m = re.fullmatch(kind.pattern, text)
+        if m:
+            return Schedule(text, kind.name, tuple((k, int(v)) for k, v in m.groupdict().items()))
+    raise ValueError(f"unknown beta schedule {text!r} (expected {accepted_names()})")
+
+
+# ----------------------------------------------------------------------------- the schedules
+
+declare(
+    Kind(
+        name="constant",
+        syntax="constant",
+        pattern=r"constant",
+        factor=lambda s, step: 1.0,
+        warmup=lambda s: 0,
+    )
+)
+declare(
+    Kind(
+        name="linear",
+        syntax="lin<N>",
+        pattern=r"lin(?P<steps>[1-9][0-9]*)",
+        factor=lambda s, step: min(1.0, step / s["steps"]),
+        warmup=lambda s: s["steps"],
+    )
+)
