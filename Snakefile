@@ -18,6 +18,10 @@ for _stage in STAGES:
     include: f"workflow/rules/{_stage.name}.smk"
 
 
+# the rules' path templates are where the package reads (latentstrat.paths)
+check_layout(rules)
+
+
 # `snakemake --report report.html`: the landing page carries the headline once the report job ran
 report: landing_page()
 

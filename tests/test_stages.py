@@ -17,7 +17,7 @@ from latentstrat.io import PRODUCERS
 from latentstrat.paths import BENCH_RULES, CELL_JOB_FOLDER
 from latentstrat.status import BASE_STAGES
 from latentstrat.status import STAGES as STATUS_STAGES
-from workflow_helpers import ROOT, SNAKEMAKE, copy_workflow, tiny_collection
+from workflow_helpers import ROOT, SNAKEMAKE, copy_workflow, snakemake, tiny_collection
 
 
 def test_every_declared_stage_has_its_rule_file_and_an_entry_taking_one_job():
@@ -55,13 +55,13 @@ def test_the_tables_read_from_the_declaration():
 TOY_RULE = """
 rule vocabulary:
     input:
-        tokenizer=P.data_files()["tokenizer"],
+        tokenizer=f"{BASE}/data/tokenizer.json",
     output:
-        size=str(P.base_dir / "vocabulary" / "size.json"),
+        size=f"{BASE}/vocabulary/size.json",
     log:
-        str(P.base_logs_dir / "vocabulary.log"),
+        f"{BASE}/logs/vocabulary.log",
     benchmark:
-        str(P.bench_path("vocabulary"))
+        f"{BASE}/benchmarks/vocabulary.tsv"
     params:
         settings=sections("data"),
     script:
@@ -133,3 +133,21 @@ def test_a_stage_added_in_three_places_runs(tmp_path):
         cwd=wd,
     )
     assert "'vocabulary'" in probe.stdout, probe.stderr
+
+
+def test_a_rule_file_that_moves_a_file_alone_is_an_error_naming_it(tmp_path):
+    """The rules show their path templates; the package (latentstrat.paths) reads the same files.
+    A template edited in the rule file alone stops the workflow before any job, naming the rule,
+    the file and both paths; the unedited copy loads (the positive control)."""
+    wd = copy_workflow(tmp_path)
+    ok = snakemake(wd, "-n")
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-2000:]
+    rule_file = wd / "workflow" / "rules" / "train.smk"
+    text = rule_file.read_text()
+    assert '/train/history.parquet"' in text
+    rule_file.write_text(text.replace('/train/history.parquet"', '/train/hist.parquet"'))
+    bad = snakemake(wd, "-n")
+    assert bad.returncode != 0
+    err = bad.stdout + bad.stderr
+    assert "rule train (workflow/rules/train.smk): its history is" in err and "hist.parquet" in err, err[-2000:]
+    assert "/train/history.parquet" in err and "edit both together" in err

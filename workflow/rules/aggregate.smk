@@ -19,11 +19,11 @@ rule aggregate:
             )
         ),
     output:
-        directory(str(P.aggregate_dir)),
+        directory(f"{COLLECTION}/aggregate"),
     log:
-        str(P.logs_dir / "aggregate.log"),
+        f"{COLLECTION}/logs/aggregate.log",
     benchmark:
-        str(P.bench_path("aggregate"))
+        f"{COLLECTION}/benchmarks/aggregate.tsv"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -24,6 +24,13 @@ except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
 
 P = Paths.from_config(CFG)
+# The roots the rules' path templates start from; the file names below them are written out in
+# each rule and held equal to the package's layout (latentstrat.paths, which the stages, the
+# status command and the partial report read) by check_layout when the workflow loads.
+BASE = str(P.base_dir)  # <results_dir>/base/<base>: shared by the collections on one base
+WORK = str(P.cell_dir("{cell}"))  # <BASE>/cells/<work key>/{cell}: a cell's work, shared likewise
+INIT = str(P.step0_dir("{init}"))  # <BASE>/step0/<work key>/{init}: one model as built
+COLLECTION = str(P.collection_dir)  # <results_dir>/<collection>: rows, logs, tables, report
 CELLS = {c.cell_id: c for c in expand_cells(CFG)}
 TASKS = list(CFG["data"]["tasks"])
 # the cells' models as built (cells.INIT_KEYS, the training seed among them): the cells that
@@ -134,6 +141,54 @@ def job_resources(kind, mem_mb, runtime):
     out["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
     out["runtime"] = lambda wildcards, attempt: runtime * attempt
     return out
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def entangled_model_outputs(entangle_config, entangle_weights, shipped_reference):
+    """The entangle stage's mode-dependent outputs: the model unless `entangle.mode: skip`, and
+    with `shipped` the reference table shipped with it."""
+    files = {} if MODE == "skip" else {"entangle_config": entangle_config, "entangle_weights": entangle_weights}
+    return files | ({"shipped_reference": shipped_reference} if MODE == "shipped" else {})
+
+
+def check_layout(rules):
+    """Each stage's rule writes where latentstrat.paths says: its named outputs (the probes' and
+    the aggregate's in order; a stage the layout does not know, only its rule writes), its log
+    and its benchmark. A rule file and the package that disagree are a WorkflowError naming the
+    rule and the file, before any job runs."""
+    key = {"init": "{init}", "cell": "{cell}"}
+    want = {
+        "data": {**P.data_files(), "card": str(P.data_card), "base_config": str(P.base_config)},
+        "entangle": P.entangle_files(MODE),
+        "reference": P.reference_files(),
+        "step0": P.step0_files("{init}"),
+        "train": P.train_files("{cell}"),
+        "evaluate": {"records": str(P.records_path("{cell}"))},
+        "probes": dict(enumerate(P.probe_files("{cell}", TASKS))),
+        "tabulate": {"row": str(P.row_path("{cell}")), "bootstrap": str(P.bootstrap_path("{cell}"))},
+        "aggregate": {0: str(P.aggregate_dir)},
+        "report": {**P.report_files(), "figures": str(P.report_dir / "figures"), "pages": str(P.report_dir / "html")},
+    }
+    for stage in STAGES:
+        declared = getattr(rules, stage.name)
+        named = dict(declared.output.items()) or dict(enumerate(declared.output))
+        have = {k: str(v) for k, v in named.items()}
+        if stage.level in key:
+            log = P.log_path(stage.name, key[stage.level])
+        else:
+            log = (P.base_logs_dir if stage.level == "base" else P.logs_dir) / f"{stage.name}.log"
+        have["log"], want_log = str(declared.log[0]), str(log)
+        have["benchmark"] = str(declared.benchmark)
+        expected = {**want.get(stage.name, have), "log": want_log,
+                    "benchmark": str(P.bench_path(stage.name, key.get(stage.level, "")))}
+        for name in sorted(set(have) | set(expected), key=str):
+            if have.get(name) != expected.get(name):
+                raise WorkflowError(
+                    f"rule {stage.name} (workflow/rules/{stage.name}.smk): its {name} is {have.get(name)!r} "
+                    f"but latentstrat.paths lays it out as {expected.get(name)!r}; edit both together"
+                )
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -3,13 +3,17 @@
 
 checkpoint data:
     output:
-        **P.data_files(),
-        card=str(P.data_card),
-        base_config=str(P.base_config),
+        train=f"{BASE}/data/train.parquet",
+        validation=f"{BASE}/data/validation.parquet",
+        test=f"{BASE}/data/test.parquet",
+        tokenizer=f"{BASE}/data/tokenizer.json",
+        tokenizer_info=f"{BASE}/data/tokenizer_info.json",
+        card=f"{BASE}/data/data_card.parquet",
+        base_config=f"{BASE}/data/base_config.json",
     log:
-        str(P.base_logs_dir / "data.log"),
+        f"{BASE}/logs/data.log",
     benchmark:
-        str(P.bench_path("data"))
+        f"{BASE}/benchmarks/data.tsv"
     threads: 1
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),

@@ -6,11 +6,18 @@ checkpoint entangle:
     input:
         unpack(after_base("entangle", lambda w: {**P.data_files(), **shipped_files()})),
     output:
-        **P.entangle_files(MODE),
+        quality=f"{BASE}/entangle/quality.json",
+        entangle_history=f"{BASE}/entangle/history.parquet",
+        # the model, unless `entangle.mode: skip`; with `shipped`, the reference table shipped with it
+        **entangled_model_outputs(
+            entangle_config=f"{BASE}/entangle/model/config.json",
+            entangle_weights=f"{BASE}/entangle/model/model.safetensors",
+            shipped_reference=f"{BASE}/entangle/reference_tokens.parquet",
+        ),
     log:
-        str(P.base_logs_dir / "entangle.log"),
+        f"{BASE}/logs/entangle.log",
     benchmark:
-        str(P.bench_path("entangle"))
+        f"{BASE}/benchmarks/entangle.tsv"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),

@@ -6,11 +6,11 @@ rule evaluate:
     input:
         unpack(after_base("cell", lambda w: {**base_files(), **P.train_files(w.cell)})),
     output:
-        records=str(P.records_path("{cell}")),
+        records=f"{WORK}/evaluate/records.parquet",
     log:
-        str(P.log_path("evaluate", "{cell}")),
+        f"{COLLECTION}/logs/evaluate/{{cell}}.log",
     benchmark:
-        str(P.bench_path("evaluate", "{cell}"))
+        f"{COLLECTION}/benchmarks/evaluate/{{cell}}.tsv"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

@@ -8,11 +8,12 @@ rule probes:
     input:
         unpack(after_base("cell", lambda w: {"records": str(P.records_path(w.cell))})),
     output:
-        P.probe_files("{cell}", TASKS),
+        # one table per task, then the global one
+        expand(f"{WORK}/probes/{{task}}.parquet", task=[*TASKS, "global"], allow_missing=True),
     log:
-        str(P.log_path("probes", "{cell}")),
+        f"{COLLECTION}/logs/probe/{{cell}}.log",
     benchmark:
-        str(P.bench_path("probes", "{cell}"))
+        f"{COLLECTION}/benchmarks/probe/{{cell}}.tsv"
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1

@@ -5,11 +5,13 @@ checkpoint reference:
     input:
         unpack(after_base("reference", lambda w: {**P.data_files(), **P.entangled_model_files(MODE)})),
     output:
-        **P.reference_files(),
+        tokens=f"{BASE}/reference/tokens.parquet",
+        scales=f"{BASE}/reference/scales.json",
+        token_counts=f"{BASE}/reference/token_counts.parquet",
     log:
-        str(P.base_logs_dir / "reference.log"),
+        f"{BASE}/logs/reference.log",
     benchmark:
-        str(P.bench_path("reference"))
+        f"{BASE}/benchmarks/reference.tsv"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

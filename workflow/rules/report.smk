@@ -17,27 +17,33 @@ rule report:
             )
         ),
     output:
-        **P.report_files(),
+        results=f"{COLLECTION}/report/results.md",
+        analysis=f"{COLLECTION}/report/analysis.md",
+        brief=f"{COLLECTION}/report/brief.yaml",
+        findings=f"{COLLECTION}/report/findings.json",
+        # for `snakemake --report` (report.html): the landing page and the figures' captions
+        landing=f"{COLLECTION}/report/landing.rst",
+        captions=f"{COLLECTION}/report/captions.rst",
         # captions written by this job (report/html.py): the collection's own numbers in each
         figures=report(
-            directory(str(P.report_dir / "figures")),
+            directory(f"{COLLECTION}/report/figures"),
             patterns=["{figure}.png"],
-            caption=str(Path(P.report_files()["captions"]).resolve()),
+            caption=str(Path(f"{COLLECTION}/report/captions.rst").resolve()),
             category="2. Figures",
             subcategory=lambda w: figure_question(w.figure),
             labels=lambda w: {"figure": figure_title(w.figure)},
         ),
         pages=report(
-            directory(str(P.report_dir / "html")),
+            directory(f"{COLLECTION}/report/html"),
             patterns=["{page}.html"],
             caption="../report/pages.rst",
             category=lambda w: "1. Finding" if w.page in PAGES else "3. Tables",
             labels=lambda w: {"page": PAGES.get(w.page) or TABLE_PAGES[w.page][0]},
         ),
     log:
-        str(P.logs_dir / "report.log"),
+        f"{COLLECTION}/logs/report.log",
     benchmark:
-        str(P.bench_path("report"))
+        f"{COLLECTION}/benchmarks/report.tsv"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),

@@ -6,11 +6,12 @@ checkpoint step0:
     input:
         unpack(after_base("step0", lambda w: {**P.data_files(), **P.entangled_model_files(MODE)})),
     output:
-        **P.step0_files("{init}"),
+        passes=f"{INIT}/passes.parquet",
+        measured=f"{INIT}/measured.json",
     log:
-        str(P.log_path("step0", "{init}")),
+        f"{COLLECTION}/logs/step0/{{init}}.log",
     benchmark:
-        str(P.bench_path("step0", "{init}"))
+        f"{COLLECTION}/benchmarks/step0/{{init}}.tsv"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),

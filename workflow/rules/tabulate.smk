@@ -16,12 +16,12 @@ rule tabulate:
             )
         ),
     output:
-        row=str(P.row_path("{cell}")),
-        bootstrap=str(P.bootstrap_path("{cell}")),
+        row=f"{COLLECTION}/cells/{{cell}}/row.parquet",
+        bootstrap=f"{COLLECTION}/cells/{{cell}}/bootstrap.parquet",
     log:
-        str(P.log_path("tabulate", "{cell}")),
+        f"{COLLECTION}/logs/tabulate/{{cell}}.log",
     benchmark:
-        str(P.bench_path("tabulate", "{cell}"))
+        f"{COLLECTION}/benchmarks/tabulate/{{cell}}.tsv"
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1

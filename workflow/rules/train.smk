@@ -7,11 +7,14 @@ rule train:
     input:
         unpack(after_base("cell", train_inputs)),
     output:
-        **P.train_files("{cell}"),
+        heads=f"{WORK}/train/heads/heads.safetensors",
+        heads_config=f"{WORK}/train/heads/config.json",
+        history=f"{WORK}/train/history.parquet",
+        summary=f"{WORK}/train/summary.json",
     log:
-        str(P.log_path("train", "{cell}")),
+        f"{COLLECTION}/logs/train/{{cell}}.log",
     benchmark:
-        str(P.bench_path("train", "{cell}"))
+        f"{COLLECTION}/benchmarks/train/{{cell}}.tsv"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),
