@@ -17,11 +17,11 @@ recipe is in docs/architecture.md).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from latentstrat.metrics import LOSS_METRIC_OF
+from latentstrat.named_kinds import Kinds
 
 DEFAULT_ALPHA = 0.25  # the tokcc exponent of a family that names none
 
@@ -93,43 +93,17 @@ class Family:
         return float(self.declaration.zfree(self, scales))
 
 
-KINDS: dict[str, Kind] = {}
-
-
-def declare(kind: Kind) -> Kind:
-    """Add a family kind (its name unique). Returns it."""
-    if kind.name in KINDS:
-        raise ValueError(f"reconstruction family kind {kind.name!r} is declared twice")
-    re.compile(kind.pattern)
-    KINDS[kind.name] = kind
-    return kind
-
-
-def accepted_names() -> str:
-    """The names every declared family accepts, for error messages."""
-    return ", ".join(k.syntax for k in KINDS.values())
-
-
-def name_pattern() -> str:
-    """One regular expression that accepts every declared family's names (the config schema's
-    `$defs.family.pattern`; latentstrat.schema sets it from here)."""
-    plain = [re.sub(r"\(\?P<\w+>", "(", k.pattern) for k in KINDS.values()]
-    return "^(?:" + "|".join(plain) + ")$"
+KINDS = Kinds("reconstruction family")
+declare = KINDS.declare  # add a family kind (its name unique)
+accepted_names = KINDS.accepted_names  # the names every declared family accepts
+# one regular expression accepting every declared family's names (the config schema's
+# `$defs.family.pattern`; latentstrat.schema sets it from here)
+name_pattern = KINDS.name_pattern
 
 
 def parse_family(name: str) -> Family:
     """The Family a name denotes; ValueError naming it and the accepted names otherwise."""
-    text = str(name)
-    for kind in KINDS.values():
-        m = re.fullmatch(kind.pattern, text)
-        if not m:
-            continue
-        try:
-            params = tuple((k, float(v)) for k, v in m.groupdict().items() if v is not None)
-        except ValueError:
-            raise ValueError(f"unknown reconstruction family {text!r}: malformed number") from None
-        return Family(text, kind.name, params)
-    raise ValueError(f"unknown reconstruction family {text!r} (expected {accepted_names()})")
+    return Family(*KINDS.parse(name, float))
 
 
 def family_label(name: str) -> str:

@@ -12,9 +12,10 @@ Adding a schedule: one `declare(Kind(...))` below and a test with its hand-compu
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
+
+from latentstrat.named_kinds import Kinds
 
 
 @dataclass(frozen=True)
@@ -58,38 +59,17 @@ class Schedule:
         return int(self.declaration.warmup(self))
 
 
-KINDS: dict[str, Kind] = {}
-
-
-def declare(kind: Kind) -> Kind:
-    """Add a schedule kind (its name unique). Returns it."""
-    if kind.name in KINDS:
-        raise ValueError(f"beta schedule kind {kind.name!r} is declared twice")
-    re.compile(kind.pattern)
-    KINDS[kind.name] = kind
-    return kind
-
-
-def accepted_names() -> str:
-    """The names every declared schedule accepts, for error messages."""
-    return " or ".join(k.syntax for k in KINDS.values())
-
-
-def name_pattern() -> str:
-    """One regular expression that accepts every declared schedule's names (the config schema's
-    `$defs.schedule.pattern`; latentstrat.schema sets it from here)."""
-    plain = [re.sub(r"\(\?P<\w+>", "(", k.pattern) for k in KINDS.values()]
-    return "^(?:" + "|".join(plain) + ")$"
+KINDS = Kinds("beta schedule", joiner=" or ")
+declare = KINDS.declare  # add a schedule kind (its name unique)
+accepted_names = KINDS.accepted_names  # the names every declared schedule accepts
+# one regular expression accepting every declared schedule's names (the config schema's
+# `$defs.schedule.pattern`; latentstrat.schema sets it from here)
+name_pattern = KINDS.name_pattern
 
 
 def parse_schedule(name: str) -> Schedule:
     """The Schedule a name denotes; ValueError naming it and the accepted names otherwise."""
-    text = str(name)
-    for kind in KINDS.values():
-        m = re.fullmatch(kind.pattern, text)
-        if m:
-            return Schedule(text, kind.name, tuple((k, int(v)) for k, v in m.groupdict().items()))
-    raise ValueError(f"unknown beta schedule {text!r} (expected {accepted_names()})")
+    return Schedule(*KINDS.parse(name, int))
 
 
 # ----------------------------------------------------------------------------- the schedules
