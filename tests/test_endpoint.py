@@ -60,8 +60,8 @@ def records(cell_id, followed_mix, rng, informative=False, n=150, d=16):
 def probed(rec, tmp_path):
     path = tmp_path / f"{rec.cell_id.iloc[0]}.parquet"
     write_parquet(rec, path)
-    frames = [probes.probe_task(CFG, path, t, tmp_path / f"{rec.cell_id.iloc[0]}-{t}.parquet") for t in TASKS]
-    frames.append(probes.probe_global(CFG, path, tmp_path / f"{rec.cell_id.iloc[0]}-global.parquet"))
+    frames = [probes.probe_task(CFG["probes"], path, t, tmp_path / f"{rec.cell_id.iloc[0]}-{t}.parquet") for t in TASKS]
+    frames.append(probes.probe_global(CFG["probes"], path, tmp_path / f"{rec.cell_id.iloc[0]}-global.parquet"))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -56,9 +56,9 @@ def smoke(tiny_base, tmp_path_factory):
         root / "probes" / "global.parquet"
     ]
     for t, p in zip(cfg["data"]["tasks"], probe_paths):
-        probes.probe_task(cfg, rec_path, t, p)
-    probes.probe_global(cfg, rec_path, probe_paths[-1])
-    tabulate.write_cell_row(cfg, cell, rec_path, probe_paths, root / "row.parquet")
+        probes.probe_task(cfg["probes"], rec_path, t, p)
+    probes.probe_global(cfg["probes"], rec_path, probe_paths[-1])
+    tabulate.write_cell_row(cell, rec_path, probe_paths, root / "row.parquet")
     return dict(
         cfg=cfg,
         cell=cell,
@@ -276,7 +276,7 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     paths = [tmp_path / f"{n}.parquet" for n in ("t1", "t2", "global")]
     for df, p in zip((p1, p2, g), paths):
         write_parquet(df.reindex(columns=PROBE_COLUMNS), p)
-    row = tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[0]
+    row = tabulate.write_cell_row(cell, tmp_path / "records.parquet", paths, tmp_path / "m.parquet").iloc[0]
     assert row.final_answer_accuracy == pytest.approx(0.75)
     assert row.strategy_match_rate == pytest.approx(0.75)
     assert row.within_task_router_probe == pytest.approx(0.7)
@@ -302,8 +302,8 @@ def test_write_cell_metrics_hand_computed(tmp_path):
     # wrong cell, missing probe task
     other = dict(cell, cell_id="agg-mean_fam-raw_beta-1_seed-1")
     with pytest.raises(ValueError, match="belong to cell"):
-        tabulate.write_cell_row(cfg, other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
+        tabulate.write_cell_row(other, tmp_path / "records.parquet", paths, tmp_path / "m2.parquet")
     with pytest.raises(ValueError, match=r"lack the within_task_router probe of \['t2'\]"):
-        tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet")
+        tabulate.write_cell_row(cell, tmp_path / "records.parquet", [paths[0], paths[2]], tmp_path / "m2.parquet")
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
-        tabulate.write_cell_row(cfg, cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")
+        tabulate.write_cell_row(cell, tmp_path / "nope.parquet", paths, tmp_path / "m2.parquet")

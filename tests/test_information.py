@@ -170,20 +170,20 @@ def _cell_records(rng, n=60, d=8, z_shift=0.0, mu_shift=0.0, z_noise=1.0, none_e
 
 def _information_tables(rec, repeats):
     """The router_information rows alone (the other probes are not needed and cost time)."""
-    cfg = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": repeats}}
+    settings = {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": repeats}
     rows = []
     for t in TASKS:
         g = rec[rec["task"] == t]
         X = np.stack([np.asarray(v) for v in g["router_z"]])
         y, ids = g["followed_strategy"].to_numpy(), g["example_id"].to_numpy()
-        rows.append(probes._information_row(cfg, "c", t, X, y, ids, g, "router_information"))
+        rows.append(probes._information_row(settings, "c", t, X, y, ids, g, "router_information"))
     return pd.DataFrame(rows, columns=probes.PROBE_COLUMNS)
 
 
 def _probe_tables(rec, repeats):
-    cfg = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": repeats}}
-    frames = [probes.task_table(cfg, rec, t, "records") for t in TASKS]
-    frames.append(probes.global_table(cfg, rec, "records"))
+    settings = {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": repeats}
+    frames = [probes.task_table(settings, rec, t, "records") for t in TASKS]
+    frames.append(probes.global_table(settings, rec, "records"))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -332,12 +332,11 @@ def test_write_cell_metrics_reads_the_reference_tokens(tmp_path):
     )
     write_parquet(tokens, tmp_path / "tokens.parquet")
     write_parquet(rec, tmp_path / "records.parquet")
-    cfg = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": 1}}
+    settings = {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": 1}
     outs = [tmp_path / f"{t}.parquet" for t in (*TASKS, "global")]
-    probes.probe_cell(cfg, tmp_path / "records.parquet", list(TASKS), outs)
+    probes.probe_cell(settings, tmp_path / "records.parquet", list(TASKS), outs)
     cell = _cell("mean")
     row = tabulate.write_cell_row(
-        cfg,
         cell,
         tmp_path / "records.parquet",
         outs,
@@ -347,7 +346,7 @@ def test_write_cell_metrics_reads_the_reference_tokens(tmp_path):
     expected = l_sum.sum() / sum(map(sum, b))
     assert row.token_base_relative_reconstruction == pytest.approx(expected)
     assert row.token_base_relative_reconstruction_ci_low < expected < row.token_base_relative_reconstruction_ci_high
-    row = tabulate.write_cell_row(cfg, cell, tmp_path / "records.parquet", outs, tmp_path / "m2.parquet").iloc[0]
+    row = tabulate.write_cell_row(cell, tmp_path / "records.parquet", outs, tmp_path / "m2.parquet").iloc[0]
     assert math.isnan(row.token_base_relative_reconstruction)
     assert (
         {"token_base_relative_reconstruction", "router_mu_information"}
@@ -433,9 +432,10 @@ def test_decomposition_on_probed_cells_matches_router_information():
 
 
 def _probe_tables_one(rec):
-    cfg = {"probes": {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": 1}}
+    settings = {"folds": 5, "seed": 0, "max_iter": 1000, "information_repeats": 1}
     return pd.concat(
-        [probes.task_table(cfg, rec, "sorting", "records"), probes.global_table(cfg, rec, "records")], ignore_index=True
+        [probes.task_table(settings, rec, "sorting", "records"), probes.global_table(settings, rec, "records")],
+        ignore_index=True,
     )
 
 

@@ -130,7 +130,7 @@ def test_probe_task_and_global(tmp_path):
     df = _records(rng)
     rec = tmp_path / "records.parquet"
     write_parquet(df, rec)
-    out = probes.probe_task(CFG, rec, "sorting", tmp_path / "probes" / "sorting.parquet")
+    out = probes.probe_task(CFG["probes"], rec, "sorting", tmp_path / "probes" / "sorting.parquet")
     back = read_parquet(tmp_path / "probes" / "sorting.parquet")
     assert list(back.columns) == probes.PROBE_COLUMNS
     r = back.set_index("probe")
@@ -148,7 +148,7 @@ def test_probe_task_and_global(tmp_path):
     assert np.mean(router["oof_correct"]) == pytest.approx(router["accuracy"], abs=0.02)
     assert all(i.startswith("sorting-") for i in router["example_ids"])
 
-    g = probes.probe_global(CFG, rec, tmp_path / "probes" / "global.parquet").iloc[0]
+    g = probes.probe_global(CFG["probes"], rec, tmp_path / "probes" / "global.parquet").iloc[0]
     assert (g["task"], g["probe"], g["n_classes"], g["n"]) == ("global", "global_router", 5, 75)
     assert g["status"] == "ok"
 
@@ -158,17 +158,17 @@ def test_probe_task_na_row_and_errors(tmp_path):
     df = _records(rng, n_per=4)  # 3 followed per strategy < 5 folds
     rec = tmp_path / "records.parquet"
     write_parquet(df, rec)
-    back = probes.probe_task(CFG, rec, "addition", tmp_path / "a.parquet").set_index("probe")
+    back = probes.probe_task(CFG["probes"], rec, "addition", tmp_path / "a.parquet").set_index("probe")
     assert back.loc["within_task_router", "status"] == "na"
     assert "fewer than folds=5" in back.loc["within_task_router", "reason"]
     assert back.loc["within_task_router", "dropped"] == "column:3, left:3, right:3"
     with pytest.raises(ValueError, match="no rows for task 'nope'"):
-        probes.probe_task(CFG, rec, "nope", tmp_path / "b.parquet")
+        probes.probe_task(CFG["probes"], rec, "nope", tmp_path / "b.parquet")
     with pytest.raises(FileNotFoundError, match="missing.parquet"):
-        probes.probe_task(CFG, tmp_path / "missing.parquet", "addition", tmp_path / "c.parquet")
+        probes.probe_task(CFG["probes"], tmp_path / "missing.parquet", "addition", tmp_path / "c.parquet")
     write_parquet(df.drop(columns=["router_z"]), tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="router_z"):
-        probes.probe_global(CFG, tmp_path / "bad.parquet", tmp_path / "d.parquet")
+        probes.probe_global(CFG["probes"], tmp_path / "bad.parquet", tmp_path / "d.parquet")
 
 
 def test_shuffled_control_can_be_skipped():
@@ -273,7 +273,11 @@ def test_router_information_row_normalizes_by_the_data_mix_over_all_test_example
     rng = np.random.default_rng(23)
     rec = tmp_path / "records.parquet"
     write_parquet(_records(rng), rec)
-    r = probes.probe_task(CFG, rec, "sorting", tmp_path / "p.parquet").set_index("probe").loc["router_information"]
+    r = (
+        probes.probe_task(CFG["probes"], rec, "sorting", tmp_path / "p.parquet")
+        .set_index("probe")
+        .loc["router_information"]
+    )
     assert r.status == "ok" and r.n_task == 40 and r.n == 30
     assert r.strategy_entropy == pytest.approx(1.0)
     # each followed example: 1 bit less the mixing at weight 1/24 (24 training examples per fold)
@@ -281,7 +285,11 @@ def test_router_information_row_normalizes_by_the_data_mix_over_all_test_example
     assert 0.75 * _top_bits(0.5, 24) == pytest.approx(0.7272, abs=1e-4)
     assert len(r.oof_bits) == len(r.example_ids) == 30
     # addition: 3 strategies, 15 followed each of 20: log2(3) bits each (less the mixing) over H = log2(3)
-    a = probes.probe_task(CFG, rec, "addition", tmp_path / "a.parquet").set_index("probe").loc["router_information"]
+    a = (
+        probes.probe_task(CFG["probes"], rec, "addition", tmp_path / "a.parquet")
+        .set_index("probe")
+        .loc["router_information"]
+    )
     assert a.information == pytest.approx(0.75 * _top_bits(1 / 3, 36) / np.log2(3), abs=0.01)
 
 
@@ -342,12 +350,12 @@ def test_probe_cell_writes_every_task_and_the_global_probe_equal_to_one_at_a_tim
     rec = tmp_path / "records.parquet"
     write_parquet(_records(rng), rec)
     outs = [tmp_path / "cell" / f"{n}.parquet" for n in ("addition", "sorting", "global")]
-    probes.probe_cell(CFG, rec, ["addition", "sorting"], outs)
+    probes.probe_cell(CFG["probes"], rec, ["addition", "sorting"], outs)
     for task, path in zip(("addition", "sorting"), outs):
-        one = probes.probe_task(CFG, rec, task, tmp_path / f"{task}.parquet")
+        one = probes.probe_task(CFG["probes"], rec, task, tmp_path / f"{task}.parquet")
         pd.testing.assert_frame_equal(read_parquet(path), read_parquet(tmp_path / f"{task}.parquet"))
         assert len(one) == 4
-    probes.probe_global(CFG, rec, tmp_path / "g.parquet")
+    probes.probe_global(CFG["probes"], rec, tmp_path / "g.parquet")
     pd.testing.assert_frame_equal(read_parquet(outs[-1]), read_parquet(tmp_path / "g.parquet"))
     with pytest.raises(ValueError, match="2 tasks need 3 output paths"):
-        probes.probe_cell(CFG, rec, ["addition", "sorting"], outs[:2])
+        probes.probe_cell(CFG["probes"], rec, ["addition", "sorting"], outs[:2])

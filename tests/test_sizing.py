@@ -11,7 +11,7 @@ import yaml
 from latentstrat.config import load_config
 from latentstrat.paths import BENCH_RULES, Paths
 from latentstrat.status import sizing
-from workflow_helpers import ROOT, copy_workflow, dry_run, rules
+from workflow_helpers import ROOT, copy_workflow, dry_run, rules, snakemake
 
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
@@ -53,12 +53,20 @@ def test_requests_are_the_largest_measured_job_times_the_margin(paths):
         sizing.requests(table, margin=0.9)
 
 
-def test_the_bench_paths_are_the_ones_the_rules_write(paths):
-    """The rules name their benchmark files through Paths.bench_path: the smk text says so."""
-    rules_dir = ROOT / "workflow" / "rules"
-    text = "\n".join(p.read_text() for p in rules_dir.glob("*.smk"))
-    for rule in BENCH_RULES:
-        assert f'P.bench_path("{rule}"' in text, rule
+def test_the_bench_paths_are_the_ones_the_rules_write(tmp_path):
+    """The sizing reads the benchmark files at Paths.bench_path; the workflow refuses to load when
+    a rule writes its benchmark elsewhere (check_layout), so the two cannot drift apart."""
+    wd = copy_workflow(tmp_path)
+    rule_file = wd / "workflow" / "rules" / "evaluate.smk"
+    text = rule_file.read_text()
+    assert "/benchmarks/evaluate/{{cell}}.tsv" in text
+    rule_file.write_text(text.replace("/benchmarks/evaluate/{{cell}}.tsv", "/benchmarks/eval/{{cell}}.tsv"))
+    out = snakemake(wd, "-n")
+    err = out.stdout + out.stderr
+    assert out.returncode != 0 and "rule evaluate (workflow/rules/evaluate.smk): its benchmark is" in err, err[-2000:]
+    p = Paths.from_config(load_config(ROOT / "config" / "smoke.yaml"))
+    assert p.bench_path("evaluate", "{cell}").parts[-2:] == ("evaluate", "{cell}.tsv")
+    assert str(p.bench_path("evaluate", "{cell}")).replace(str(p.results), str(wd / "results")) in err
 
 
 @pytest.mark.slow

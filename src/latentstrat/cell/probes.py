@@ -384,8 +384,7 @@ def _empty_result(folds: int, status: str, reason: str) -> ProbeResult:
     return ProbeResult(nan, nan, nan, nan, 0, 0, folds, 0, "", status, reason, bits=0.0)
 
 
-def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
-    p = cfg["probes"]
+def _probe_row(p: dict, cell_id, task, probe, X, y, example_ids) -> dict:
     if len(y) == 0:
         res = _empty_result(p["folds"], "na", "no eligible examples")
     else:
@@ -394,22 +393,21 @@ def _probe_row(cfg, cell_id, task, probe, X, y, example_ids) -> dict:
     return res.to_row(cell_id=cell_id, task=task, probe=probe, example_ids=ids)
 
 
-def information_repeats(cfg) -> int:
+def information_repeats(p: dict) -> int:
     """`probes.information_repeats` (1 in a config written before the key)."""
-    return int(cfg["probes"].get("information_repeats", 1))
+    return int(p.get("information_repeats", 1))
 
 
-def _information_row(cfg, cell_id, task, X, y, example_ids, task_rows: pd.DataFrame, probe: str) -> dict:
+def _information_row(p: dict, cell_id, task, X, y, example_ids, task_rows: pd.DataFrame, probe: str) -> dict:
     """An information probe's row of a task (`probe`: router_information or router_mu_information):
     `information` = the probed examples' out-of-fold bits (mean over the repeats) summed, over the
     task's test examples (`n_task`) and the entropy of their true strategies (`strategy_entropy`,
     bits)."""
-    p = cfg["probes"]
     if len(y) == 0:
         res = _empty_result(p["folds"], "ok", "no generation followed exactly one strategy: 0 bits")
     else:
         res = information_probe(
-            X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"], repeats=information_repeats(cfg)
+            X, y, folds=p["folds"], seed=p["seed"], max_iter=p["max_iter"], repeats=information_repeats(p)
         )
     h = entropy_bits(task_rows["strategy"])
     n_task = len(task_rows)
@@ -440,7 +438,7 @@ def posterior_probe_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df["ambiguous"].astype(bool)]
 
 
-def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataFrame:
+def task_table(p: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataFrame:
     """Within-task router probe, router information, router-mean information and posterior probe
     of one task: four rows."""
     rows = df[df["task"] == task]
@@ -459,41 +457,41 @@ def task_table(cfg: dict, df: pd.DataFrame, task: str, records_path) -> pd.DataF
     Xq, yq, ids_q = _features(q, "posterior_mu", records_path), q["strategy"].to_numpy(), q["example_id"].to_numpy()
     return pd.DataFrame(
         [
-            _probe_row(cfg, cid, task, "within_task_router", Xr, yr, ids_r),
-            _information_row(cfg, cid, task, Xr, yr, ids_r, rows, M.router_information),
+            _probe_row(p, cid, task, "within_task_router", Xr, yr, ids_r),
+            _information_row(p, cid, task, Xr, yr, ids_r, rows, M.router_information),
             _information_row(
-                cfg, cid, task, _features(r, "router_mu", records_path), yr, ids_r, rows, M.router_mu_information
+                p, cid, task, _features(r, "router_mu", records_path), yr, ids_r, rows, M.router_mu_information
             ),
-            _probe_row(cfg, cid, task, "posterior", Xq, yq, ids_q),
+            _probe_row(p, cid, task, "posterior", Xq, yq, ids_q),
         ],
         columns=PROBE_COLUMNS,
     )
 
 
-def global_table(cfg: dict, df: pd.DataFrame, records_path) -> pd.DataFrame:
+def global_table(p: dict, df: pd.DataFrame, records_path) -> pd.DataFrame:
     """One router probe over all tasks: z -> "task:followed_strategy": one row."""
     r = router_probe_rows(df)
     labels = (r["task"] + ":" + r["followed_strategy"]).to_numpy()
     X = _features(r, "router_z", records_path)
-    row = _probe_row(cfg, df["cell_id"].iloc[0], "global", "global_router", X, labels, r["example_id"].to_numpy())
+    row = _probe_row(p, df["cell_id"].iloc[0], "global", "global_router", X, labels, r["example_id"].to_numpy())
     return pd.DataFrame([row], columns=PROBE_COLUMNS)
 
 
-def probe_task(cfg: dict, records_path, task: str, out_path) -> pd.DataFrame:
+def probe_task(p: dict, records_path, task: str, out_path) -> pd.DataFrame:
     """One task's probes (task_table) from a cell's evaluate records, written to out_path."""
-    out = task_table(cfg, _read_records(records_path), task, records_path)
+    out = task_table(p, _read_records(records_path), task, records_path)
     write_parquet(out, out_path)
     return out
 
 
-def probe_global(cfg: dict, records_path, out_path) -> pd.DataFrame:
+def probe_global(p: dict, records_path, out_path) -> pd.DataFrame:
     """The global router probe (global_table) from a cell's evaluate records, written to out_path."""
-    out = global_table(cfg, _read_records(records_path), records_path)
+    out = global_table(p, _read_records(records_path), records_path)
     write_parquet(out, out_path)
     return out
 
 
-def probe_cell(cfg: dict, records_path, tasks, out_paths) -> pd.DataFrame:
+def probe_cell(p: dict, records_path, tasks, out_paths) -> pd.DataFrame:
     """Every probe of one cell, the probe job: per task (task_table) and the global one, each
     written to its file (`out_paths`: one per task in the order of `tasks`, then the global one;
     paths.Paths.probe_files). The records are read once and the libraries imported once."""
@@ -501,7 +499,7 @@ def probe_cell(cfg: dict, records_path, tasks, out_paths) -> pd.DataFrame:
     if len(out_paths) != len(tasks) + 1:
         raise ValueError(f"probe_cell: {len(tasks)} tasks need {len(tasks) + 1} output paths, got {len(out_paths)}")
     df = _read_records(records_path)
-    tables = [task_table(cfg, df, t, records_path) for t in tasks] + [global_table(cfg, df, records_path)]
+    tables = [task_table(p, df, t, records_path) for t in tasks] + [global_table(p, df, records_path)]
     for table, path in zip(tables, out_paths):
         write_parquet(table, path)
     return pd.concat(tables, ignore_index=True)
@@ -519,4 +517,4 @@ def read_probes(paths) -> pd.DataFrame:
 
 def run(job: Job) -> None:
     """The probes rule's job: every task's probe table and the global one, from one cell's records."""
-    probe_cell(job.config, job.input["records"], job.params["tasks"], list(job.outputs))
+    probe_cell(job.config["probes"], job.input["records"], job.params["tasks"], list(job.outputs))

@@ -382,7 +382,6 @@ def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict
 
 
 def write_cell_row(
-    cfg: dict,
     cell: dict,
     records_path,
     probe_paths,
@@ -436,7 +435,6 @@ def write_cell_row(
 def run(job: Job) -> None:
     """The tabulate rule's job: the cell's row and its bootstrap replicates."""
     write_cell_row(
-        job.config,
         job.params["cell"],
         job.input["records"],
         job.files("probes"),
