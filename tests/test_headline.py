@@ -2,8 +2,11 @@
 tell`; the family that carries a verdict is named (with the raw-under-mean reason); the sign-flip
 test's disagreement is said."""
 
+import dataclasses
+
 import pandas as pd
 
+from latentstrat import families as F
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.report.headline import headline, headline_md
 
@@ -62,6 +65,7 @@ def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_
         "cell_sanity": pd.DataFrame({"cell_id": cells, "passed": [c not in failing for c in cells]}),
         "collection_state": pd.DataFrame({"arm": ["sum"], "role": ["primary"]}),
         "summary_by_setting": pd.DataFrame({"arm": ["sum", "matched_mean"], "token_aggregation": ["sum", "mean"]}),
+        "summary": pd.DataFrame({"reconstruction_family": ["raw", "dist_norm"]}),
     }
 
 
@@ -79,12 +83,16 @@ def test_a_verdict_over_a_failing_cell_reads_cannot_tell():
     assert ok["verdict"] == "positive" and "verdict_before_sanity" not in ok and ok["headline_failing_cells"] == []
 
 
-def test_the_family_that_carries_the_verdict_is_named_with_its_reason():
+def test_the_family_that_carries_the_verdict_is_named_with_its_reason(monkeypatch):
     h = headline(tables(), META)
     assert h["carried_by"] == ["raw"]  # without raw: cannot tell; without dist_norm: still positive
     assert h["by_family"]["raw"]["only"]["verdict"] == "positive"
     text = "\n".join(headline_md(tables(), META, h))
     assert "carried by **raw**" in text and "n_bar" in text
+    # the reason reads the family's declaration (`normalized`), not its name: declared normalized,
+    # the same family carries the verdict without the n_bar reason
+    monkeypatch.setitem(F.KINDS, "raw", dataclasses.replace(F.KINDS["raw"], normalized=True))
+    assert "n_bar" not in "\n".join(headline_md(tables(), META, headline(tables(), META)))
     assert headline(tables(without_raw="positive"), META)["carried_by"] == []
     # leaving raw out leaves no measured training noise: that is no evidence that raw carries it
     t = tables()

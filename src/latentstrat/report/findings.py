@@ -12,9 +12,9 @@ import functools
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
-from latentstrat.families import family_label, parse_family
+from latentstrat.families import parse_family
 from latentstrat.metrics import SCORED_NAMES, M, label
-from latentstrat.report.tables import fmt
+from latentstrat.report.tables import fmt, normalized_labels
 
 SUPPORTED, NOT_SUPPORTED, CANNOT_TELL = "supported", "not supported", "cannot tell"
 
@@ -122,12 +122,14 @@ def _ranking_metric(t) -> str:
 
 
 def _raw_delta(t, arm, metric):
-    """(raw-family common cells of `arm`, their mean delta, its SE from the cells' intervals)."""
+    """(the common cells of `arm` whose family is not normalized (`raw`: its scale is the
+    aggregation's), their mean delta, its SE from the cells' intervals)."""
     c = t["common_cells"]
     col = f"delta_{metric}"
     if c.empty or col not in c.columns:
         return c, float("nan"), float("nan")
-    g = c[(c.comparison_arm == arm) & (c[FAMILY_COL] == "raw")].dropna(subset=[col])
+    in_nats = [f for f, normalized in normalized_labels(t).items() if not normalized]
+    g = c[(c.comparison_arm == arm) & c[FAMILY_COL].isin(in_nats)].dropna(subset=[col])
     if g.empty:
         return g, float("nan"), float("nan")
     se = (
@@ -148,21 +150,6 @@ def _attribution_ok(t, arm) -> bool:
     f = t["fairness"]
     row = f[f.claim == f"aggregation-only causal attribution ({arm})"] if not f.empty else f
     return not row.empty and row.status.iloc[0] == "supported"
-
-
-def normalized_labels(t) -> dict:
-    """Family label -> whether the family is normalized (its declaration's `normalized`), for the
-    families of the collection's cells (tables key families by label)."""
-    s = t["summary"]
-    if s.empty or "reconstruction_family" not in s.columns:
-        return {}
-    out = {}
-    for f in s["reconstruction_family"].dropna().unique():
-        try:
-            out[family_label(f)] = parse_family(f).normalized
-        except ValueError:  # an external arm's family that no declaration knows
-            continue
-    return out
 
 
 def q_scale_cancels(t, thr_near_zero, thr_one):

@@ -15,7 +15,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import M, label
-from latentstrat.report.tables import fmt, md_table
+from latentstrat.report.tables import fmt, md_table, normalized_labels
 
 SECONDARY = M.matched_router_score  # the original study's router score, kept in every table
 ALPHA = 0.05  # the sign-flip test's level, the interval's (95%)
@@ -335,7 +335,8 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
             f"{lead} **{fam}**: without its settings the contrast reads {w.get('verdict')} ({fmt(w.get('delta'))}, "
             f"{fmt(w.get('ci_low'))} to {fmt(w.get('ci_high'))})"
         )
-        if fam == "raw" and {_aggregation_of(t, primary), _aggregation_of(t, arm)} == {"sum", "mean"}:
+        in_nats = normalized_labels(t).get(fam) is False  # `raw`: its scale is the aggregation's
+        if in_nats and {_aggregation_of(t, primary), _aggregation_of(t, arm)} == {"sum", "mean"}:
             text += (
                 ". Under `mean` the raw reconstruction is a per-token mean while the KL is per example, so at the "
                 "same beta the KL weighs about n_bar (the mean number of supervised tokens) times more than under "

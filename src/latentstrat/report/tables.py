@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from latentstrat.families import family_label, parse_family
+
 TABLES = [
     "summary",
     "collection_state",
@@ -83,3 +85,18 @@ def md_table(df: pd.DataFrame, columns: list[str] | None = None, max_rows: int |
     for _, r in rows.iterrows():
         lines.append("| " + " | ".join(fmt(r[c]).replace("|", "/") for c in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+def normalized_labels(t) -> dict:
+    """Family label -> whether the family is normalized (its declaration's `normalized`), for the
+    families of the collection's cells (tables key families by label)."""
+    s = t.get("summary", pd.DataFrame())
+    if s.empty or "reconstruction_family" not in s.columns:
+        return {}
+    out = {}
+    for f in s["reconstruction_family"].dropna().unique():
+        try:
+            out[family_label(f)] = parse_family(f).normalized
+        except ValueError:  # an external arm's family that no declaration knows
+            continue
+    return out
