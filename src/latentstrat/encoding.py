@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.io import read_parquet
+from latentstrat.paths import DATA_FILES
 from latentstrat.tasks import TASKS
 
 SPLITS = ("train", "validation", "test")
@@ -85,7 +86,7 @@ def load_tokenizer(data_dir: str | Path) -> "PreTrainedTokenizerFast":  # noqa: 
     """The data stage's tokenizer.json as transformers' `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer
 
-    path = Path(data_dir) / "tokenizer.json"
+    path = Path(data_dir) / DATA_FILES["tokenizer"]
     if not path.exists():
         raise FileNotFoundError(f"tokenizer {path} does not exist (run the data stage)")
     try:
@@ -102,7 +103,7 @@ def added_token_ids(data_dir: str | Path) -> list[int]:
     [] for a word-level tokenizer, whose every token is the model's own."""
     import json
 
-    path = Path(data_dir) / "tokenizer_info.json"
+    path = Path(data_dir) / DATA_FILES["tokenizer_info"]
     if not path.exists():
         return []
     return [int(i) for i in json.loads(path.read_text()).get("added_token_ids", [])]
@@ -131,7 +132,7 @@ def decode_y(tokenizer, ids) -> str:
 def load_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
-    df = read_parquet(Path(data_dir) / f"{split}.parquet", what=f"{split} split", columns=list(COLUMNS))
+    df = read_parquet(Path(data_dir) / DATA_FILES[split], what=f"{split} split", columns=list(COLUMNS))
     df["matching_strategies"] = df.matching_strategies.map(list)
     return df
 

@@ -36,6 +36,17 @@ def work_key(cfg: dict) -> str:
 
 # The file names inside a stage's folder: Paths joins them for the rules and the status
 # command, and the stages write and read them by these names.
+# the data stage: one parquet per split (encoding.SPLITS), the tokenizer and what the data stage
+# added to it, the data card, and the settings the base was built with (its guard)
+DATA_FILES = {
+    "train": "train.parquet",
+    "validation": "validation.parquet",
+    "test": "test.parquet",
+    "tokenizer": "tokenizer.json",
+    "tokenizer_info": "tokenizer_info.json",
+}
+DATA_CARD_FILE = "data_card.parquet"
+BASE_CONFIG_FILE = "base_config.json"
 ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parquet"}
 
 
@@ -87,11 +98,11 @@ class Paths:
 
     @property
     def base_config(self) -> Path:
-        return self.data_dir / "base_config.json"
+        return self.data_dir / BASE_CONFIG_FILE
 
     @property
     def data_card(self) -> Path:
-        return self.data_dir / "data_card.parquet"
+        return self.data_dir / DATA_CARD_FILE
 
     @property
     def entangle_dir(self) -> Path:
@@ -110,14 +121,7 @@ class Paths:
         return self.base_dir / "benchmarks"
 
     def data_files(self) -> dict[str, str]:
-        d = self.data_dir
-        return {
-            "train": str(d / "train.parquet"),
-            "validation": str(d / "validation.parquet"),
-            "test": str(d / "test.parquet"),
-            "tokenizer": str(d / "tokenizer.json"),
-            "tokenizer_info": str(d / "tokenizer_info.json"),
-        }
+        return {k: str(self.data_dir / name) for k, name in DATA_FILES.items()}
 
     def entangle_files(self, mode: str = "train") -> dict[str, str]:
         """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use

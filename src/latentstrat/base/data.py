@@ -26,6 +26,7 @@ from latentstrat.encoding import (
     text_ids,
 )
 from latentstrat.io import dump_json, write_parquet, write_text
+from latentstrat.paths import BASE_CONFIG_FILE, DATA_CARD_FILE, DATA_FILES
 from latentstrat.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -166,19 +167,19 @@ def build_dataset(
     df = generate(data_cfg)
     if backbone_cfg.get("source") != "pretrained":
         tok = build_tokenizer(render_record(x, y) for x, y in zip(df.x, df.y))
-    write_text(tok.to_str(pretty=True) + "\n", out_dir / "tokenizer.json")
+    write_text(tok.to_str(pretty=True) + "\n", out_dir / DATA_FILES["tokenizer"])
     loaded = load_tokenizer(out_dir)
     n_y = [len(ids) for ids in text_ids(loaded, df.y.tolist())]
     df["n_y_tokens"] = n_y
     df["n_supervised"] = [n + 2 for n in n_y]
-    dump_json(tokenizer_info(loaded, backbone_cfg, added), out_dir / "tokenizer_info.json")
+    dump_json(tokenizer_info(loaded, backbone_cfg, added), out_dir / DATA_FILES["tokenizer_info"])
     for split in SPLITS:
-        write_parquet(df[df.split == split].reset_index(drop=True), out_dir / f"{split}.parquet")
+        write_parquet(df[df.split == split].reset_index(drop=True), out_dir / DATA_FILES[split])
     card = data_card(df, SPLITS)
-    write_parquet(card, out_dir / "data_card.parquet")
+    write_parquet(card, out_dir / DATA_CARD_FILE)
     write_text(data_card_markdown(card, df) + "\n", out_dir / "data_card.md")
     if base_config is not None:
-        dump_json(base_config, out_dir / "base_config.json")
+        dump_json(base_config, out_dir / BASE_CONFIG_FILE)
     return card
 
 

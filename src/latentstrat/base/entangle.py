@@ -65,7 +65,7 @@ from latentstrat.modeling.backbone import (
     write_model_extras,
 )
 from latentstrat.modeling.objective import zfree_token_nll
-from latentstrat.paths import ENTANGLE_FILES
+from latentstrat.paths import DATA_FILES, ENTANGLE_FILES
 from latentstrat.runtime import host, parallel
 from latentstrat.tasks import TASKS
 
@@ -288,7 +288,7 @@ def training_loop(
 
 
 def _check_inputs(data_dir: Path) -> None:
-    for name in [f"{s}.parquet" for s in encoding.SPLITS] + ["tokenizer.json"]:
+    for name in [DATA_FILES[s] for s in encoding.SPLITS] + [DATA_FILES["tokenizer"]]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"entangle: input {data_dir / name} does not exist (run the data stage)")
 

@@ -37,7 +37,7 @@ from latentstrat.families import DEFAULT_ALPHA, parse_family
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.objective import alpha_key, reference_scales, zfree_token_nll
-from latentstrat.paths import REFERENCE_FILES, SHIPPED_REFERENCE_FILE
+from latentstrat.paths import DATA_FILES, REFERENCE_FILES, SHIPPED_REFERENCE_FILE
 
 if TYPE_CHECKING:
     from latentstrat.jobs import Job
@@ -224,7 +224,7 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
     """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
     the base (`shipped_tokens`), else b computed here. Returns the scales dict."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
-    for name in [f"{s}.parquet" for s in encoding.SPLITS] + ["tokenizer.json"]:
+    for name in [DATA_FILES[s] for s in encoding.SPLITS] + [DATA_FILES["tokenizer"]]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
     torch.set_num_threads(int(threads))

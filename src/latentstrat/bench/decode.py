@@ -22,6 +22,7 @@ from latentstrat import encoding
 from latentstrat.base import data
 from latentstrat.modeling import decode
 from latentstrat.modeling.backbone import device_of
+from latentstrat.paths import DATA_FILES
 
 
 @torch.no_grad()
@@ -68,7 +69,7 @@ def build_bench_model(cfg: dict, seed: int = 0):
             xs.append(x)
             texts += [x] + [task.render(x, s) for s in task.strategies]
     with tempfile.TemporaryDirectory() as d:
-        data.build_tokenizer(texts).save(str(Path(d) / "tokenizer.json"))
+        data.build_tokenizer(texts).save(str(Path(d) / DATA_FILES["tokenizer"]))
         tokenizer = encoding.load_tokenizer(d)
     torch.manual_seed(seed)
     backbone = build_backbone(cfg["backbone"], tokenizer)

@@ -48,7 +48,7 @@ from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.modeling.scoring import score_generations
-from latentstrat.paths import REFERENCE_FILES, TRAIN_FILES
+from latentstrat.paths import DATA_FILES, REFERENCE_FILES, TRAIN_FILES
 from latentstrat.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -119,8 +119,8 @@ def example_losses(
 
 def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
     for p, stage in (
-        (data_dir / "tokenizer.json", "data"),
-        (data_dir / "test.parquet", "data"),
+        (data_dir / DATA_FILES["tokenizer"], "data"),
+        (data_dir / DATA_FILES["test"], "data"),
         (reference_dir / REFERENCE_FILES["tokens"], "reference"),
         (reference_dir / REFERENCE_FILES["scales"], "reference"),
         (train_dir / HEADS, "train"),

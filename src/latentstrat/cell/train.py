@@ -42,7 +42,7 @@ from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
-from latentstrat.paths import PROGRESS_FILE, TRAIN_FILES
+from latentstrat.paths import DATA_FILES, PROGRESS_FILE, TRAIN_FILES
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import Progress
 
@@ -198,7 +198,7 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
     seeded = {"cell": cell, "training_seed": cell_training_seed(cell), **sections}
     h.update(json.dumps(seeded, sort_keys=True, default=str).encode())
     model_dir = Path(entangle_dir) / "model"  # every file: a sharded checkpoint has several
-    files = [Path(data_dir) / "train.parquet"] + (sorted(model_dir.iterdir()) if model_dir.is_dir() else [])
+    files = [Path(data_dir) / DATA_FILES["train"]] + (sorted(model_dir.iterdir()) if model_dir.is_dir() else [])
     for f in files:
         h.update(f.name.encode())
         with open(f, "rb") as fh:
