@@ -10,6 +10,7 @@ from latentstrat import encoding
 from latentstrat.base import data
 from latentstrat.base.reference import run_reference
 from latentstrat.modeling.backbone import build_backbone, write_model_extras
+from latentstrat.paths import BaseFolders
 
 TINY = {
     "collection": "t",
@@ -57,3 +58,8 @@ def make_base(root: Path, cfg: dict) -> dict:
     write_model_extras(ed / "model", tok, cfg)  # as the entangle stage does: tokenizer and card
     run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
     return {"data_dir": dd, "entangle_dir": ed, "reference_dir": rd}
+
+
+def base_folders(base: dict) -> BaseFolders:
+    """The folders of a tiny base (the `tiny_base` fixture's dict) as a model job reads them."""
+    return BaseFolders(base["data_dir"], base["entangle_dir"], base.get("reference_dir"))

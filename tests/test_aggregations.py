@@ -18,6 +18,7 @@ from latentstrat.cell.tabulate import summed_nll
 from latentstrat.cells import expand_cells
 from latentstrat.config import ConfigError, load_config
 from latentstrat.modeling.objective import aggregate_tokens
+from latentstrat.paths import BaseFolders
 from latentstrat.schema import parsed_schema
 
 V = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 0.0, 0.0]])
@@ -81,7 +82,9 @@ def test_a_declared_toy_aggregation_trains_a_cell(toy_aggregation, tiny_base, tm
     assert scales["S_ref"]["sum_sqrt"] == pytest.approx(by_hand, rel=1e-6)
 
     b = tiny_base
-    summary = train_cell(cfg, cell, b["data_dir"], b["entangle_dir"], reference, tmp_path / "cell", threads=1)
+    summary = train_cell(
+        cfg, cell, BaseFolders(b["data_dir"], b["entangle_dir"], reference), tmp_path / "cell", threads=1
+    )
     assert summary["steps"] == 1 and summary["S_ref"] == pytest.approx(by_hand, rel=1e-6)
     h = pd.read_parquet(tmp_path / "cell" / "history.parquet")
     h = h[h.task == "all"].pivot(index="step", columns="metric", values="value")

@@ -70,7 +70,7 @@ def test_collection_curves_read_the_workflows_cells_back_and_train_none(collecti
     assert f"not trained yet: {cell.cell_id}" in capsys.readouterr().out and not list(out.rglob("curve.csv"))
     cfg = load_config(cfg_path)
     p = Paths.from_config(cfg)  # the workflow's train job, as Snakemake runs it
-    train_cell(cfg, cell.to_json(), p.data_dir, p.entangle_dir, p.reference_dir, p.train_dir(cell.cell_id), threads=1)
+    train_cell(cfg, cell.to_json(), p.base_folders, p.train_dir(cell.cell_id), threads=1)
     assert curve_main(["--configfile", str(cfg_path), "--collection", "--out", str(out)]) == 0
     t = pd.read_csv(out / cell.cell_id / "curve.csv")
     assert t.step.tolist() == [0, 3, 6]  # the config's own eval_every

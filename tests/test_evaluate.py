@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from base_helpers import TINY
+from base_helpers import TINY, base_folders
 from latentstrat import encoding, metrics
 from latentstrat.cell import probes, tabulate
 from latentstrat.cell.evaluate import RECORD_COLUMNS, evaluate_cell, select_test_rows
@@ -48,10 +48,10 @@ def smoke(tiny_base, tmp_path_factory):
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
     cfg = load_config(cfg=cfg)
     cell = expand_cells(cfg)[0].to_json()
-    dd, ed, rd, td = tiny_base["data_dir"], tiny_base["entangle_dir"], tiny_base["reference_dir"], root / "train"
-    train_cell(cfg, cell, dd, ed, rd, td, threads=1)
+    folders, td = base_folders(tiny_base), root / "train"
+    train_cell(cfg, cell, folders, td, threads=1)
     rec_path = root / "evaluate" / "records.parquet"
-    evaluate_cell(cfg, cell, dd, ed, rd, td, rec_path, threads=1)
+    evaluate_cell(cfg, cell, folders, td, rec_path, threads=1)
     probe_paths = [root / "probes" / f"{t}.parquet" for t in cfg["data"]["tasks"]] + [
         root / "probes" / "global.parquet"
     ]
@@ -63,7 +63,8 @@ def smoke(tiny_base, tmp_path_factory):
         cfg=cfg,
         cell=cell,
         root=root,
-        dirs=(dd, ed, rd, td),
+        folders=folders,
+        train_dir=td,
         records=rec_path,
         probe_paths=probe_paths,
         row=root / "row.parquet",
@@ -73,7 +74,7 @@ def smoke(tiny_base, tmp_path_factory):
 def test_records_schema(smoke):
     rec = read_parquet(smoke["records"])
     assert list(rec.columns) == RECORD_COLUMNS
-    test = encoding.load_split(smoke["dirs"][0], "test")
+    test = encoding.load_split(smoke["folders"].data, "test")
     assert len(rec) == len(test) == 20
     assert sorted(zip(rec.task, rec.example_id)) == sorted(zip(test.task, test.example_id))
     D = smoke["cell"]["latent_dim"]
@@ -88,7 +89,7 @@ def test_records_schema(smoke):
 
 def test_per_example_losses_follow_the_family_identities(smoke):
     rec = read_parquet(smoke["records"])
-    scales = json.loads((smoke["dirs"][2] / "scales.json").read_text())
+    scales = json.loads((smoke["folders"].reference / "scales.json").read_text())
     s_ref = scales["S_ref"]["sum"]
     # dist_norm_i = raw_i / S_ref; active = 0.05 dist_norm + 0.95 tokcc (the cell's family)
     np.testing.assert_allclose(rec.base_relative_reconstruction * s_ref, rec.reconstruction_loss, rtol=1e-5)
@@ -126,7 +127,7 @@ def test_metric_identities_on_the_row(smoke):
     for p in metrics.PROBE_METRICS:
         assert f"{p}_chance" in row and f"{p}_shuffled" in row
     _check_identities(row)
-    scales = json.loads((smoke["dirs"][2] / "scales.json").read_text())
+    scales = json.loads((smoke["folders"].reference / "scales.json").read_text())
     assert row["inferred_zfree_reference_scale"] == pytest.approx(scales["S_ref"]["sum"], rel=1e-5)
 
 
@@ -167,12 +168,12 @@ def test_select_test_rows():
 
 
 def test_missing_and_corrupt_checkpoint_named(smoke, tmp_path):
-    dd, ed, rd, td = smoke["dirs"]
+    folders, td = smoke["folders"], smoke["train_dir"]
     cfg, cell = smoke["cfg"], smoke["cell"]
     empty = tmp_path / "empty_train"
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=str(empty / "heads" / "heads.safetensors")):
-        evaluate_cell(cfg, cell, dd, ed, rd, empty, tmp_path / "r.parquet", threads=1)
+        evaluate_cell(cfg, cell, folders, empty, tmp_path / "r.parquet", threads=1)
     import shutil
 
     bad = tmp_path / "bad_train"
@@ -180,11 +181,11 @@ def test_missing_and_corrupt_checkpoint_named(smoke, tmp_path):
     w = bad / "adapters" / "generator" / "adapter_model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
     with pytest.raises(ValueError, match=f"cell {cell['cell_id']}: trained generator adapter {w} is unreadable"):
-        evaluate_cell(cfg, cell, dd, ed, rd, bad, tmp_path / "r.parquet", threads=1)
+        evaluate_cell(cfg, cell, folders, bad, tmp_path / "r.parquet", threads=1)
     # weights of a different latent size: named, with the cell
     other = dict(cell, latent_dim=3)
     with pytest.raises(ValueError, match=f"cell {other['cell_id']}: {td / 'heads' / 'config.json'} does not fit"):
-        evaluate_cell(cfg, other, dd, ed, rd, td, tmp_path / "r.parquet", threads=1)
+        evaluate_cell(cfg, other, folders, td, tmp_path / "r.parquet", threads=1)
     assert not (tmp_path / "r.parquet").exists()
 
 

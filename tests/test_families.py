@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from base_helpers import TINY
+from base_helpers import TINY, base_folders
 from latentstrat import families as F
 from latentstrat.cells import expand_cells
 from latentstrat.config import ConfigError, load_config
@@ -117,7 +117,7 @@ def test_a_declared_toy_family_trains_a_cell(toy_family, tiny_base, tmp_path):
     assert cell["cell_id"].startswith("agg-sum_fam-half_dist_w0.5_")
     assert F.family_label(cell["reconstruction_family"]) == "half dist 0.5"
     b = tiny_base
-    summary = train_cell(cfg, cell, b["data_dir"], b["entangle_dir"], b["reference_dir"], tmp_path, threads=1)
+    summary = train_cell(cfg, cell, base_folders(b), tmp_path, threads=1)
     assert summary["steps"] == 1
     h = pd.read_parquet(tmp_path / "history.parquet")
     h = h[h.task == "all"].pivot(index="step", columns="metric", values="value")

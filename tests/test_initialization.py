@@ -20,6 +20,7 @@ from latentstrat.config import load_config
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.paths import BaseFolders
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95"]
@@ -105,7 +106,13 @@ def test_step0_history_row_is_one_and_matches_entangled_accuracy(base, tmp_path)
     cfg = cfg_for()
     for c in expand_cells(cfg):
         cell = c.to_json()
-        train_cell(cfg, cell, base / "data", base / "entangle", base / "reference", tmp_path / c.cell_id, threads=1)
+        train_cell(
+            cfg,
+            cell,
+            BaseFolders(base / "data", base / "entangle", base / "reference"),
+            tmp_path / c.cell_id,
+            threads=1,
+        )
         h = pd.read_parquet(tmp_path / c.cell_id / "history.parquet")
         a = h[h.task == "all"].pivot(index="step", columns="metric", values="value")
         assert a.loc[0, "base_relative_reconstruction"] == pytest.approx(1.0, abs=1e-5), c.cell_id

@@ -13,7 +13,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from base_helpers import TINY
+from base_helpers import TINY, base_folders
 from latentstrat import batching, encoding
 from latentstrat.cells import expand_cells
 from latentstrat.config import load_config
@@ -32,7 +32,7 @@ def cell(tiny_base, tmp_path_factory):
     cfg = load_config(cfg=json.loads(json.dumps(TINY)))
     c = expand_cells(cfg)[0].to_json()
     out = tmp_path_factory.mktemp("cell") / "train"
-    train_cell(cfg, c, tiny_base["data_dir"], tiny_base["entangle_dir"], tiny_base["reference_dir"], out, threads=1)
+    train_cell(cfg, c, base_folders(tiny_base), out, threads=1)
     tok = encoding.load_tokenizer(tiny_base["data_dir"])
     model = load_cell_model(cfg, c, tok, tiny_base["entangle_dir"], out).eval()
     df = encoding.load_split(tiny_base["data_dir"], "test").groupby("task").head(3).reset_index(drop=True)

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from base_helpers import TINY
+from base_helpers import TINY, base_folders
 from latentstrat import schedules as S
 from latentstrat.cells import expand_cells
 from latentstrat.config import ConfigError, load_config
@@ -73,7 +73,7 @@ def test_a_declared_toy_schedule_trains_a_cell(toy_schedule, tiny_base, tmp_path
     assert "sched-hold2" in cell["cell_id"]
 
     b = tiny_base
-    summary = train_cell(cfg, cell, b["data_dir"], b["entangle_dir"], b["reference_dir"], tmp_path / "cell", threads=1)
+    summary = train_cell(cfg, cell, base_folders(b), tmp_path / "cell", threads=1)
     assert summary["steps"] == 3
     h = pd.read_parquet(tmp_path / "cell" / "history.parquet")
     beta_t = h[(h.task == "all") & (h.metric == "beta_t")].set_index("step").value

@@ -12,10 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from base_helpers import TINY
+from base_helpers import TINY, base_folders
 from latentstrat.cells import expand_cells, training_seed
 from latentstrat.config import load_config
 from latentstrat.io import write_parquet
+from latentstrat.paths import BaseFolders
 
 
 def weights(d):
@@ -46,7 +47,7 @@ def tiny_cfg(**train):
 def run(cfg, cell, base, out):
     from latentstrat.cell.train import train_cell
 
-    return train_cell(cfg, cell, base["data_dir"], base["entangle_dir"], base["reference_dir"], out, threads=1)
+    return train_cell(cfg, cell, base_folders(base), out, threads=1)
 
 
 def test_outputs_and_determinism(base, tmp_path):
@@ -117,13 +118,13 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
 
     cfg, cell = tiny_cfg(steps=3, eval_every=3)
     s0 = tmp_path / "step0"
-    step0_validation(cfg, init_settings(cell), base["data_dir"], base["entangle_dir"], s0, threads=1)
-    args = (base["data_dir"], base["entangle_dir"], base["reference_dir"])
+    step0_validation(cfg, init_settings(cell), base_folders(base), s0, threads=1)
+    folders = base_folders(base)
     pair = {**cell, "token_aggregation": "mean"}
     assert init_id(pair) == init_id(cell)
     for i, c in enumerate([cell, pair]):
-        train_cell(cfg, c, *args, tmp_path / f"own{i}", threads=1)
-        train_cell(cfg, c, *args, tmp_path / f"shared{i}", threads=1, step0_dir=s0)
+        train_cell(cfg, c, folders, tmp_path / f"own{i}", threads=1)
+        train_cell(cfg, c, folders, tmp_path / f"shared{i}", threads=1, step0_dir=s0)
         own, shared = (pd.read_parquet(tmp_path / f"{d}{i}" / "history.parquet") for d in ("own", "shared"))
         pd.testing.assert_frame_equal(own, shared, check_exact=True)
         w_own, w_sh = (weights(tmp_path / f"{d}{i}") for d in ("own", "shared"))
@@ -131,7 +132,7 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
         assert own[own.step == 0].metric.nunique() > 15
     for other in ({**cell, "seed": cell["seed"] + 1}, {**pair, "reconstruction_family": "raw", "beta": 1.0}):
         with pytest.raises(ValueError, match=f"step-0 validation {s0}.*another model"):
-            train_cell(cfg, other, *args, tmp_path / "other", threads=1, step0_dir=s0)
+            train_cell(cfg, other, folders, tmp_path / "other", threads=1, step0_dir=s0)
 
 
 @pytest.mark.slow
@@ -145,6 +146,7 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     script.write_text(
         "import json, sys, time, pathlib\n"
         "from latentstrat.cell import train\n"
+        "from latentstrat.paths import BaseFolders\n"
         "cfg, cell, base, out, marker = json.load(open(sys.argv[1]))\n"
         "orig = train.forward_losses\n"
         "def slow(model, batch, objective, step, eps):\n"
@@ -153,7 +155,8 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
         "        time.sleep(0.5)\n"
         "    return orig(model, batch, objective, step, eps)\n"
         "train.forward_losses = slow\n"
-        "train.train_cell(cfg, cell, base['data_dir'], base['entangle_dir'], base['reference_dir'], out, threads=1)\n"
+        "train.train_cell(cfg, cell, BaseFolders(base['data_dir'], base['entangle_dir'], base['reference_dir']), out, "
+        "threads=1)\n"
     )
     args = tmp_path / "args.json"
     args.write_text(json.dumps([cfg, cell, {k: str(v) for k, v in base.items()}, str(out), str(marker)]))
@@ -214,7 +217,7 @@ def test_missing_reference_example_is_named(base, tmp_path):
     write_parquet(ref.iloc[1:], bad / "tokens.parquet")
     cfg, cell = tiny_cfg()
     with pytest.raises(ValueError, match=ref.example_id.iloc[0]):
-        train_cell(cfg, cell, base["data_dir"], base["entangle_dir"], bad, tmp_path / "o", threads=1)
+        train_cell(cfg, cell, BaseFolders(base["data_dir"], base["entangle_dir"], bad), tmp_path / "o", threads=1)
 
 
 def test_bench_train_runs_and_dispatches(capsys):

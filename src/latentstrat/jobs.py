@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from latentstrat.config import load_config
+from latentstrat.paths import BaseFolders
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class Job:
     def folder(self, name: str) -> Path:
         """The folder of a named input or output file: the stage folder it belongs to."""
         return self.file(name).parent
+
+    def base(self) -> BaseFolders:
+        """The base folders a model job reads: its data and reference inputs' folders (by the
+        stages' file names), the entangle stage's folder from the `entangle_dir` param."""
+        reference = self.folder("scales") if "scales" in self.input else None
+        return BaseFolders(self.folder("tokenizer"), Path(self.params["entangle_dir"]), reference)
 
     def files(self, name: str) -> list[str]:
         """A named input that is a list of files (or one file)."""

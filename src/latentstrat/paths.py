@@ -73,6 +73,23 @@ PROGRESS_FILE = "progress.json"
 
 
 @dataclass(frozen=True)
+class BaseFolders:
+    """The folders of the base stages a model job reads: the data stage's, the entangle stage's
+    (the entangled model in model/; with `entangle.mode: skip` only its quality record) and the
+    reference stage's (None for the jobs that run before it or do not read it)."""
+
+    data: Path
+    entangle: Path
+    reference: Path | None = None
+
+    def __post_init__(self):
+        for name in ("data", "entangle", "reference"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+
+
+@dataclass(frozen=True)
 class Paths:
     """Where every stage reads and writes: the one place for the layout and the file names.
     The workflow's rules take their inputs and outputs from here, the status command its
@@ -119,6 +136,10 @@ class Paths:
     @property
     def base_bench_dir(self) -> Path:
         return self.base_dir / "benchmarks"
+
+    @property
+    def base_folders(self) -> BaseFolders:
+        return BaseFolders(self.data_dir, self.entangle_dir, self.reference_dir)
 
     def data_files(self) -> dict[str, str]:
         return {k: str(self.data_dir / name) for k, name in DATA_FILES.items()}

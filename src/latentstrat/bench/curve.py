@@ -131,9 +131,7 @@ def run_curve(
         train.train_cell(
             cfg,
             {"cell_id": cid, **settings},
-            paths.data_dir,
-            paths.entangle_dir,
-            paths.reference_dir,
+            paths.base_folders,
             cell_dir,
             threads=threads,
         )

@@ -1,6 +1,6 @@
 """Evaluate stage: one record per test example of a trained cell (design section 5.5, docs/design.md).
 
-    evaluate_cell(cfg, cell, data_dir, entangle_dir, reference_dir, train_dir, out_path, threads)
+    evaluate_cell(cfg, cell, base, train_dir, out_path, threads)
 
 For every test example (or the first `evaluate.test_per_task` per task, by example_id):
 z is sampled from the router (seeded by `evaluate.seed`, the same noise for every cell),
@@ -48,7 +48,7 @@ from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.modeling.scoring import score_generations
-from latentstrat.paths import DATA_FILES, REFERENCE_FILES, TRAIN_FILES
+from latentstrat.paths import DATA_FILES, REFERENCE_FILES, TRAIN_FILES, BaseFolders
 from latentstrat.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -130,17 +130,13 @@ def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
 
 
 def evaluate_cell(
-    cfg: dict,
-    cell: dict,
-    data_dir,
-    entangle_dir,
-    reference_dir,
-    train_dir,
-    out_path,
-    threads: int | None = None,
+    cfg: dict, cell: dict, base: BaseFolders, train_dir, out_path, threads: int | None = None
 ) -> pd.DataFrame:
-    """Write the cell's records.parquet (RECORD_COLUMNS) and return it."""
-    data_dir, reference_dir, train_dir = Path(data_dir), Path(reference_dir), Path(train_dir)
+    """Write the records.parquet (RECORD_COLUMNS) of the cell trained in `train_dir` on `base`
+    (its data, entangled model and reference folders) and return it."""
+    data_dir, entangle_dir, reference_dir, train_dir = base.data, base.entangle, base.reference, Path(train_dir)
+    if reference_dir is None:
+        raise ValueError("evaluate: the base has no reference folder (its b and scales); run the reference stage")
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     _check_inputs(data_dir, reference_dir, train_dir)
     ecfg = cfg["evaluate"]
@@ -148,7 +144,7 @@ def evaluate_cell(
     test = select_test_rows(encoding.load_split(data_dir, "test"), ecfg["test_per_task"])
     unknown = sorted(set(test.task) - set(TASKS))
     if unknown:
-        raise ValueError(f"evaluate: test split {data_dir / 'test.parquet'} has unknown tasks {unknown}")
+        raise ValueError(f"evaluate: test split {data_dir / DATA_FILES['test']} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
     objective = Objective.for_cell(cell, load_scales(reference_dir))
     model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, encoding.added_token_ids(data_dir)).to(
@@ -209,9 +205,7 @@ def run(job: Job) -> None:
     evaluate_cell(
         job.config,
         job.params["cell"],
-        data_dir=job.folder("tokenizer"),
-        entangle_dir=Path(job.params["entangle_dir"]),
-        reference_dir=job.folder("scales"),
+        job.base(),
         train_dir=job.folder("summary"),
         out_path=job.output["records"],
         threads=job.threads,

@@ -25,7 +25,7 @@ from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.metrics import M, history_name
 from latentstrat.modeling.backbone import device_for
 from latentstrat.modeling.model import build_model
-from latentstrat.paths import STEP0_FILES
+from latentstrat.paths import STEP0_FILES, BaseFolders
 
 if TYPE_CHECKING:
     from latentstrat.jobs import Job
@@ -94,12 +94,14 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
     }
 
 
-def step0_validation(cfg: dict, init: dict, data_dir, entangle_dir, out_dir, threads: int | None = None) -> str:
-    """The step-0 validation that every cell starting from the model `init` (cells.init_settings:
+def step0_validation(cfg: dict, init: dict, base: BaseFolders, out_dir, threads: int | None = None) -> str:
+    """The step-0 validation, on `base` (its data and entangled model folders), that every cell
+    starting from the model `init` (cells.init_settings:
     the settings that decide a cell's model as built, its training seed among them) shares:
     measured once here, read by each cell's trainer after it checks that its own model is this
     one. Returns the fingerprint."""
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    data_dir, entangle_dir = base.data, base.entangle
     tokenizer = encoding.load_tokenizer(data_dir)
     val_df = encoding.load_split(data_dir, "validation").reset_index(drop=True)
     model = build_model(cfg, init, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(device_for(cfg))
@@ -120,8 +122,7 @@ def run(job: Job) -> None:
     step0_validation(
         job.config,
         job.params["init"],
-        data_dir=job.folder("tokenizer"),
-        entangle_dir=Path(job.params["entangle_dir"]),
+        job.base(),
         out_dir=job.folder("measured"),
         threads=job.threads,
     )

@@ -42,7 +42,7 @@ from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
-from latentstrat.paths import DATA_FILES, PROGRESS_FILE, TRAIN_FILES
+from latentstrat.paths import DATA_FILES, PROGRESS_FILE, TRAIN_FILES, BaseFolders
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import Progress
 
@@ -261,17 +261,19 @@ def run_summary(cell: dict, run, objective, fingerprint: str, started_at: str, d
     }
 
 
-def train_cell(
-    cfg: dict, cell: dict, data_dir, entangle_dir, reference_dir, out_dir, threads: int | None = None, step0_dir=None
-) -> dict:
-    """Train one cell; write its adapters and heads (model.LatentStrategyModel.save_trained),
-    history.parquet, summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
+def train_cell(cfg: dict, cell: dict, base: BaseFolders, out_dir, threads: int | None = None, step0_dir=None) -> dict:
+    """Train one cell on `base` (its data, entangled model and reference folders); write its
+    adapters and heads (model.LatentStrategyModel.save_trained), history.parquet,
+    summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
     shared step-0 validation of the cell's init (step0.step0_validation), else the cell
     measures its model at step 0 itself. Returns the summary."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
     out_dir = Path(out_dir)
     cid = cell["cell_id"]
+    data_dir, entangle_dir, reference_dir = base.data, base.entangle, base.reference
+    if reference_dir is None:
+        raise ValueError(f"train {cid}: the base has no reference folder (its b and scales); run the reference stage")
     tcfg = cfg["train"]
     # inputs first: clear errors before any model work
     tokenizer = encoding.load_tokenizer(data_dir)
@@ -417,9 +419,7 @@ def run(job: Job) -> None:
     train_cell(
         job.config,
         job.params["cell"],
-        data_dir=job.folder("tokenizer"),
-        entangle_dir=Path(job.params["entangle_dir"]),
-        reference_dir=job.folder("scales"),
+        job.base(),
         out_dir=job.folder("summary"),
         threads=job.threads,
         step0_dir=job.folder("step0_measured"),
