@@ -1,5 +1,6 @@
 """Structural tests of the latent strategy model on a tiny Qwen2."""
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -113,11 +114,14 @@ def test_padding_does_not_change_outputs(tok):
         assert torch.allclose(q1[0], q2[0], atol=1e-5)
 
 
-def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
-    """A task-mixed batch (short and long rows) runs packed (no work on the pads); its losses,
-    heads and gradients equal transformers' padded pass to float rounding, with grouped-query
-    attention (2 heads, 1 key/value head) and adapters that have moved from their init."""
-    from latentstrat.modeling import model as model_module
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_fast_pass_equals_the_library_pass(tok, monkeypatch, layout):
+    """A task-mixed batch (short and long rows) through the fast pass (packed: no work on the
+    pads; padded: no attention mask) with the adapter switch gives the losses, heads and
+    gradients of transformers' padded pass under peft's own adapter switching and forward, to
+    float rounding, with grouped-query attention (2 heads, 1 key/value head) and adapters that
+    have moved from their init."""
+    from latentstrat.modeling import backbone as bb
     from latentstrat.modeling.objective import forward_losses
 
     short, long_ = ("d e 4 5", "5 4"), ("a b c 1 2 3 a b c 1 2 3 a b c 1 2 3", "3 1 2 3 1 2")
@@ -128,9 +132,10 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
     objective = objective_of(reconstruction_family="dist_tokcc_0.05_0.95")
     eps = torch.randn(len(rows), 4)
 
-    def run(packed):
-        monkeypatch.setattr(model_module, "PACKED", packed)
+    def run(kind):
+        monkeypatch.setattr(bb, "LAYOUT", kind)
         m = model(tok)
+        m.switch.library = kind == "transformers"
         _move_from_init(m)
         calls = []
         inner = m.lm.model.forward
@@ -140,95 +145,103 @@ def test_packed_pass_equals_the_transformers_pass(tok, monkeypatch):
         grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
         return out, grads, calls
 
-    ref, ref_grads, ref_calls = run(False)
-    got, grads, calls = run(True)
-    assert len(ref_calls) == 2 and calls == []  # transformers' pass twice; the packed pass instead
+    ref, ref_grads, ref_calls = run("transformers")
+    got, grads, calls = run(layout)
+    assert len(ref_calls) == 2 and calls == []  # transformers' pass twice; the fast pass instead
     for k in ("raw", "tokcc", "kl", "mu_q", "mu_r", "logvar_r"):
         assert torch.allclose(got[k], ref[k], atol=1e-5, rtol=1e-5), k
         assert not torch.equal(ref[k], torch.zeros_like(ref[k])), k
-    assert set(grads) == set(ref_grads) and any(".lora_B." in n for n in grads)
+    assert set(grads) == set(ref_grads) and any(".lora_B.posterior" in n for n in grads)
     for n in grads:
         assert torch.allclose(grads[n], ref_grads[n], atol=1e-5, rtol=1e-4), n
 
 
-def test_packed_pass_only_where_exact(tok):
-    """Left padding, sliding-window attention or attention dropout in training: transformers'
-    pass (the packed one assumes right padding and full causal attention)."""
-    from latentstrat.modeling.backbone import packable, packed_hidden
+def test_fast_pass_only_where_exact(tok):
+    """Sliding-window attention, attention dropout in training or activation checkpointing:
+    transformers' pass. A left-padded batch is not what the fast pass computes (a negative
+    control), and it reads exactly the positions asked for."""
+    from latentstrat.modeling.backbone import Layout, fast_hidden, fast_pass_ok, hidden_at
 
     m = model(tok).eval()
-    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
-    assert packable(m.lm, right)
-    assert not packable(m.lm, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    assert fast_pass_ok(m.lm)
     bb = build_backbone(BB, tok)
     bb.config.use_sliding_window = True
-    assert not packable(bb, right)
+    assert not fast_pass_ok(bb)
     bb.config.use_sliding_window, bb.config.attention_dropout = False, 0.1
-    assert packable(bb.eval(), right) and not packable(bb.train(), right)
-    # a negative control: the packed pass of a left-padded batch is not the model's function
+    assert fast_pass_ok(bb.eval()) and not fast_pass_ok(bb.train())
     ids = torch.randint(4, len(tok), (2, 4))
     left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     with torch.no_grad():
         want = m.lm.model(input_ids=ids, attention_mask=left).last_hidden_state
-        wrong = packed_hidden(m.lm, input_ids=ids, mask=left)
-    assert torch.allclose(want[1], wrong[1], atol=1e-5) and not torch.allclose(want[0, 1:], wrong[0, 1:], atol=1e-3)
-    # only the positions in `read` go through the last layer's MLP: the others read zero
-    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
-    read = torch.tensor([[False, False, True, False], [False, True, False, True]])
-    with torch.no_grad():
+        wrong = fast_hidden(m.lm, Layout.build("padded", [4, 4], 4, None, "cpu"), input_ids=ids)
+        assert torch.allclose(want[1], wrong[1], atol=1e-5) and not torch.allclose(want[0, 1:], wrong[0, 1:], atol=1e-3)
         want = m.lm.model(input_ids=ids, attention_mask=right).last_hidden_state
-        some = packed_hidden(m.lm, input_ids=ids, mask=right, read=read)
-    assert torch.allclose(want[read], some[read], atol=1e-5)
-    rest = ~read & right.bool()
-    assert torch.equal(some[~read], torch.zeros_like(some[~read])) and not torch.allclose(want[rest], some[rest])
+        read = (np.array([1, 0, 1]), np.array([3, 2, 1]))
+        for kind in ("packed", "padded"):
+            got = fast_hidden(m.lm, Layout.build(kind, [3, 4], 4, read, "cpu"), input_ids=ids)
+            assert got.shape == (3, EMB["hidden_size"])
+            assert torch.allclose(got, want[torch.as_tensor(read[0]), torch.as_tensor(read[1])], atol=1e-5), kind
+        full = hidden_at(m.lm, right, np.array([3, 4]), None, input_ids=ids)  # every position
+        assert torch.allclose(full[right.bool()], want[right.bool()], atol=1e-5)
 
 
-def test_fused_lora_linear_equals_peft(tok, monkeypatch):
-    """The packed pass's LoRA linear (W x + b + s B A x in one accumulating matmul) gives peft's
-    forward and gradients; with dropout on the adapter it is peft's own forward that runs."""
-    from latentstrat.modeling import backbone as bb
-
+def test_adapter_switch_equals_peft_switch(tok):
+    """The switch's flag and its LoRA forward (one matmul and one accumulating matmul) give
+    what peft's set_adapter and forward give, per adapter, forward and gradients; peft's
+    forward runs for a layer with dropout on its adapter; switching touches no requires_grad."""
     m = model(tok)
     _move_from_init(m)
     layer = m.lm.model.layers[0].mlp.up_proj
-    x = torch.randn(7, layer.in_features, requires_grad=True)
+    x = torch.randn(2, 7, layer.in_features, requires_grad=True)
 
-    def run(fused):
-        monkeypatch.setattr(bb, "FUSED_LORA", fused)
+    def run(library, name):
+        m.switch.library = library
+        m.switch.set(name)
         for p in (x, *m.parameters()):
             p.grad = None
-        y = bb.linear(layer, x)
+        y = layer(x)
         (y * torch.arange(y.numel()).view_as(y)).sum().backward()
-        name = layer.active_adapters[0]
         return y, x.grad.clone(), layer.lora_A[name].weight.grad.clone(), layer.lora_B[name].weight.grad.clone()
 
-    assert bb._plain_lora(layer) is not None and layer.scaling[layer.active_adapters[0]] != 1.0
-    for got, want in zip(run(True), run(False)):
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) and got.abs().sum() > 0
+    assert layer.scaling["generator"] != 1.0
+    outs = {}
+    for name in ("generator", "posterior"):
+        for got, want in zip(run(False, name), run(True, name)):
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) and got.abs().sum() > 0
+        outs[name] = run(False, name)[0]
+    assert not torch.allclose(outs["generator"], outs["posterior"], atol=1e-3)  # the flag switches
+    m.switch.library = False
     with torch.no_grad():  # a control: drop the LoRA term and the outputs differ
-        assert not torch.allclose(bb.linear(layer, x), layer.base_layer(x), atol=1e-3)
-    layer.lora_dropout[layer.active_adapters[0]] = torch.nn.Dropout(0.5)
-    assert bb._plain_lora(layer) is None
+        assert not torch.allclose(layer(x), layer.base_layer(x), atol=1e-3)
+    flags = [p.requires_grad for p in m.parameters()]
+    with m.adapter("posterior"):
+        assert [p.requires_grad for p in m.parameters()] == flags
+    layer.lora_dropout["generator"] = torch.nn.Dropout(0.5)
+    m.switch.set("generator")
+    with torch.no_grad():
+        torch.manual_seed(0)
+        a = layer(x)
+        m.switch.library = True
+        torch.manual_seed(0)
+        assert torch.equal(a, layer(x))
 
 
 def test_length_groups_cover_every_token_once():
-    """Attention runs per group of rows of similar length; the groups hold every real token
-    once, at its own row's positions, and `order` puts them back in the packed order."""
-    from latentstrat.modeling.backbone import length_groups
+    """Packed attention runs per group of rows of similar length; the groups hold every real
+    token once, at its own row's positions, and `order` puts them back in the packed order."""
+    from latentstrat.modeling.backbone import Layout
 
-    lengths = [5, 1, 9, 3, 9, 2, 7]
-    mask = (torch.arange(10)[None, :] < torch.tensor(lengths)[:, None]).long()
-    # rows of similar length: one group, the batch's own layout
-    same = length_groups(mask[:, :3] | 1, 3)
-    assert same[1] is None and len(same[0]) == 1 and same[0][0][2:] == (7, 3)
-    groups, order = length_groups(mask, 3)
-    assert [w for *_, w in groups] == [3, 7, 9] and sum(r for _, _, r, _ in groups) == 7
-    sel = torch.cat([s for s, *_ in groups])
-    assert sorted(sel.tolist()) == list(range(sum(lengths)))
-    assert torch.equal(sel[order], torch.arange(sum(lengths)))
-    for s_, dst, rows, width in groups:  # a token at position t of its row sits at column t
-        pos = torch.arange(10).repeat(7)[mask.reshape(-1).nonzero().squeeze(1)]
-        assert torch.equal(pos[s_], dst % width)
+    lengths = np.array([5, 1, 9, 3, 9, 2, 7])
+    same = Layout.build("packed", [3] * 7, 3, None, "cpu", n_groups=3)  # similar lengths: one group
+    assert same.order is None and len(same.groups) == 1 and same.groups[0][2:] == (7, 3)
+    lay = Layout.build("packed", lengths, 10, None, "cpu", n_groups=3)
+    assert [w for *_, w in lay.groups] == [3, 7, 9] and sum(r for _, _, r, _ in lay.groups) == 7
+    sel = torch.cat([s for s, *_ in lay.groups])
+    assert sorted(sel.tolist()) == list(range(lengths.sum()))
+    assert torch.equal(sel[lay.order], torch.arange(lengths.sum()))
+    for s_, dst, _rows, width in lay.groups:  # a token at position t of its row sits at column t
+        assert torch.equal(lay.positions[s_], dst % width)
 
 
 @pytest.mark.parametrize("P", [1, 2])
@@ -439,23 +452,13 @@ def test_merged_is_a_no_op_for_full_and_frozen(tok):
             assert m.lm is lm and m.lm_post is lm_post
 
 
-def test_packed_pass_is_a_cpu_path(tok):
-    """On any other device the model runs transformers' attention (its SDPA / flash path),
-    never the packed pass's own SDPA call."""
-    from latentstrat.modeling.backbone import packable
-
-    m = model(tok)
-    assert packable(m.lm, torch.ones(2, 3, dtype=torch.long))
-    assert not packable(m.lm, torch.ones(2, 3, dtype=torch.long, device="meta"))
-
-
 def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
     """train.gradient_checkpointing recomputes transformers' layers in the backward pass: the
     same losses and gradients as without (on transformers' padded pass, which it applies to)."""
-    from latentstrat.modeling import model as model_module
+    from latentstrat.modeling import backbone as bb
     from latentstrat.modeling.objective import forward_losses
 
-    monkeypatch.setattr(model_module, "PACKED", False)
+    monkeypatch.setattr(bb, "LAYOUT", "transformers")
     b = batch(tok, ["a b c 1 2 3", "d e 4 5"], xs=["3 1 2", "5 4"])
     b.b = torch.rand(b.sup_ids.shape)
     objective = objective_of()
@@ -468,7 +471,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok, monkeypatch):
             m.gradient_checkpointing_enable()
         m.train()
         calls = []
-        m.lm.model.layers[0].mlp.down_proj.base_layer.register_forward_pre_hook(lambda *_: calls.append(1))
+        m.lm.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
         out = forward_losses(m, b, objective, 1, eps)
         out["total"].backward()
         return out["total"].detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}, len(calls)

@@ -79,6 +79,26 @@ def _shuffle(items: list, rng) -> None:
         items[:] = [items[i] for i in perm]
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """A right-padded generator batch's positions on the host: row lengths [B], `<z>` positions
+    [B] and the supervised positions [B, L] (None without them). `collate` writes them beside
+    the tensors, so a training step reads nothing back from the device to lay out its passes."""
+
+    lengths: np.ndarray
+    z_open: np.ndarray
+    sup_pos: np.ndarray | None
+
+    @classmethod
+    def of(cls, mask, z_open_pos, sup_pos=None) -> "HostRows":
+        """From the tensors themselves (a read from the device: callers outside the step)."""
+
+        def host(t):
+            return np.asarray(t.detach().cpu().numpy(), dtype=np.int64)
+
+        return cls(host(mask.sum(1)), host(z_open_pos), None if sup_pos is None else host(sup_pos))
+
+
 @dataclass
 class Batch:
     """Right-padded tensors for one batch (fields: docs/architecture.md, Batching)."""
@@ -95,16 +115,31 @@ class Batch:
     b: torch.Tensor | None
     task_idx: torch.Tensor
     row_idx: torch.Tensor
+    # on the host: the generator record's positions, the posterior inputs' lengths, the rows' tasks
+    host: HostRows | None = None
+    post_lengths: np.ndarray | None = None
+    task_rows: np.ndarray | None = None
 
     def to(self, device) -> "Batch":
-        return Batch(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+        """On `device`, without blocking the host (pinned memory, non-blocking copies on an
+        accelerator); the host fields stay."""
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            move = lambda t: t.to(dev)  # noqa: E731
+        else:
+            move = lambda t: (t if t.device == dev else t.pin_memory().to(dev, non_blocking=True))  # noqa: E731
+        return Batch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+
+    def tokens(self) -> int:
+        """Real tokens of the two trained passes (generator record + posterior input), counted on the host."""
+        return int(self.host.lengths.sum() + self.post_lengths.sum())
 
     def __len__(self) -> int:
         return self.gen_ids.shape[0]
 
 
-def _pad(seqs: list[list], value, dtype=torch.long) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
+def _pad(seqs: list[list], value, dtype=torch.long, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    width = -(-max(len(s) for s in seqs) // multiple) * multiple
     out = torch.full((len(seqs), width), value, dtype=dtype)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -113,16 +148,17 @@ def _pad(seqs: list[list], value, dtype=torch.long) -> tuple[torch.Tensor, torch
     return out, mask
 
 
-def collate(encoded: Encoded, idx, b=None) -> Batch:
+def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
     """Batch of rows `idx`. `b`: per-row reference NLLs for the whole split (b[i] aligned
-    with sup_ids of row i), or None."""
+    with sup_ids of row i), or None. `multiple`: widths padded up to a multiple of it (a few
+    static shapes for a compiled step; the pads are never read)."""
     idx = [int(i) for i in idx]
     if not idx:
         raise ValueError("collate: empty index list")
     P = encoded.z_slots
-    gen_ids, gen_mask = _pad([encoded.gen_ids[i] for i in idx], encoded.pad_id)
-    post_ids, post_mask = _pad([encoded.post_ids[i] for i in idx], encoded.pad_id)
-    sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id)
+    gen_ids, gen_mask = _pad([encoded.gen_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
+    post_ids, post_mask = _pad([encoded.post_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
+    sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
     z_open = torch.tensor([encoded.z_open_pos[i] for i in idx])
     # next-token positions: the <y> token predicts the first y token, ...
     gen_sup = [
@@ -136,20 +172,29 @@ def collate(encoded: Encoded, idx, b=None) -> Batch:
                 raise ValueError(
                     f"collate: b for row {i} has {len(r)} values, expected {len(encoded.sup_ids[i])} (n_supervised)"
                 )
-        b_t, _ = _pad(rows, 0.0, dtype=torch.float32)
+        b_t, _ = _pad(rows, 0.0, dtype=torch.float32, multiple=multiple)
+    gen_sup_pos = _pad(gen_sup, 0, multiple=multiple)[0]
+    task_rows = np.asarray([encoded.task_idx[i] for i in idx], dtype=np.int64)
     return Batch(
         gen_ids=gen_ids,
         gen_mask=gen_mask,
         z_open_pos=z_open,
         z_slot_pos=z_open[:, None] + torch.arange(1, P + 1)[None, :],
-        gen_sup_pos=_pad(gen_sup, 0)[0],
+        gen_sup_pos=gen_sup_pos,
         sup_ids=sup_ids,
         sup_mask=sup_mask,
         post_ids=post_ids,
         post_mask=post_mask,
         b=b_t,
-        task_idx=torch.tensor([encoded.task_idx[i] for i in idx]),
+        task_idx=torch.from_numpy(task_rows),
         row_idx=torch.tensor(idx),
+        host=HostRows(
+            np.asarray([len(encoded.gen_ids[i]) for i in idx], dtype=np.int64),
+            z_open.numpy().astype(np.int64),
+            gen_sup_pos.numpy().astype(np.int64),
+        ),
+        post_lengths=np.asarray([len(encoded.post_ids[i]) for i in idx], dtype=np.int64),
+        task_rows=task_rows,
     )
 
 

@@ -70,35 +70,90 @@ class Preempted(SystemExit):
 # ----------------------------------------------------------------------------- steps
 
 
-def check_finite(losses: dict, cell_id: str, step: int) -> None:
-    for key in (
-        *TERMS,
-        "active",
-        "kl",
-        "posterior_variance",
-        "router_marginal_kl_to_prior",
-        "total",
-    ):
-        v = losses[key]
-        bad = ~torch.isfinite(v.detach()) if v.ndim else ~torch.isfinite(v.detach().reshape(1))
-        if bool(bad.any()):
-            raise NonFiniteLoss(
-                f"cell {cell_id}: step {step}: loss term {LOSS_NAMES[key]} is non-finite "
-                f"({v.detach().float().mean().item()}); last good checkpoint kept"
-            )
+# the loss terms every step records on the device and checks for NaN / inf when they are read
+RECORDED = (*TERMS, "active", "kl", "posterior_variance", "router_marginal_kl_to_prior", "total")
+# the step's values are read back to the host every LOG_EVERY steps (and before every validation,
+# checkpoint and the end): between those reads the step reads nothing back (tests/test_step.py)
+LOG_EVERY = 50
+# on an accelerator, widths are padded up to a multiple of this (a few static shapes per record
+# length; the pads are never read); on the CPU every batch keeps its own width
+PAD_MULTIPLE = 16
 
 
-def step_noise(seed: int, step: int, shape) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(int(seed) * 1_000_003 + int(step)))
+def step_noise(seed: int, step: int, shape, device="cpu") -> torch.Tensor:
+    """The z noise of training step `step`: standard normal from a generator on `device`
+    seeded by (seed, step), so a resumed run replays it; drawn where it is used."""
+    g = torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(step))
+    return torch.randn(shape, generator=g, device=device)
+
+
+class EpochBatches:
+    """The rows of each training step: its epoch's task-mixed batches
+    (batching.task_mixed_batches) are a pure function of (seed, epoch), so a resumed run replays
+    the same batches; an epoch's batches are drawn once."""
+
+    def __init__(self, task_idx, batch_size: int, seed: int):
+        self.task_idx, self.batch_size, self.seed = task_idx, batch_size, int(seed)
+        self.per_epoch = math.ceil(len(task_idx) / batch_size)
+        self.epoch, self.batches = None, []
+
+    def __call__(self, step: int) -> list[int]:
+        epoch = step // self.per_epoch
+        if epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, int(epoch)])
+            self.epoch, self.batches = epoch, batching.task_mixed_batches(self.task_idx, self.batch_size, rng)
+        return self.batches[step % self.per_epoch]
 
 
 def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
-    """The rows of training step `step`: its epoch's task-mixed batches (batching.task_mixed_batches)
-    are a pure function of (seed, epoch), so a resumed run replays the same batches."""
-    per_epoch = math.ceil(len(task_idx) / batch_size)
-    epoch = step // per_epoch
-    batches = batching.task_mixed_batches(task_idx, batch_size, np.random.default_rng([int(seed), int(epoch)]))
-    return batches[step % per_epoch]
+    """The rows of training step `step` (one step's `EpochBatches`)."""
+    return EpochBatches(task_idx, batch_size, seed)(step)
+
+
+def optimizer(params, lr: float, weight_decay: float):
+    """AdamW, fused into one kernel per step where the parameters' device supports it (CPU and
+    CUDA; its step counters stay on the device), torch's foreach AdamW elsewhere."""
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except RuntimeError:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def train_step(model, opt, objective: Objective, batch, eps, step: int, clip: float) -> torch.Tensor:
+    """One update of J (objective.forward_losses) on `batch` with the z noise `eps`, the gradient
+    clipped at `clip` (0: measured, not clipped). It reads nothing back to the host: it returns
+    the step's record on the device, the batch sums of the `RECORDED` terms and the pre-clip
+    gradient norm (`read_records` checks and reads it)."""
+    losses = forward_losses(model, batch, objective, step, eps)
+    opt.zero_grad(set_to_none=True)
+    losses["total"].backward()
+    params = model.trainable_parameters()
+    grads = [p.grad for p in params if p.grad is not None]
+    gnorm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, clip, gnorm, foreach=True)
+    opt.step()
+    return torch.stack([*(losses[k].detach().float().sum() for k in RECORDED), gnorm.float()])
+
+
+def read_records(records: list, first_step: int, n_rows: list[int], cell_id: str) -> np.ndarray:
+    """The device records of the steps `first_step + 1 ...` (`train_step`) on the host, one
+    read: [steps, RECORDED + grad norm], the terms as batch means. A NaN / inf term is a
+    NonFiniteLoss naming the cell, the first such step and the term; the steps after it
+    updated the weights with it, so no checkpoint is written from them."""
+    rows = torch.stack(records).cpu().numpy().astype(np.float64)
+    for j, row in enumerate(rows):
+        bad = [k for k, v in zip(RECORDED, row) if not math.isfinite(v)]
+        if bad:
+            raise NonFiniteLoss(
+                f"cell {cell_id}: step {first_step + j + 1}: loss term {LOSS_NAMES[bad[0]]} is non-finite "
+                f"({row[RECORDED.index(bad[0])]}); last good checkpoint kept"
+            )
+    means = rows.copy()
+    per_example = [k not in ("posterior_variance", "router_marginal_kl_to_prior", "total") for k in RECORDED]
+    means[:, : len(RECORDED)][:, per_example] /= np.asarray(n_rows, dtype=np.float64)[:, None]
+    return means
 
 
 def grad_clip_for(tcfg: dict, objective: Objective) -> float:
@@ -287,7 +342,7 @@ def train_cell(cfg: dict, cell: dict, base: BaseFolders, out_dir, threads: int |
     model = build_model(cfg, cell, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
     if tcfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
-    opt = torch.optim.AdamW(model.trainable_parameters(), lr=tcfg["lr"], weight_decay=tcfg["weight_decay"])
+    opt = optimizer(model.trainable_parameters(), tcfg["lr"], tcfg["weight_decay"])
     enc = encoding.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
 
@@ -377,39 +432,43 @@ def step0_measured(model, cfg: dict, val: dict, cid: str, step0_dir) -> dict | N
 
 
 def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop: dict) -> None:
-    """The updates from `run.step` to `train.steps`, advancing `run` in place: validation
-    and batch statistics every `eval_every` steps and at the end, `checkpoint()` every
-    `checkpoint_every` steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
+    """The updates from `run.step` to `train.steps`, advancing `run` in place: the steps'
+    records read back every `LOG_EVERY` steps and before every validation, checkpoint and the
+    end (`read_records`: a non-finite loss stops the cell there); validation and batch
+    statistics every `eval_every` steps and at the end, `checkpoint()` every `checkpoint_every`
+    steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
     tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], cell_training_seed(setup.cell), setup.train
-    clip, val = setup.clip, setup.val
     dev = device_of(model)
+    rows_of = EpochBatches(enc.task_idx, tcfg["batch_size"], seed)
+    multiple = 1 if dev.type == "cpu" else PAD_MULTIPLE
     progress = Progress(cid, tcfg["steps"], run.step, path=setup.out_dir / PROGRESS_FILE if setup.out_dir else None)
+    pending: list = []  # (device record, batch rows, rows per task) of the steps not read yet
+    t0 = time.perf_counter()
     while run.step < tcfg["steps"]:
         step = run.step
-        t0 = time.perf_counter()
-        idx = batch_at(enc.task_idx, tcfg["batch_size"], seed, step)
-        batch = batching.collate(enc, idx, setup.b_train).to(dev)
-        losses = forward_losses(
-            model, batch, setup.objective, step, step_noise(seed, step, (len(idx), model.latent_dim))
-        )
-        check_finite(losses, cid, step + 1)
-        opt.zero_grad(set_to_none=True)
-        losses["total"].backward()
-        # the norm before clipping (inf = no clipping: the norm is measured, never applied)
-        gnorm = torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), clip if clip > 0 else math.inf)
-        task_rows = np.bincount(batch.task_idx.cpu().numpy(), minlength=len(enc.tasks)).tolist()
-        run.step_records.append({"grad_norm": float(gnorm), "task_rows": task_rows})
-        opt.step()
+        batch = batching.collate(enc, rows_of(step), setup.b_train, multiple=multiple).to(dev)
+        eps = step_noise(seed, step, (len(batch), model.latent_dim), dev)
+        record = train_step(model, opt, setup.objective, batch, eps, step, setup.clip)
+        pending.append((record, len(batch), np.bincount(batch.task_rows, minlength=len(enc.tasks)).tolist()))
         run.step = step = step + 1
-        run.wall += time.perf_counter() - t0
-        n_tok = int(batch.gen_mask.sum() + batch.post_mask.sum())
+        n_tok = batch.tokens()
         run.tokens += n_tok
-        progress.update(step, float(losses["total"].detach()), n_tok)
+        read = step % LOG_EVERY == 0 or step % tcfg["eval_every"] == 0 or step == tcfg["steps"]
+        if read or step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
+            means = read_records([r for r, _, _ in pending], step - len(pending), [n for _, n, _ in pending], cid)
+            run.step_records += [{"grad_norm": float(m[-1]), "task_rows": t} for m, (_, _, t) in zip(means, pending)]
+            progress.add_losses(means[:, RECORDED.index("total")])
+            pending = []
+            now = time.perf_counter()
+            run.wall, t0 = run.wall + now - t0, now
+        progress.update(step, None, n_tok)
         if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
-            run.history += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, val, step)
-            run.history += batch_stats(cid, enc.tasks, run.step_records, clip, step, run.history)
+            run.history += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, setup.val, step)
+            run.history += batch_stats(cid, enc.tasks, run.step_records, setup.clip, step, run.history)
+            t0 = time.perf_counter()
         if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
             checkpoint()
+            t0 = time.perf_counter()
         if stop["flag"]:
             raise Preempted(143)
 

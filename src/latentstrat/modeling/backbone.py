@@ -5,16 +5,19 @@
 - `load_entangled`: the entangle stage's model (`AutoModelForCausalLM.from_pretrained`, with
   the config's `backbone.attn_implementation`); `write_model_extras` puts its tokenizer and a
   model card beside it, so the folder opens with AutoTokenizer / AutoModelForCausalLM alone;
-- `packed_hidden`: the CPU fast path of a Qwen2 decoder's pass over a right-padded batch
-  (every per-token layer over the real tokens only; tested equal to transformers' pass);
+- `hidden_at`: a Qwen2 decoder's pass over a right-padded batch at the positions its caller
+  reads (`fast_hidden`: packed over the real tokens on a CPU, padded without an attention mask
+  elsewhere, nothing read back to the host; tested equal to transformers' pass);
 - where a model's weights are and where a config's model jobs run.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -221,12 +224,22 @@ def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
-def packable(lm, mask) -> bool:
-    """Whether `packed_hidden` computes exactly `lm`'s function on this batch: a CPU batch (on a
-    GPU transformers' own attention path runs), a Qwen2 decoder (full causal attention, no
-    attention dropout while training) and a right-padded mask."""
-    if mask.device.type != "cpu":
-        return False
+# ----------------------------------------------------------------------------- the fast pass
+
+# how a Qwen2 backbone's trained and no-grad passes run (`hidden_at`): "auto" packs the real
+# tokens on a CPU and runs the padded, maskless layout elsewhere; "packed" / "padded" force one;
+# "transformers" always runs transformers' own pass with its attention mask (the baseline the
+# fast pass is tested equal to, and the benchmarks' "current step")
+LAYOUT = "auto"
+ATTENTION_GROUPS = 4
+# groups are used when they cut the padded attention work (rows x width^2) below this share
+GROUPS_WORTH = 0.7
+
+
+def fast_pass_ok(lm) -> bool:
+    """Whether `fast_hidden` computes exactly `lm`'s function on right-padded batches: a Qwen2
+    decoder with full causal attention, no attention dropout while training, and no activation
+    checkpointing (transformers' own layers recompute; the fast pass does not)."""
     c = lm.config
     if c.model_type != "qwen2" or getattr(c, "use_sliding_window", False):
         return False
@@ -234,143 +247,186 @@ def packable(lm, mask) -> bool:
         return False
     if lm.training and float(getattr(c, "attention_dropout", 0.0)) > 0:
         return False
-    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+    return not getattr(lm, "is_activation_checkpointing", False)
 
 
-# the packed pass's fused LoRA linear (FUSED_LORA False: peft's own forward, the benchmark's
-# baseline)
-FUSED_LORA = True
+def host_array(t) -> np.ndarray:
+    """A small integer tensor (lengths, positions) as a host array: a read from the device, for
+    the callers that have no host copy (decoding, tests); the training step passes its own."""
+    return np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.int64)
 
 
-def _plain_lora(module):
-    """(base weight, bias, A, s B) of a peft LoRA Linear with one vanilla adapter active, or None
-    when peft's own forward must run (no LoRA, merged, disabled, dropout, a variant such as DoRA,
-    several active adapters)."""
-    if not FUSED_LORA or not hasattr(module, "lora_A") or module.disable_adapters or module.merged:
-        return None
-    active = [n for n in module.active_adapters if n in module.lora_A]
-    if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}):
-        return None
-    name = active[0]
-    if not isinstance(module.lora_dropout[name], nn.Identity):
-        return None
-    base = module.base_layer
-    if not isinstance(base, nn.Linear) or base.weight.dtype != module.lora_A[name].weight.dtype:
-        return None  # peft casts between a lower-precision backbone and float32 adapters
-    return base.weight, base.bias, module.lora_A[name].weight, module.lora_B[name].weight, module.scaling[name]
+def to_device(a, device) -> torch.Tensor:
+    """A host array or tensor on `device` without blocking the host: through pinned memory on
+    an accelerator (a pageable copy would wait for the stream), as it is on the CPU."""
+    t = torch.as_tensor(a)
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
-def linear(module, x):
-    """`module(x)` for a linear layer; for a peft LoRA layer with one plain adapter active,
-    W x + b + s B A x as one matmul plus one accumulating matmul (torch.addmm), without peft's
-    three full-width temporaries (B A x, its scaled copy, the sum)."""
-    lora = _plain_lora(module)
-    if lora is None:
-        return module(x)
-    w, bias, a, b, s = lora
-    base = nn.functional.linear(x, w, bias)
-    return torch.addmm(base, nn.functional.linear(x, a), b.t(), alpha=s)
+@dataclass
+class Layout:
+    """How a right-padded batch [B, T] runs through `fast_hidden`, built on the host from its
+    row lengths and the positions its caller reads, so the pass itself reads nothing back:
+
+    - `packed`: the N real tokens packed into [N, H] for every per-token layer (norms,
+      projections, MLP); attention alone sees a padded layout, one per group of rows of similar
+      length (`groups`: indices into the packed tokens, their places in the group's
+      [rows, width] layout, rows, width; `order` puts the groups' tokens back);
+    - `padded`: every position of [B, T] (static shapes), no attention mask: in a right-padded
+      row each real token attends causally to real tokens only, so plain causal attention is
+      exact at the real positions; the pads' rows are computed and never read.
+
+    `keep`: the rows (of the N or B x T) the caller reads, in its order; after the last layer's
+    attention only they go on through its output projection and MLP."""
+
+    B: int
+    T: int
+    tokens: torch.Tensor | None  # packed: flat index (row x T + t) of each real token
+    positions: torch.Tensor  # the position of each row of x in its sequence
+    groups: list | None
+    order: torch.Tensor | None
+    keep: torch.Tensor | None
+
+    @classmethod
+    def build(cls, kind: str, lengths, T: int, read, device, n_groups: int | None = None) -> "Layout":
+        """`lengths` [B] (host), `read` = (rows, cols) host arrays of the positions to read, or None."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        B = len(lengths)
+        if kind == "padded":
+            keep = None if read is None else read[0] * T + read[1]
+            positions = torch.arange(T, device=device).repeat(B)
+            return cls(B, T, None, positions, None, None, None if keep is None else to_device(keep, device))
+        starts = np.cumsum(lengths) - lengths
+        pos = np.concatenate([np.arange(n) for n in lengths])
+        row = np.repeat(np.arange(B), lengths)
+        groups, order = _length_groups(lengths, starts, B, T, ATTENTION_GROUPS if n_groups is None else n_groups)
+        keep = None if read is None else starts[read[0]] + read[1]
+        dev = [to_device(a, device) for a in (row * T + pos, pos)]
+        groups = [(None if s is None else to_device(s, device), to_device(d, device), r, w) for s, d, r, w in groups]
+        return cls(
+            B,
+            T,
+            dev[0],
+            dev[1],
+            groups,
+            None if order is None else to_device(order, device),
+            None if keep is None else to_device(keep, device),
+        )
 
 
-def mlp(module, x):
-    """A Qwen2 MLP (down(act(gate x) * up x)) through `linear`."""
-    return linear(module.down_proj, module.act_fn(linear(module.gate_proj, x)) * linear(module.up_proj, x))
-
-
-ATTENTION_GROUPS = 4
-# groups are used when they cut the padded attention work (rows x width^2) below this share
-GROUPS_WORTH = 0.7
-
-
-def length_groups(mask, n_groups: int | None = None):
-    """The rows of a right-padded batch in up to `n_groups` groups of similar length (sorted by
-    length, equal counts), so that attention pads each group to its own longest row instead of
-    the batch's. Per group: (its tokens' indices in the packed order, their places in the group's
-    [rows, width] layout, rows, width); and `order`, which maps the groups' concatenated tokens
-    back to the packed order. When grouping would leave more than `GROUPS_WORTH` of the padded
-    attention work (similar lengths, a small batch): one group, the batch's own [B, T] layout
-    (indices None: the packed order itself), `order` None."""
-    n_groups = ATTENTION_GROUPS if n_groups is None else n_groups
-    lengths = mask.sum(1)
-    B, T = mask.shape
-    parts = [p for p in torch.tensor_split(torch.argsort(lengths, stable=True), min(n_groups, B)) if p.numel()]
+def _length_groups(lengths: np.ndarray, starts: np.ndarray, B: int, T: int, n_groups: int):
+    """The rows in up to `n_groups` groups of similar length (sorted by length, equal counts),
+    so that attention pads each group to its own longest row instead of the batch's. When
+    grouping would leave more than `GROUPS_WORTH` of the padded attention work (similar
+    lengths, a small batch): one group, the batch's own [B, T] layout, `order` None."""
+    parts = [p for p in np.array_split(np.argsort(lengths, kind="stable"), min(n_groups, B)) if len(p)]
     widths = [int(lengths[p].max()) for p in parts]
-    if len(parts) < 2 or sum(p.numel() * w * w for p, w in zip(parts, widths)) > GROUPS_WORTH * B * T * T:
-        return [(None, mask.reshape(-1).nonzero().squeeze(1), B, T)], None
-    starts = torch.cumsum(lengths, 0) - lengths
+    dst_all = np.concatenate([r * T + np.arange(n) for r, n in enumerate(lengths)])
+    if len(parts) < 2 or sum(len(p) * w * w for p, w in zip(parts, widths)) > GROUPS_WORTH * B * T * T:
+        return [(None, dst_all, B, T)], None
     groups = []
     for part, width in zip(parts, widths):
-        t = torch.arange(width, device=mask.device)
-        inside = t[None, :] < lengths[part][:, None]  # [n_g, width]
-        sel = (starts[part][:, None] + t[None, :])[inside]
-        dst = (torch.arange(part.numel(), device=mask.device)[:, None] * width + t[None, :])[inside]
-        groups.append((sel, dst, part.numel(), width))
-    sels = torch.cat([g[0] for g in groups])
-    order = torch.empty_like(sels).scatter_(0, sels, torch.arange(sels.numel(), device=mask.device))
+        sel = np.concatenate([starts[r] + np.arange(lengths[r]) for r in part])
+        dst = np.concatenate([k * width + np.arange(lengths[r]) for k, r in enumerate(part)])
+        groups.append((sel, dst, len(part), width))
+    sels = np.concatenate([g[0] for g in groups])
+    order = np.empty_like(sels)
+    order[sels] = np.arange(len(sels))
     return groups, order
 
 
-def packed_hidden(lm, input_ids=None, inputs_embeds=None, mask=None, read=None) -> torch.Tensor:
-    """A Qwen2 decoder's last hidden states [B, T, H] for a right-padded batch, with every
-    per-token layer (norms, projections with their LoRA adapters through `linear`, MLP) run once
-    over the N real tokens packed into [N, H]. Only attention sees a padded layout, one per group
-    of rows of similar length (`length_groups`): each row's real tokens sit at positions 0..L-1
-    and attend causally to their own row only, so plain causal attention is exact and the pads
-    (zeros) are never read. `read` ([B, T] bool, optional): the positions the caller reads; after
-    the last layer's attention only they go on through its output projection and MLP, and every
-    other position reads zero. The same function as transformers' padded pass up to float
-    rounding at the positions read (tests/test_model.py), without its work on the pads: a
-    task-mixed batch of short and long tasks is mostly padding."""
+def _attention(layout: Layout, heads: int, kv_heads: int, head_dim: int, q, k, v, scale):
+    """Causal attention of each row's tokens over its own row: [n, h, d] each -> [n, h x d]."""
+    if layout.tokens is None:  # padded: the batch's own [B, T]
+
+        def rows(t):
+            return t.view(layout.B, layout.T, t.shape[1], head_dim).transpose(1, 2)
+
+        o = nn.functional.scaled_dot_product_attention(
+            rows(q), rows(k), rows(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
+        )
+        return o.transpose(1, 2).reshape(layout.B * layout.T, heads * head_dim)
+    out = []
+    for sel, dst, rows_g, width in layout.groups:
+
+        def padded(t):  # the group's rows, [n_g, h, width, d], zeros at the pads
+            return (
+                t.new_zeros(rows_g * width, *t.shape[1:])
+                .index_copy(0, dst, t if sel is None else t.index_select(0, sel))
+                .view(rows_g, width, *t.shape[1:])
+                .transpose(1, 2)
+            )
+
+        o = nn.functional.scaled_dot_product_attention(
+            padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
+        )
+        out.append(o.transpose(1, 2).reshape(rows_g * width, heads * head_dim).index_select(0, dst))
+    return out[0] if layout.order is None else torch.cat(out).index_select(0, layout.order)
+
+
+def _rms_norm(norm, x):
+    """A Qwen2 RMSNorm as torch's fused op (float32 statistics, as transformers computes them)."""
+    return nn.functional.rms_norm(x.float(), x.shape[-1:], norm.weight.float(), norm.variance_epsilon).to(x.dtype)
+
+
+def fast_hidden(lm, layout: Layout, input_ids=None, inputs_embeds=None) -> torch.Tensor:
+    """A Qwen2 decoder's last hidden states over a right-padded batch laid out by `layout`: at
+    the rows `layout.keep` ([K, H], in that order) when it has them, else [B, T, H] (zeros at
+    the pads when packed). Every linear layer is called as a module, so a LoRA layer runs the
+    adapter its switch names (model.AdapterSwitch). The same function as transformers' padded
+    pass up to float rounding at the real positions (tests/test_model.py), without reading
+    anything back to the host and, packed, without work on the pads."""
     from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
     m = lm.model
-    B, T = mask.shape
-    flat = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens, row-major
-    x = m.embed_tokens(input_ids.reshape(-1)[flat]) if inputs_embeds is None else inputs_embeds.reshape(B * T, -1)[flat]
+    B, T = layout.B, layout.T
+    x = m.embed_tokens(input_ids.reshape(-1)) if inputs_embeds is None else inputs_embeds.reshape(B * T, -1)
+    if layout.tokens is not None:
+        x = x.index_select(0, layout.tokens)
     n = x.shape[0]
-    cos, sin = m.rotary_emb(x, torch.arange(T, device=mask.device).repeat(B)[flat][None])
-    cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]
+    cos, sin = m.rotary_emb(x, layout.positions[None])
+    cos, sin = cos[0, :, None], sin[0, :, None]  # [n, 1, head_dim]
     c = m.config
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-
-    groups, order = length_groups(mask)
-
-    def attention(q, k, v, scale):  # [N, h, d] each -> [N, h * d], causal within each row
-        out = []
-        for sel, dst, rows_g, width in groups:
-
-            def padded(t):  # the group's rows, [n_g, h, width, d], zeros at the pads
-                return (
-                    t.new_zeros(rows_g * width, *t.shape[1:])
-                    .index_copy(0, dst, t if sel is None else t[sel])
-                    .view(rows_g, width, *t.shape[1:])
-                    .transpose(1, 2)
-                )
-
-            o = nn.functional.scaled_dot_product_attention(
-                padded(q), padded(k), padded(v), is_causal=True, scale=scale, enable_gqa=heads != kv_heads
-            )
-            out.append(o.transpose(1, 2).reshape(rows_g * width, heads * head_dim)[dst])
-        return out[0] if order is None else torch.cat(out).index_select(0, order)
-
-    # the rows the caller reads: after the last layer's attention only they go on
-    keep = None if read is None else read.reshape(-1)[flat].nonzero().squeeze(1)
-    rows = flat
     for i, layer in enumerate(m.layers):
         a = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = linear(a.q_proj, h).view(n, heads, head_dim)
-        k = linear(a.k_proj, h).view(n, kv_heads, head_dim)
-        v = linear(a.v_proj, h).view(n, kv_heads, head_dim)
+        h = _rms_norm(layer.input_layernorm, x)
+        q = a.q_proj(h).view(n, heads, head_dim)
+        k = a.k_proj(h).view(n, kv_heads, head_dim)
+        v = a.v_proj(h).view(n, kv_heads, head_dim)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        o = attention(q, k, v, a.scaling)
-        if keep is not None and i == len(m.layers) - 1:
-            x, o, rows = x[keep], o[keep], flat[keep]
-        x = x + linear(a.o_proj, o)
-        x = x + mlp(layer.mlp, layer.post_attention_layernorm(x))
-    x = m.norm(x)
-    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, rows, x).view(B, T, -1)
+        o = _attention(layout, heads, kv_heads, head_dim, q, k, v, a.scaling)
+        if layout.keep is not None and i == len(m.layers) - 1:
+            x, o = x.index_select(0, layout.keep), o.index_select(0, layout.keep)
+        x = x + a.o_proj(o)
+        mlp, h = layer.mlp, _rms_norm(layer.post_attention_layernorm, x)
+        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+    x = _rms_norm(m.norm, x)
+    if layout.keep is not None:
+        return x
+    if layout.tokens is None:
+        return x.view(B, T, -1)
+    return x.new_zeros(B * T, x.shape[-1]).index_copy(0, layout.tokens, x).view(B, T, -1)
+
+
+def hidden_at(lm, mask, lengths, read, input_ids=None, inputs_embeds=None) -> torch.Tensor:
+    """Last hidden states of a right-padded batch (`mask` [B, T]; `lengths` its row lengths on
+    the host) at the positions `read` = (rows, cols) host arrays, [K, H] in that order; `read`
+    None: every position, [B, T, H] (the pads' rows not to be read). The fast pass
+    (`fast_hidden`: packed on a CPU, padded and maskless elsewhere; `LAYOUT`) where it is exact
+    (`fast_pass_ok`), transformers' own pass with the mask otherwise."""
+    kind = LAYOUT if LAYOUT != "auto" else ("packed" if mask.device.type == "cpu" else "padded")
+    if kind != "transformers" and fast_pass_ok(lm):
+        layout = Layout.build(kind, lengths, mask.shape[1], read, mask.device)
+        return fast_hidden(lm, layout, input_ids=input_ids, inputs_embeds=inputs_embeds)
+    h = lm.model(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False)
+    h = h.last_hidden_state
+    if read is None:
+        return h
+    return h[to_device(read[0], h.device), to_device(read[1], h.device)]
 
 
 def device_of(model) -> torch.device:

@@ -25,21 +25,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import types
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 
+from latentstrat.batching import HostRows
 from latentstrat.cells import cell_training_seed
-from latentstrat.modeling.backbone import build_backbone, load_entangled, packable, packed_hidden
+from latentstrat.modeling.backbone import build_backbone, hidden_at, host_array, load_entangled
 
 ADAPTERS = ("generator", "posterior")
 # the parameters new to the latent model (not in the causal LM): its heads and the z projection
 HEAD_PREFIXES = ("router_head.", "posterior_head.", "z_proj.")
-# the cells' CPU passes run packed (`packed_hidden`) where the backbone allows it; False: always
-# transformers' padded pass (the benchmark's baseline)
-PACKED = True
 # a trained cell's folder (save_trained / load_trained): peft adapters, full copies, the heads
 ADAPTERS_DIR, BACKBONES_DIR, HEADS_DIR = "adapters", "backbones", "heads"
 HEADS_WEIGHTS, HEADS_CONFIG = "heads.safetensors", "config.json"
@@ -108,6 +108,62 @@ def merged_copy(peft_model, name: str):
     return copy.deepcopy(peft_model).merge_and_unload(adapter_names=[name]).eval()
 
 
+class AdapterSwitch:
+    """Which of the two LoRA adapters every LoRA layer runs: one flag (`active`) that the layers
+    read, instead of peft's `set_adapter`, which walks every module and resets `requires_grad`
+    on every adapter weight (twice a step). Both adapters' weights train in one step, so their
+    `requires_grad` is set once. Each LoRA layer's forward (`_switched_forward`) computes
+    W x + b + s B A x of the named adapter as one matmul and one accumulating matmul, without
+    peft's full-width temporaries; any setup that is not a plain adapter (dropout, a variant
+    such as DoRA, a merged or disabled layer, extra arguments) runs peft's own forward for the
+    named adapter. `library = True` switches with peft's `set_adapter` and runs peft's forward
+    everywhere: the baseline the switch is tested equal to (tests/test_model.py)."""
+
+    def __init__(self, peft_model, active: str):
+        from peft.tuners.lora import LoraLayer
+
+        self.active = active
+        self.library = False
+        self.peft = peft_model
+        self.layers = [m for m in peft_model.modules() if isinstance(m, LoraLayer)]
+        for m in self.layers:
+            m.forward = types.MethodType(_switched_forward, m)
+            m._adapter_switch = self
+
+    def set(self, name: str) -> None:
+        if self.library and self.peft.active_adapter != name:
+            trainable = [p for m in self.layers for p in m.parameters() if p.requires_grad]
+            self.peft.set_adapter(name)
+            for p in trainable:  # peft's set_adapter freezes the other adapter; both train
+                p.requires_grad_(True)
+        self.active = name
+
+
+def _switched_forward(self, x, *args, **kwargs):
+    """A peft LoRA layer's forward under its AdapterSwitch (installed on the layer instance)."""
+    switch, cls_forward = self._adapter_switch, type(self).forward
+    name = switch.active
+    if switch.library:
+        return cls_forward(self, x, *args, **kwargs)
+    plain = (
+        not (args or kwargs or self.merged or self.disable_adapters)
+        and name in self.lora_A
+        and name not in self.lora_variant
+        and isinstance(self.lora_dropout[name], nn.Identity)
+        and isinstance(self.base_layer, nn.Linear)
+    )
+    if not plain:
+        self._active_adapter = [name]
+        return cls_forward(self, x, *args, **kwargs)
+    a, b = self.lora_A[name].weight, self.lora_B[name].weight
+    if a.dtype != x.dtype:
+        a, b = a.to(x.dtype), b.to(x.dtype)
+    flat = x.reshape(-1, x.shape[-1])
+    base = nn.functional.linear(flat, self.base_layer.weight, self.base_layer.bias)
+    out = torch.addmm(base, nn.functional.linear(flat, a), b.t(), alpha=self.scaling[name])
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 class LatentStrategyModel(nn.Module):
     def __init__(
         self, backbone, latent_dim: int, z_slots: int = 1, adaptation: str = "lora", lora_cfg: dict | None = None
@@ -124,7 +180,8 @@ class LatentStrategyModel(nn.Module):
             p.requires_grad_(False)
         if adaptation == "lora":
             self.peft = add_lora(backbone, lora_cfg)  # adapters "generator" and "posterior"
-            self._set_lms(backbone, backbone)  # peft put its LoRA layers into the backbone itself
+            self._set_lms(backbone, backbone)
+            object.__setattr__(self, "switch", AdapterSwitch(self.peft, ADAPTERS[0]))  # peft put its LoRA layers into the backbone itself
         elif adaptation == "full":
             self.lm = backbone
             self.lm_post = copy.deepcopy(backbone)
@@ -167,12 +224,8 @@ class LatentStrategyModel(nn.Module):
     def _set_active(self, name: str) -> None:
         if name not in ADAPTERS:
             raise ValueError(f"unknown adapter {name!r} (expected one of {ADAPTERS})")
-        if self.adaptation == "lora" and not self._merged and self.peft.active_adapter != name:
-            self.peft.set_adapter(name)
-            # peft's set_adapter freezes the other adapter; both train in one step (the
-            # posterior pass, then the generator pass, one backward)
-            for p in self._trainable_params:
-                p.requires_grad_(True)
+        if self.adaptation == "lora" and not self._merged:
+            self.switch.set(name)
         self._active = name
 
     @contextlib.contextmanager
@@ -208,35 +261,23 @@ class LatentStrategyModel(nn.Module):
 
     # -------------------------------------------------------------- passes
 
-    def _hidden(self, lm, input_ids=None, inputs_embeds=None, mask=None, read=None):
-        """Last hidden states [B, T, H] of a right-padded batch (the pads' rows are not to be
-        read): the packed pass for a Qwen2 backbone on CPU (`packed_hidden`, which runs the last
-        layer's MLP only at the positions in `read`, [B, T] bool, and returns zero elsewhere),
-        transformers' own padded pass otherwise (every position; `read` unused)."""
-        if PACKED and packable(lm, mask):
-            return packed_hidden(lm, input_ids=input_ids, inputs_embeds=inputs_embeds, mask=mask, read=read)
-        return lm.model(
-            input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=mask, use_cache=False
-        ).last_hidden_state
-
-    def posterior(self, post_ids, post_mask):
-        """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q)."""
-        rows = torch.arange(post_ids.shape[0], device=post_ids.device)
-        last = post_mask.long().sum(1) - 1
+    def posterior(self, post_ids, post_mask, lengths=None):
+        """q(z|x,y): last-token pooling of the posterior adapter's pass -> (mu_q, logvar_q).
+        `lengths`: the rows' lengths on the host (the batch's; read from the mask otherwise)."""
+        lengths = host_array(post_mask.sum(1)) if lengths is None else np.asarray(lengths)
+        read = (np.arange(len(lengths)), lengths - 1)
         with self.adapter("posterior"):
-            h = self._hidden(self.lm_post, input_ids=post_ids, mask=post_mask, read=_positions(post_mask, rows, last))
-        pooled = h[rows, last]
-        return self.posterior_head(pooled)
+            h = hidden_at(self.lm_post, post_mask, lengths, read, input_ids=post_ids)
+        return self.posterior_head(h)
 
     def router_prefix(self, ids, mask, z_open_pos):
-        """p(z|x) from the `<z>` hidden state; only the prefix up to `<z>` is run."""
-        T = int(z_open_pos.max()) + 1
-        rows = torch.arange(ids.shape[0], device=ids.device)
+        """p(z|x) from the `<z>` hidden state of right-padded rows; only the prefix up to `<z>` is run."""
+        z_open = host_array(z_open_pos)
+        T = int(z_open.max()) + 1
+        lengths = np.minimum(host_array(mask.sum(1)), T)
         with self.adapter("generator"):
-            h = self._hidden(
-                self.lm, input_ids=ids[:, :T], mask=mask[:, :T], read=_positions(mask[:, :T], rows, z_open_pos)
-            )
-        return self.router_head(h[rows, z_open_pos])
+            h = hidden_at(self.lm, mask[:, :T], lengths, (np.arange(len(z_open)), z_open), input_ids=ids[:, :T])
+        return self.router_head(h)
 
     def slot_embeddings(self, z):
         """z [B, D] -> [B, P, H] added to the `[Z]` token embedding at the slot positions."""
@@ -249,17 +290,27 @@ class LatentStrategyModel(nn.Module):
         emb = emb.index_put((rows, z_slot_pos), slots)  # out of place: keeps autograd simple
         return emb
 
-    def generator(self, gen_ids, gen_mask, z, z_open_pos, z_slot_pos, sup_pos=None):
+    def generator(self, gen_ids, gen_mask, z, z_open_pos, z_slot_pos, sup_pos=None, host=None):
         """One pass: router from the `<z>` hidden state (it has seen x only), generator logits
         with z written into the slots. Logits are [B, T, V], or [B, L, V] at `sup_pos` only
-        (positions whose next token is supervised: cheaper for large vocabularies)."""
-        rows = torch.arange(gen_ids.shape[0], device=gen_ids.device)
-        read = None if sup_pos is None else _positions(gen_mask, rows, z_open_pos, sup_pos)
+        (positions whose next token is supervised: cheaper for large vocabularies). `host`:
+        the batch's positions on the host (batching.HostRows; read from the tensors otherwise)."""
+        host = host or HostRows.of(gen_mask, z_open_pos, sup_pos)
+        B = len(host.lengths)
+        rows = np.arange(B)
+        if sup_pos is None:
+            read = None
+        else:
+            L = host.sup_pos.shape[1]
+            read = (np.concatenate([rows, np.repeat(rows, L)]), np.concatenate([host.z_open, host.sup_pos.reshape(-1)]))
         with self.adapter("generator"):
-            h = self._hidden(self.lm, inputs_embeds=self.embed_with_z(gen_ids, z, z_slot_pos), mask=gen_mask, read=read)
-            mu_r, logvar_r = self.router_head(h[rows, z_open_pos])
-            if sup_pos is not None:
-                h = h[rows[:, None], sup_pos]
+            emb = self.embed_with_z(gen_ids, z, z_slot_pos)
+            h = hidden_at(self.lm, gen_mask, host.lengths, read, inputs_embeds=emb)
+            if read is None:
+                mu_r, logvar_r = self.router_head(h[torch.arange(B, device=h.device), z_open_pos])
+            else:
+                mu_r, logvar_r = self.router_head(h[:B])
+                h = h[B:].view(B, L, -1)
             logits = self.lm.lm_head(h)
         return logits, mu_r, logvar_r
 
@@ -404,15 +455,6 @@ class LatentStrategyModel(nn.Module):
                 f"trained {name} adapter {folder} does not fit this backbone: missing {missing[:5]}, "
                 f"unexpected {list(result.unexpected_keys)[:5]}"
             )
-
-
-def _positions(mask, rows, *positions) -> torch.Tensor:
-    """A bool mask like `mask`, True at the given positions ([B] or [B, L] each) of each row:
-    the hidden states a pass's caller reads."""
-    read = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
-    for pos in positions:
-        read[rows[:, None] if pos.dim() == 2 else rows, pos] = True
-    return read
 
 
 def _norm(v):

@@ -171,10 +171,10 @@ def forward_passes(model, batch, eps: torch.Tensor) -> dict:
     """The model's side of J on a batch: one posterior pass (z ~ q with the given noise `eps`)
     and one router/generator pass. The generator's per-token NLL `l` [B, L] (float32, to be
     read at `batch.sup_mask`) and the posterior's and router's Gaussians [B, D]."""
-    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask)
+    mu_q, logvar_q = model.posterior(batch.post_ids, batch.post_mask, lengths=batch.post_lengths)
     z = mu_q + torch.exp(0.5 * logvar_q) * eps.to(mu_q.device)
     logits, mu_r, logvar_r = model.generator(
-        batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos, sup_pos=batch.gen_sup_pos
+        batch.gen_ids, batch.gen_mask, z, batch.z_open_pos, batch.z_slot_pos, sup_pos=batch.gen_sup_pos, host=batch.host
     )
     return {
         "l": token_nll(logits, batch.sup_ids),

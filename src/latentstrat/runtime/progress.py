@@ -31,6 +31,12 @@ class Progress:
             log(f"[{name}] resuming at {unit} {start}/{total}", flush=True)
         self._write(start, None)
 
+    def add_losses(self, losses) -> None:
+        """Losses of steps read back together (a trainer reads its step records in windows): the
+        next line's mean loss counts them."""
+        for v in losses:
+            self.loss, self.n = self.loss + float(v), self.n + 1
+
     def update(self, done: int, loss: float | None = None, tokens: int = 0) -> None:
         if loss is not None:
             self.loss, self.n = self.loss + loss, self.n + 1
