@@ -127,7 +127,7 @@ class Batch:
         if dev.type == "cpu":
             move = lambda t: t.to(dev)  # noqa: E731
         else:
-            move = lambda t: (t if t.device == dev else t.pin_memory().to(dev, non_blocking=True))  # noqa: E731
+            move = lambda t: t if t.device == dev else t.pin_memory().to(dev, non_blocking=True)  # noqa: E731
         return Batch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
 
     def tokens(self) -> int:
@@ -175,6 +175,10 @@ def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
         b_t, _ = _pad(rows, 0.0, dtype=torch.float32, multiple=multiple)
     gen_sup_pos = _pad(gen_sup, 0, multiple=multiple)[0]
     task_rows = np.asarray([encoded.task_idx[i] for i in idx], dtype=np.int64)
+    z_open_host = np.asarray([encoded.z_open_pos[i] for i in idx], dtype=np.int64)
+    sup_host = np.zeros(tuple(gen_sup_pos.shape), dtype=np.int64)
+    for r, pos in enumerate(gen_sup):
+        sup_host[r, : len(pos)] = pos
     return Batch(
         gen_ids=gen_ids,
         gen_mask=gen_mask,
@@ -190,8 +194,8 @@ def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
         row_idx=torch.tensor(idx),
         host=HostRows(
             np.asarray([len(encoded.gen_ids[i]) for i in idx], dtype=np.int64),
-            z_open.numpy().astype(np.int64),
-            gen_sup_pos.numpy().astype(np.int64),
+            z_open_host,
+            sup_host,
         ),
         post_lengths=np.asarray([len(encoded.post_ids[i]) for i in idx], dtype=np.int64),
         task_rows=task_rows,

@@ -18,7 +18,10 @@ embedded tasks (the word-level tokenizer's ids lie inside the vocabulary), it ru
 It prints the parameter counts (frozen, adapters, heads), the peak memory, the analytic FLOPs of
 the cell step (`step_flops`) and the measured throughput; docs/performance.md turns those into GPU
 time per cell. `--layers` keeps fewer of the 24 layers (a smaller, faster check of the same
-shapes; the counts then say so).
+shapes; the counts then say so), `--hidden` a narrower model of the same depth. `--count-step`
+adds the trainer's step against the library step it replaced (bench.step: kernel ops, host
+syncs, host ms per step, graph breaks, outputs); `--hidden 128 --batch-size 8 --layout padded`
+counts the GPU path's step at a host-bound shape on a CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 from latentstrat import batching, encoding
 from latentstrat.base import data
 from latentstrat.base.reference import reference_nll
+from latentstrat.bench import step as step_bench
 from latentstrat.cell.train import batch_at, step_noise
 from latentstrat.config import config_for_command
 from latentstrat.modeling import objective as obj
@@ -159,6 +163,13 @@ def run(args) -> dict:
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     arch = {**QWEN25_05B, "num_hidden_layers": args.layers or QWEN25_05B["num_hidden_layers"]}
+    if args.hidden:  # the same depth and head size, narrower: a host-bound shape for counting
+        arch.update(
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_attention_heads=max(2, args.hidden // 64),
+            num_key_value_heads=2,
+        )
     train_df, val_df, tok = records(args.batch_size)
     assert len(tok) <= arch["vocab_size"], "the tokenizer's ids must lie inside the vocabulary"
     with tempfile.TemporaryDirectory() as d:
@@ -198,11 +209,17 @@ def run(args) -> dict:
         generated = decode_batch(model, tok, prompts.prompt, prompts.slot_pos, z, 16)
         decode_s = time.perf_counter() - t
     flops = step_flops(arch, counts, tokens, supervised)
+    stepped = None
+    if args.count_step:
+        model.train()
+        stepped = step_bench.compare(model, objective, (enc, b_train), args.batch_size, 1e-4, kind=args.layout)
     return {
+        "step": stepped,
         "host": host.cpu_label() if dev.type == "cpu" else torch.cuda.get_device_name(dev),
         "device": str(dev),
         "threads": args.threads,
         "layers": arch["num_hidden_layers"],
+        "hidden": arch["hidden_size"],
         "backbone_dtype": cfg["backbone"]["dtype"],
         "trainable_dtypes": dtypes,
         "parameters": counts,
@@ -247,6 +264,7 @@ def render(r: dict) -> str:
             f"{r['tokens_per_s']:,.0f} tokens/s; {r['step_flops'] / 1e12:.3f} TFLOP "
             f"-> {r['achieved_flops'] / 1e9:.1f} GFLOP/s",
             f"peak memory: {r['peak_memory_mb']:,.0f} MB ({'GPU allocated' if r['device'] == 'cuda' else 'RSS'})",
+            *(step_bench.render(r["step"]) if r["step"] else []),
         ]
     )
 
@@ -275,6 +293,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="train steps (2 or more); timed: those after the first")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--layers", type=int, default=None, help="keep this many of the 24 layers")
+    ap.add_argument("--hidden", type=int, default=None, help="a narrower model (hidden size; MLP 4x, 64-wide heads)")
+    ap.add_argument(
+        "--count-step",
+        action="store_true",
+        help="also count the trainer's step against the library step (ops, syncs, host ms, graph breaks)",
+    )
+    ap.add_argument(
+        "--layout", default=None, choices=["packed", "padded"], help="the trainer step's layout in the step count"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the numbers to this JSON file")
     a = ap.parse_args(argv)
     if a.steps < 2:

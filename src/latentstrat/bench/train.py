@@ -5,8 +5,8 @@
 
 Trainer step: the cell trainer's (latentstrat.modeling.objective.forward_losses on train.batch_at's
 task-mixed batches with train.step_noise's z noise, AdamW; without the gradient clipping): one
-posterior pass + one router/generator pass, packed on a CPU (per-token layers over the real
-tokens only, backbone.packed_hidden; on a GPU transformers' own passes), b read from a table
+posterior pass + one router/generator pass through the fast pass (backbone.hidden_at: packed
+over the real tokens on a CPU, padded without an attention mask on a GPU), b read from a table
 computed once, logits only at supervised positions. Naive step: three separate passes of
 transformers' padded forward (posterior, generator with full logits, and a z-free reference
 pass recomputing b every step), every batch padded to the longest sequence of the dataset,
@@ -14,7 +14,9 @@ random batches. Both optimize the same objective (active reconstruction + beta x
 its penalty weights are 0) on the same train split, not on the same batches. Also timed: the
 trainer's step with transformers' padded passes instead of packed ones and under bf16 autocast
 (which the trainer does not use), and the no-grad pass of validation and evaluation on merged
-adapters against the LoRA layers.
+adapters against the LoRA layers. Last, the trainer's whole step (train.train_step) against the
+library step it replaced (bench.step: kernel ops, host syncs and host ms per step, graph
+breaks, and both steps' outputs from the same weights).
 
 The trainer's and the naive step are timed in alternating rounds (`--rounds`, `--steps` each);
 the speedup is the median of the rounds' ratios, printed with their range.
@@ -40,8 +42,8 @@ import torch
 from latentstrat import batching, encoding
 from latentstrat.base import data
 from latentstrat.base.reference import reference_nll
+from latentstrat.bench import step as step_bench
 from latentstrat.cell.train import batch_at, step_noise
-from latentstrat.modeling import model as model_module
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import build_backbone
 from latentstrat.modeling.model import LatentStrategyModel
@@ -210,7 +212,7 @@ def time_eval_passes(model, enc, b, objective, args, device) -> tuple[tuple[floa
     return lora, (t_merged + t_merge, tok_merged)
 
 
-def alternating_rounds(trainer_step, naive_step, args, device) -> list:
+def alternating_rounds(model, trainer_step, naive_step, args, device) -> list:
     """The trainer's and the naive step, timed in alternating rounds: a machine's speed drifts
     (other tenants of a VM), and a ratio of two back-to-back timings moves with it. Per round
     ((seconds, tokens) of the trainer's steps, the same of the naive steps)."""
@@ -220,11 +222,8 @@ def alternating_rounds(trainer_step, naive_step, args, device) -> list:
         # the naive step runs transformers' padded passes: with the packed pass on, its padding to
         # the dataset's longest record would be stripped from every per-token layer again, and
         # the "naive" step would share the trainer's main optimization (it read 1.09x that way)
-        model_module.PACKED = False
-        try:
+        with step_bench.library(model):
             naive_r = time_steps(naive_step, args.steps, args.warmup if r == 0 else 0, device)
-        finally:
-            model_module.PACKED = True
         rounds.append((fast_r, naive_r))
     return rounds
 
@@ -232,11 +231,8 @@ def alternating_rounds(trainer_step, naive_step, args, device) -> list:
 def padded_and_bf16(trainer_step, args, device) -> tuple:
     """The trainer's step with transformers' padded passes instead of packed ones, and under bf16
     autocast: what the cell trainer's choices are measured against on this host."""
-    model_module.PACKED = False
-    try:
+    with step_bench.layout("transformers"):
         padded = time_steps(trainer_step, args.steps, args.warmup, device)
-    finally:
-        model_module.PACKED = True
     with torch.autocast(device.type, dtype=torch.bfloat16):
         bf16 = time_steps(trainer_step, args.steps, args.warmup, device)
     return padded, bf16
@@ -269,7 +265,7 @@ def run(args) -> dict:
         update(naive_losses(model, entangled, batch, objective, eps))
         return int(batch.gen_mask.sum() + batch.post_mask.sum())
 
-    rounds = alternating_rounds(trainer_step, naive_step, args, device)
+    rounds = alternating_rounds(model, trainer_step, naive_step, args, device)
     t_fast, tok_fast = (sum(x) for x in zip(*(f for f, _ in rounds)))
     t_naive, tok_naive = (sum(x) for x in zip(*(n for _, n in rounds)))
     # the ratio reported is the median of the rounds' ratios; tokens/s are over all rounds
@@ -278,6 +274,7 @@ def run(args) -> dict:
     (t_lora_eval, tok_lora_eval), (t_merged_eval, tok_merged_eval) = time_eval_passes(
         model, enc, b, objective, args, device
     )
+    stepped = step_bench.compare(model, objective, (enc, b), args.batch_size, 1e-4, kind=args.layout)
     peak_dtype = torch.float32 if device.type == "cpu" else model.dtype_
     peak = matmul_peak(device, peak_dtype, args.matmul_n)
     fast, naive = tok_fast / t_fast, tok_naive / t_naive
@@ -302,6 +299,7 @@ def run(args) -> dict:
         "peak_dtype": str(peak_dtype).replace("torch.", ""),
         "mfu_vs_matmul_peak": 6 * n_params * fast / peak,
         "flops_note": "model FLOPs = 6 x backbone params x real tokens of the two trained passes",
+        "step": stepped,
     }
     if args.peak_flops:
         res["mfu_vs_nominal_peak"] = 6 * n_params * fast / args.peak_flops
@@ -328,6 +326,12 @@ def main(argv=None) -> int:
     ap.add_argument("--matmul-n", type=int, default=1024, help="size of the matmul that measures the host's peak")
     ap.add_argument(
         "--peak-flops", type=float, default=None, help="nominal device peak (e.g. 989e12 for H100/H200 bf16 dense)"
+    )
+    ap.add_argument(
+        "--layout",
+        default=None,
+        choices=["packed", "padded"],
+        help="the trainer step's layout in the step count (default: the device's; padded = the GPU path's)",
     )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
@@ -367,4 +371,5 @@ def main(argv=None) -> int:
     )
     if "mfu_vs_nominal_peak" in res:
         print(f"MFU vs nominal peak: {100 * res['mfu_vs_nominal_peak']:.1f}%")
+    print("\n".join(step_bench.render(res["step"])))
     return 0

@@ -180,8 +180,8 @@ class LatentStrategyModel(nn.Module):
             p.requires_grad_(False)
         if adaptation == "lora":
             self.peft = add_lora(backbone, lora_cfg)  # adapters "generator" and "posterior"
-            self._set_lms(backbone, backbone)
-            object.__setattr__(self, "switch", AdapterSwitch(self.peft, ADAPTERS[0]))  # peft put its LoRA layers into the backbone itself
+            self._set_lms(backbone, backbone)  # peft put its LoRA layers into the backbone itself
+            object.__setattr__(self, "switch", AdapterSwitch(self.peft, ADAPTERS[0]))
         elif adaptation == "full":
             self.lm = backbone
             self.lm_post = copy.deepcopy(backbone)
