@@ -158,18 +158,25 @@ def train_steps(model, objective, enc, b_train, lr: float, batch_size: int, step
     return losses, grad_norms, adapter_grads, step_s, tokens, supervised
 
 
+def architecture(layers: int | None, hidden: int | None) -> dict:
+    """Qwen2.5-0.5B's configuration, with `layers` of its 24 layers and, given `hidden`, a
+    narrower model of the same depth and head size (a host-bound shape for counting)."""
+    arch = {**QWEN25_05B, "num_hidden_layers": layers or QWEN25_05B["num_hidden_layers"]}
+    if hidden:
+        arch.update(
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_attention_heads=max(2, hidden // 64),
+            num_key_value_heads=2,
+        )
+    return arch
+
+
 def run(args) -> dict:
     cfg = config_for_command(args.configfile)
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    arch = {**QWEN25_05B, "num_hidden_layers": args.layers or QWEN25_05B["num_hidden_layers"]}
-    if args.hidden:  # the same depth and head size, narrower: a host-bound shape for counting
-        arch.update(
-            hidden_size=args.hidden,
-            intermediate_size=4 * args.hidden,
-            num_attention_heads=max(2, args.hidden // 64),
-            num_key_value_heads=2,
-        )
+    arch = architecture(args.layers, args.hidden)
     train_df, val_df, tok = records(args.batch_size)
     assert len(tok) <= arch["vocab_size"], "the tokenizer's ids must lie inside the vocabulary"
     with tempfile.TemporaryDirectory() as d:
@@ -224,7 +231,7 @@ def run(args) -> dict:
         "trainable_dtypes": dtypes,
         "parameters": counts,
         "backbone_parameters": counts["frozen"],
-        "published_parameters": QWEN25_05B_PARAMETERS if not args.layers else None,
+        "published_parameters": QWEN25_05B_PARAMETERS if not (args.layers or args.hidden) else None,
         "build_s": build_s,
         "losses": losses,
         "grad_norms": grad_norms,
