@@ -367,8 +367,9 @@ def _attention(layout: Layout, heads: int, kv_heads: int, head_dim: int, q, k, v
 
 
 def _rms_norm(norm, x):
-    """A Qwen2 RMSNorm as torch's fused op (float32 statistics, as transformers computes them)."""
-    return nn.functional.rms_norm(x.float(), x.shape[-1:], norm.weight.float(), norm.variance_epsilon).to(x.dtype)
+    """A Qwen2 RMSNorm as torch's op (its statistics in float32 under a lower precision, as
+    transformers computes them)."""
+    return nn.functional.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
 
 
 def fast_hidden(lm, layout: Layout, input_ids=None, inputs_embeds=None) -> torch.Tensor:
@@ -394,10 +395,9 @@ def fast_hidden(lm, layout: Layout, input_ids=None, inputs_embeds=None) -> torch
     for i, layer in enumerate(m.layers):
         a = layer.self_attn
         h = _rms_norm(layer.input_layernorm, x)
-        q = a.q_proj(h).view(n, heads, head_dim)
-        k = a.k_proj(h).view(n, kv_heads, head_dim)
+        qk = torch.cat([a.q_proj(h).view(n, heads, head_dim), a.k_proj(h).view(n, kv_heads, head_dim)], 1)
+        q, k = (qk * cos + rotate_half(qk) * sin).split([heads, kv_heads], 1)  # rotary, both at once
         v = a.v_proj(h).view(n, kv_heads, head_dim)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         o = _attention(layout, heads, kv_heads, head_dim, q, k, v, a.scaling)
         if layout.keep is not None and i == len(m.layers) - 1:
             x, o = x.index_select(0, layout.keep), o.index_select(0, layout.keep)
