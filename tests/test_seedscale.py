@@ -35,7 +35,7 @@ def test_qwen25_05b_cell_trains_validates_and_decodes_on_the_cpu(tmp_path):
     # two LoRA adapters, r 16 on every linear layer: r x (in + out) per layer and adapter
     per_layer = 16 * (2 * (896 + 896) + 2 * (896 + 128) + 3 * (896 + 4864))
     assert res["parameters"]["adapters"] == 2 * 24 * per_layer
-    assert res["backbone_dtype"] == "bfloat16" and res["trainable_dtypes"] == ["float32"]
+    assert res["backbone_dtype"] == "bfloat16" and res["trainable_dtypes"] == ["bfloat16", "float32"]
     assert all(x > 0 for x in res["adapter_grad_max"]) and all(0 < n <= 16 for n in res["decoded_tokens"])
     assert 0.5 < res["losses"][0] < 3  # the normalized family: about 1 at step 0 (z adds nothing)
     assert res["peak_memory_mb"] > 1000  # a bf16 copy of 494 M parameters alone is 942 MB

@@ -10,7 +10,8 @@ model.LatentStrategyModel with the config's LoRA (two peft adapters, r, alpha, t
 router and posterior heads and z projection at the config's latent_dim. On records of the
 embedded tasks (the word-level tokenizer's ids lie inside the vocabulary), it runs:
 - `--steps` train steps (2 or more) of the trainer's objective (objective.forward_losses with the
-  cell's family and beta, b from the same backbone before its adapters, AdamW, clipping at 1),
+  cell's family and beta, b from the same backbone before its adapters, the trainer's AdamW with
+  float32 masters for the bf16 adapters, clipping at 1),
   checking finite losses and non-zero adapter gradients; the step time is the median of the steps
   after the first (the first pays for allocations and kernel selection);
 - one validation pass (the objective on held-out records, no gradient);
@@ -41,7 +42,7 @@ from latentstrat import batching, encoding
 from latentstrat.base import data
 from latentstrat.base.reference import reference_nll
 from latentstrat.bench import step as step_bench
-from latentstrat.cell.train import batch_at, step_noise
+from latentstrat.cell.train import batch_at, optimizer, step_noise
 from latentstrat.config import config_for_command
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import build_backbone, device_of
@@ -134,7 +135,7 @@ def train_steps(model, objective, enc, b_train, lr: float, batch_size: int, step
     pre-clip gradient norm, the largest adapter gradient and the wall time; the last step's tokens
     and supervised tokens."""
     dev, latent_dim = device_of(model), model.latent_dim
-    opt = torch.optim.AdamW(model.trainable_parameters(), lr=lr)
+    opt = optimizer(model.trainable_parameters(), lr, 0.01)
     model.train()
     losses, grad_norms, adapter_grads, step_s, tokens, supervised = [], [], [], [], 0, 0
     for step in range(steps):
@@ -147,7 +148,8 @@ def train_steps(model, objective, enc, b_train, lr: float, batch_size: int, step
         adapter_grads.append(
             max(float(p.grad.abs().max()) for n, p in model.named_parameters() if ".lora_" in n and p.grad is not None)
         )
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.trainable_parameters(), 1.0)))
+        opt.gather()
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(opt.params, 1.0)))
         opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize()

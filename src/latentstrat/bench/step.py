@@ -50,6 +50,16 @@ def library(model):
             model.switch.library = False
 
 
+def library_model(model):
+    """A copy of `model` as the library step ran it: its trainable weights in float32 (peft
+    upcasts adapters under a lower-precision backbone and casts the activations around them)."""
+    lib = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in lib.trainable_parameters():
+            p.data = p.data.float()
+    return lib
+
+
 @contextmanager
 def layout(kind: str | None):
     prev = backbone.LAYOUT
@@ -146,7 +156,7 @@ def outputs_equal(model, objective, enc, b, batch_size: int, steps: int, clip: f
     the norm, all trainable tensors together) of the gradients and of the weights' updates
     after the last. Adam normalizes each weight's step, so a weight whose gradient is near zero
     moves by about lr either way: updates differ more than losses and gradients do."""
-    ref_model, new_model = copy.deepcopy(model), copy.deepcopy(model)
+    ref_model, new_model = library_model(model), copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(ref_model.trainable_parameters(), lr=lr)
     new_opt = train.optimizer(new_model.trainable_parameters(), lr, 0.01)
     ref_opt.param_groups[0]["weight_decay"] = new_opt.param_groups[0]["weight_decay"]
@@ -166,7 +176,7 @@ def outputs_equal(model, objective, enc, b, batch_size: int, steps: int, clip: f
         diff = math.sqrt(sum(float((x.float() - y.float()).pow(2).sum()) for x, y in pairs))
         return diff / max(math.sqrt(sum(float(y.float().pow(2).sum()) for _, y in pairs)), 1e-30)
 
-    start = model.trainable_parameters()
+    start = [p.float() for p in model.trainable_parameters()]
     params = list(zip(new_model.trainable_parameters(), ref_model.trainable_parameters(), start))
     return {
         "losses_library": ref,
@@ -188,7 +198,7 @@ def compare(model, objective, data, batch_size: int, lr: float, clip: float = 1.
     enc, b = data
     dev = backbone.device_of(model)
     res = {}
-    lib_model = copy.deepcopy(model)
+    lib_model = library_model(model)
     lib_opt = torch.optim.AdamW(lib_model.trainable_parameters(), lr=lr)
     with library(lib_model):
         res["library"] = _measure(

@@ -42,6 +42,7 @@ from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
+from latentstrat.modeling.optim import CellOptimizer
 from latentstrat.paths import DATA_FILES, PROGRESS_FILE, TRAIN_FILES, BaseFolders
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import Progress
@@ -110,17 +111,13 @@ def batch_at(task_idx, batch_size: int, seed: int, step: int) -> list[int]:
     return EpochBatches(task_idx, batch_size, seed)(step)
 
 
-def optimizer(params, lr: float, weight_decay: float):
-    """AdamW, fused into one kernel per step where the parameters' device supports it (CPU and
-    CUDA; its step counters stay on the device), torch's foreach AdamW elsewhere."""
-    params = list(params)
-    try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
-    except RuntimeError:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+def optimizer(params, lr: float, weight_decay: float) -> CellOptimizer:
+    """The cell's AdamW (modeling.optim.CellOptimizer: fused where the device has the kernel,
+    float32 masters for lower-precision weights)."""
+    return CellOptimizer(params, lr, weight_decay)
 
 
-def train_step(model, opt, objective: Objective, batch, eps, step: int, clip: float) -> torch.Tensor:
+def train_step(model, opt: CellOptimizer, objective: Objective, batch, eps, step: int, clip: float) -> torch.Tensor:
     """One update of J (objective.forward_losses) on `batch` with the z noise `eps`, the gradient
     clipped at `clip` (0: measured, not clipped). It reads nothing back to the host: it returns
     the step's record on the device, the batch sums of the `RECORDED` terms and the pre-clip
@@ -128,11 +125,11 @@ def train_step(model, opt, objective: Objective, batch, eps, step: int, clip: fl
     losses = forward_losses(model, batch, objective, step, eps)
     opt.zero_grad(set_to_none=True)
     losses["total"].backward()
-    params = model.trainable_parameters()
-    grads = [p.grad for p in params if p.grad is not None]
+    opt.gather()
+    grads = [p.grad for p in opt.params if p.grad is not None]
     gnorm = torch.nn.utils.get_total_norm(grads, foreach=True)
     if clip > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, clip, gnorm, foreach=True)
+        torch.nn.utils.clip_grads_with_norm_(opt.params, clip, gnorm, foreach=True)
     opt.step()
     return torch.stack([*(losses[k].detach().float().sum() for k in RECORDED), gnorm.float()])
 

@@ -85,20 +85,22 @@ def lora_config(lora_cfg: dict | None, base_model_name_or_path: str | None = Non
 
 def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
     """The backbone as a peft model with one LoRA adapter per name in `adapters` (A Kaiming
-    uniform, B zero: each starts as the identity), float32 under a lower-precision backbone."""
+    uniform, B zero: each starts as the identity), in the backbone's dtype: under a bf16
+    backbone the adapters run in bf16 (no activation cast around them) and train through
+    float32 master copies (modeling.optim.CellOptimizer)."""
     from peft import get_peft_model
 
     cfg = lora_config(lora_cfg, getattr(backbone, "name_or_path", None) or None)
     try:
         with warnings.catch_warnings():  # peft asks transformers a question transformers 5 renamed
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0])
+            peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0], autocast_adapter_dtype=False)
     except ValueError as e:
         raise ValueError(
             f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}"
         ) from None
     for name in adapters[1:]:
-        peft_model.add_adapter(name, lora_config(lora_cfg, cfg.base_model_name_or_path))
+        peft_model.add_adapter(name, lora_config(lora_cfg, cfg.base_model_name_or_path), autocast_adapter_dtype=False)
     return peft_model
 
 
@@ -115,8 +117,8 @@ class AdapterSwitch:
     `requires_grad` is set once. Each LoRA layer's forward (`_switched_forward`) computes
     W x + b + s B A x of the named adapter as one matmul and one accumulating matmul, without
     peft's full-width temporaries; any setup that is not a plain adapter (dropout, a variant
-    such as DoRA, a merged or disabled layer, extra arguments) runs peft's own forward for the
-    named adapter. `library = True` switches with peft's `set_adapter` and runs peft's forward
+    such as DoRA, a merged or disabled layer, extra arguments, autocast) runs peft's own forward
+    for the named adapter. `library = True` switches with peft's `set_adapter` and runs peft's forward
     everywhere: the baseline the switch is tested equal to (tests/test_model.py)."""
 
     def __init__(self, peft_model, active: str):
@@ -151,6 +153,7 @@ def _switched_forward(self, x, *args, **kwargs):
         and name not in self.lora_variant
         and isinstance(self.lora_dropout[name], nn.Identity)
         and isinstance(self.base_layer, nn.Linear)
+        and not torch.is_autocast_enabled(x.device.type)
     )
     if not plain:
         self._active_adapter = [name]
