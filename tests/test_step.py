@@ -135,3 +135,35 @@ def test_step_records_name_the_first_non_finite_term():
     assert means.shape == (2, len(train.RECORDED) + 1) and means[0, 0] == 0.5 and means[0, -1] == 1.0
     with pytest.raises(train.NonFiniteLoss, match=r"cell c1: step 6: loss term kl_prior_loss"):
         train.read_records([ok, bad, ok], 4, [2, 2, 2], "c1")
+
+
+def test_cell_optimizer_trains_bf16_weights_through_float32_masters():
+    """A bf16 weight under CellOptimizer: AdamW on its float32 master (steps smaller than bf16's
+    resolution accumulate), the weight the master's rounding; its state resumes the masters
+    exactly, and a plain AdamW state of the same weights (an older checkpoint) loads."""
+    from latentstrat.modeling.optim import CellOptimizer
+
+    def make():
+        w16 = torch.nn.Parameter(torch.full((4,), 1.0, dtype=torch.bfloat16))
+        w32 = torch.nn.Parameter(torch.zeros(3))
+        return w16, w32, CellOptimizer([w16, w32], lr=1e-4, weight_decay=0.0)
+
+    w16, w32, opt = make()
+    for _ in range(30):  # each update ~1e-4, below bf16's spacing at 1.0 (2^-7)
+        opt.zero_grad()
+        (w16.float().sum() + w32.sum()).backward()
+        opt.gather()
+        opt.step()
+    assert torch.allclose(opt.masters[0], torch.full((4,), 1 - 30e-4), atol=2e-5)  # the master moved
+    assert torch.equal(w16, opt.masters[0].to(torch.bfloat16)) and torch.allclose(w32, torch.full((3,), -30e-4))
+    a16, a32, again = make()
+    again.load_state_dict(opt.state_dict())
+    assert torch.equal(again.masters[0], opt.masters[0]) and torch.equal(a16, w16)
+    plain = torch.optim.AdamW([torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.zeros(3))], lr=1e-4)
+    for p in plain.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    plain.step()
+    b16, b32, old = make()
+    old.load_state_dict(plain.state_dict())
+    assert old.adamw.state[old.params[0]]["exp_avg"].shape == (3,)  # the float32 weight's moments
+    assert old.adamw.state[old.params[1]]["exp_avg"].shape == (4,)  # the master's

@@ -55,7 +55,7 @@ class CellOptimizer:
         """A state from `state_dict`, or a plain AdamW state of the same parameters (a
         checkpoint written before the masters; the masters then start from the weights)."""
         if "adamw" not in state:
-            self.adamw.load_state_dict(state)
+            self._load_plain(state)
             return
         if len(state["masters"]) != len(self.masters):
             raise ValueError(
@@ -66,6 +66,20 @@ class CellOptimizer:
         for p, m in zip(self.low, self.masters):
             p.copy_(m)
         self.adamw.load_state_dict(state["adamw"])
+
+    def _load_plain(self, state: dict) -> None:
+        """A torch AdamW state over the trained weights in their order: the masters start from
+        the weights (already loaded), the moments follow their weights into this order."""
+        fp32 = [i for i, p in enumerate(self.trained) if p.dtype == torch.float32]
+        new_to_old = fp32 + [i for i, p in enumerate(self.trained) if p.dtype != torch.float32]
+        old = state["state"]
+        state = {
+            "state": {new: old[o] for new, o in enumerate(new_to_old) if o in old},
+            "param_groups": [{**state["param_groups"][0], "params": list(range(len(new_to_old)))}],
+        }
+        for m, p in zip(self.masters, self.low):
+            m.copy_(p)
+        self.adamw.load_state_dict(state)
 
 
 def _grad(p) -> torch.Tensor:
