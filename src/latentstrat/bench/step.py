@@ -177,12 +177,15 @@ def outputs_equal(model, objective, enc, b, batch_size: int, steps: int, clip: f
         return diff / max(math.sqrt(sum(float(y.float().pow(2).sum()) for _, y in pairs)), 1e-30)
 
     start = [p.float() for p in model.trainable_parameters()]
-    params = list(zip(new_model.trainable_parameters(), ref_model.trainable_parameters(), start))
+    masters = {id(p): m for p, m in zip(new_opt.low, new_opt.masters)}  # a bf16 weight's own state
+    trained = [masters.get(id(p), p) for p in new_model.trainable_parameters()]
+    params = list(zip(trained, ref_model.trainable_parameters(), start))
     return {
         "losses_library": ref,
         "losses_trainer": new,
         "loss_rel": max(abs(a - c) / max(abs(a), 1e-12) for a, c in zip(ref, new)),
         "grad_rel": rel([(_grad(p), _grad(q)) for p, q, _ in params if p.grad is not None or q.grad is not None]),
+        "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in new_model.trainable_parameters()}),
         "update_rel": rel([(p.detach() - w.detach(), q.detach() - w.detach()) for p, q, w in params]),
     }
 
