@@ -63,3 +63,16 @@ def make_base(root: Path, cfg: dict) -> dict:
 def base_folders(base: dict) -> BaseFolders:
     """The folders of a tiny base (the `tiny_base` fixture's dict) as a model job reads them."""
     return BaseFolders(base["data_dir"], base["entangle_dir"], base.get("reference_dir"))
+
+
+def tiny_cfg(**train):
+    """The TINY config with `train` settings overridden, validated, and its first cell."""
+    import json
+
+    from latentstrat.cells import expand_cells
+    from latentstrat.config import load_config
+
+    cfg = json.loads(json.dumps(TINY))
+    cfg["train"].update(train)
+    cfg = load_config(cfg=cfg)
+    return cfg, expand_cells(cfg)[0].to_json()

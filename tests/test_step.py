@@ -2,28 +2,12 @@
 as the library step it replaced, a non-finite loss still stopping the cell, and the counter
 that measures it (runtime.dispatch) catching what it claims to."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
-from base_helpers import TINY, base_folders
-from latentstrat.cells import expand_cells
-from latentstrat.config import load_config
+from base_helpers import base_folders, tiny_cfg
 from latentstrat.runtime import dispatch
-
-
-@pytest.fixture(scope="module")
-def base(tiny_base):
-    return tiny_base
-
-
-def tiny_cfg(**train):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["train"].update(train)
-    cfg = load_config(cfg=cfg)
-    return cfg, expand_cells(cfg)[0].to_json()
 
 
 def test_counter_sees_syncs_and_reads():
@@ -50,7 +34,7 @@ def test_counter_sees_syncs_and_reads():
         assert c.n_syncs >= 1, read
 
 
-def test_training_loop_reads_nothing_back_between_logging_points(base, tmp_path, monkeypatch):
+def test_training_loop_reads_nothing_back_between_logging_points(tiny_base, tmp_path, monkeypatch):
     """The real trainer over 12 steps with reads every 5: every window of steps between two
     reads dispatches no sync and reads no tensor value (batches, noise, both passes, the
     backward, clipping, AdamW and the loop's bookkeeping); the reads come where they should."""
@@ -76,7 +60,7 @@ def test_training_loop_reads_nothing_back_between_logging_points(base, tmp_path,
 
     monkeypatch.setattr(train.EpochBatches, "__call__", start)
     monkeypatch.setattr(train, "read_records", read)
-    summary = train.train_cell(cfg, cell, base_folders(base), tmp_path / "c", threads=1)
+    summary = train.train_cell(cfg, cell, base_folders(tiny_base), tmp_path / "c", threads=1)
     assert summary["steps"] == 12 and reads == [5, 10, 12]
     assert [n for _, _, n in windows] == [5, 5, 2]
     for first, counts, _ in windows:
@@ -84,7 +68,7 @@ def test_training_loop_reads_nothing_back_between_logging_points(base, tmp_path,
         assert counts.n_ops > 100  # the steps really ran inside the window
 
 
-def test_trainer_step_equals_library_step(base):
+def test_trainer_step_equals_library_step(tiny_base):
     """From the same weights over the same batches, the trainer's step (adapter switch, fast
     pass, noise on the device, fused AdamW) and the library step it replaced (peft's switch and
     forward, transformers' pass with its mask, torch's default AdamW) give the same losses to
@@ -96,7 +80,7 @@ def test_trainer_step_equals_library_step(base):
     from latentstrat.modeling.objective import Objective
 
     cfg, cell = tiny_cfg()
-    folders = base_folders(base)
+    folders = base_folders(tiny_base)
     tok = encoding.load_tokenizer(folders.data)
     df = encoding.load_split(folders.data, "train")
     enc = encoding.encode(df, tok, int(cell["z_slots"]))

@@ -12,9 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from base_helpers import TINY, base_folders
-from latentstrat.cells import expand_cells, training_seed
-from latentstrat.config import load_config
+from base_helpers import base_folders, tiny_cfg
+from latentstrat.cells import training_seed
 from latentstrat.io import write_parquet
 from latentstrat.paths import BaseFolders
 
@@ -35,13 +34,6 @@ def weights(d):
 @pytest.fixture(scope="module")
 def base(tiny_base):
     return tiny_base
-
-
-def tiny_cfg(**train):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["train"].update(train)
-    cfg = load_config(cfg=cfg)
-    return cfg, expand_cells(cfg)[0].to_json()
 
 
 def run(cfg, cell, base, out):
