@@ -151,3 +151,29 @@ def test_cell_optimizer_trains_bf16_weights_through_float32_masters():
     old.load_state_dict(plain.state_dict())
     assert old.adamw.state[old.params[0]]["exp_avg"].shape == (3,)  # the float32 weight's moments
     assert old.adamw.state[old.params[1]]["exp_avg"].shape == (4,)  # the master's
+
+
+@pytest.mark.slow
+def test_compiled_layers_train_the_same_cell(tiny_base, tmp_path, monkeypatch):
+    """`train.compile` on the padded layout (the GPU path, here on the CPU): the cell's history
+    equals the eager padded run's to float rounding (compiled kernels reorder sums)."""
+    import pandas as pd
+
+    from latentstrat.cell import train
+    from latentstrat.modeling import backbone
+
+    import torch._dynamo
+
+    monkeypatch.setattr(backbone, "LAYOUT", "padded")
+    torch._dynamo.utils.counters.clear()
+    runs = {}
+    for compiled in (False, True):
+        cfg, cell = tiny_cfg(steps=4, eval_every=2, checkpoint_every=100, compile=compiled)
+        train.train_cell(cfg, cell, base_folders(tiny_base), tmp_path / str(compiled), threads=1)
+        runs[compiled] = pd.read_parquet(tmp_path / str(compiled) / "history.parquet")
+    monkeypatch.setattr(backbone, "COMPILE", False)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # both adapters' layers compiled
+    eager, comp = runs[False], runs[True]
+    assert list(eager.metric) == list(comp.metric) and len(eager) > 20
+    losses = eager.metric.str.endswith("_loss") & eager.step.gt(0)
+    assert np.allclose(comp.value[losses], eager.value[losses], rtol=1e-4, atol=1e-6)

@@ -18,7 +18,7 @@ WORK_KEY_SECTIONS = ("lora", "train", "evaluate", "probes")
 
 
 # how a cell's training is run, not what it computes: left out of the work key
-RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing",)
+RUN_ONLY_TRAIN_KEYS = ("gradient_checkpointing", "compile")
 
 # the folder of a per-cell (or per-init) job's log and benchmark, by rule
 CELL_JOB_FOLDER = {s.name: s.job_folder for s in STAGES if s.level in ("init", "cell")}

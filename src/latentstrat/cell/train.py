@@ -39,6 +39,7 @@ from latentstrat.cells import cell_training_seed
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
+from latentstrat.modeling import backbone
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
@@ -76,8 +77,8 @@ RECORDED = (*TERMS, "active", "kl", "posterior_variance", "router_marginal_kl_to
 # the step's values are read back to the host every LOG_EVERY steps (and before every validation,
 # checkpoint and the end): between those reads the step reads nothing back (tests/test_step.py)
 LOG_EVERY = 50
-# on an accelerator, widths are padded up to a multiple of this (a few static shapes per record
-# length; the pads are never read); on the CPU every batch keeps its own width
+# on an accelerator (and with `train.compile`), widths are padded up to a multiple of this (a few
+# static shapes; the pads are never read); on the CPU every batch keeps its own width
 PAD_MULTIPLE = 16
 
 
@@ -339,6 +340,7 @@ def train_cell(cfg: dict, cell: dict, base: BaseFolders, out_dir, threads: int |
     model = build_model(cfg, cell, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
     if tcfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
+    backbone.COMPILE = bool(tcfg["compile"])
     opt = optimizer(model.trainable_parameters(), tcfg["lr"], tcfg["weight_decay"])
     enc = encoding.encode(train_df, tokenizer, int(cell["z_slots"]))
     val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
@@ -437,7 +439,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], cell_training_seed(setup.cell), setup.train
     dev = device_of(model)
     rows_of = EpochBatches(enc.task_idx, tcfg["batch_size"], seed)
-    multiple = 1 if dev.type == "cpu" else PAD_MULTIPLE
+    multiple = 1 if dev.type == "cpu" and not tcfg["compile"] else PAD_MULTIPLE
     progress = Progress(cid, tcfg["steps"], run.step, path=setup.out_dir / PROGRESS_FILE if setup.out_dir else None)
     pending: list = []  # (device record, batch rows, rows per task) of the steps not read yet
     t0 = time.perf_counter()

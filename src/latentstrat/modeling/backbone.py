@@ -372,6 +372,41 @@ def _rms_norm(norm, x):
     return nn.functional.rms_norm(x, x.shape[-1:], norm.weight, norm.variance_epsilon)
 
 
+# `train.compile`: each decoder layer of the trained passes in the padded layout runs compiled
+# (torch.compile; graphs per adapter and width, reused across layers); the packed layout and the
+# no-grad passes run eagerly
+COMPILE = False
+_COMPILED: list = []
+
+
+def _compiled_layer():
+    if not _COMPILED:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _COMPILED.append(torch.compile(decoder_layer))
+    return _COMPILED[0]
+
+
+def decoder_layer(layer, x, cos, sin, layout: Layout, dims: tuple, keep=None) -> torch.Tensor:
+    """One Qwen2 decoder layer over the rows of x [n, H] (rotary `cos`, `sin` [n, 1, d]); after
+    its attention only the rows `keep` go on, when given."""
+    from transformers.models.qwen2.modeling_qwen2 import rotate_half
+
+    heads, kv_heads, head_dim = dims
+    n, a = x.shape[0], layer.self_attn
+    h = _rms_norm(layer.input_layernorm, x)
+    qk = torch.cat([a.q_proj(h).view(n, heads, head_dim), a.k_proj(h).view(n, kv_heads, head_dim)], 1)
+    q, k = (qk * cos + rotate_half(qk) * sin).split([heads, kv_heads], 1)  # rotary, both at once
+    v = a.v_proj(h).view(n, kv_heads, head_dim)
+    o = _attention(layout, heads, kv_heads, head_dim, q, k, v, a.scaling)
+    if keep is not None:
+        x, o = x.index_select(0, keep), o.index_select(0, keep)
+    x = x + a.o_proj(o)
+    mlp, h = layer.mlp, _rms_norm(layer.post_attention_layernorm, x)
+    return x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+
 def fast_hidden(lm, layout: Layout, input_ids=None, inputs_embeds=None) -> torch.Tensor:
     """A Qwen2 decoder's last hidden states over a right-padded batch laid out by `layout`: at
     the rows `layout.keep` ([K, H], in that order) when it has them, else [B, T, H] (zeros at
@@ -379,31 +414,23 @@ def fast_hidden(lm, layout: Layout, input_ids=None, inputs_embeds=None) -> torch
     adapter its switch names (model.AdapterSwitch). The same function as transformers' padded
     pass up to float rounding at the real positions (tests/test_model.py), without reading
     anything back to the host and, packed, without work on the pads."""
-    from transformers.models.qwen2.modeling_qwen2 import rotate_half
-
     m = lm.model
     B, T = layout.B, layout.T
     x = m.embed_tokens(input_ids.reshape(-1)) if inputs_embeds is None else inputs_embeds.reshape(B * T, -1)
     if layout.tokens is not None:
         x = x.index_select(0, layout.tokens)
-    n = x.shape[0]
     cos, sin = m.rotary_emb(x, layout.positions[None])
     cos, sin = cos[0, :, None], sin[0, :, None]  # [n, 1, head_dim]
     c = m.config
-    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    dims = (
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+    )
+    compiled = COMPILE and layout.tokens is None and torch.is_grad_enabled()  # the trained passes
+    run = _compiled_layer() if compiled else decoder_layer
     for i, layer in enumerate(m.layers):
-        a = layer.self_attn
-        h = _rms_norm(layer.input_layernorm, x)
-        qk = torch.cat([a.q_proj(h).view(n, heads, head_dim), a.k_proj(h).view(n, kv_heads, head_dim)], 1)
-        q, k = (qk * cos + rotate_half(qk) * sin).split([heads, kv_heads], 1)  # rotary, both at once
-        v = a.v_proj(h).view(n, kv_heads, head_dim)
-        o = _attention(layout, heads, kv_heads, head_dim, q, k, v, a.scaling)
-        if layout.keep is not None and i == len(m.layers) - 1:
-            x, o = x.index_select(0, layout.keep), o.index_select(0, layout.keep)
-        x = x + a.o_proj(o)
-        mlp, h = layer.mlp, _rms_norm(layer.post_attention_layernorm, x)
-        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+        x = run(layer, x, cos, sin, layout, dims, layout.keep if i == len(m.layers) - 1 else None)
     x = _rms_norm(m.norm, x)
     if layout.keep is not None:
         return x
