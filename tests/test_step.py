@@ -158,11 +158,10 @@ def test_compiled_layers_train_the_same_cell(tiny_base, tmp_path, monkeypatch):
     """`train.compile` on the padded layout (the GPU path, here on the CPU): the cell's history
     equals the eager padded run's to float rounding (compiled kernels reorder sums)."""
     import pandas as pd
+    import torch._dynamo
 
     from latentstrat.cell import train
     from latentstrat.modeling import backbone
-
-    import torch._dynamo
 
     monkeypatch.setattr(backbone, "LAYOUT", "padded")
     torch._dynamo.utils.counters.clear()
