@@ -83,7 +83,7 @@ def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
     why = next(f["why"] for f in brief["failing_cells"])
     assert "answer accuracy 0.05 < 0.9 x entangled 0.97" in why
     assert "step-0 base-relative reconstruction 96.4" in why and "final base-relative reconstruction 28" in why
-    assert "router probe usable on 0 of 2 tasks" in why
+    assert "router probe usable on 0 of the 2 tasks whose generations follow more than one strategy" in why
     # results.md opens with the check, naming every failing cell
     sections = [line for line in results.splitlines() if line.startswith("## ")]
     assert sections[0] == "## Cell Sanity Check"
@@ -167,3 +167,61 @@ def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path
         "within_task_router_probe_shuffled",
         "within_task_router_probe_corrected",
     } <= set(d.index)
+
+
+def test_a_collapsed_task_is_a_collapse_not_a_failed_probe():
+    """An empty cell whose generations follow one strategy on one of 6 tasks (its within-task
+    router probe has one class there) passes when the probe is usable on the other 5; a probe
+    unusable on a task that follows two strategies still fails (negative control); the count
+    comes from the probe table's rows (status na, fewer than 2 classes)."""
+    from latentstrat.aggregate.sanity import cell_sanity
+    from latentstrat.cell.tabulate import _probe_summary
+
+    probes = pd.DataFrame(
+        {
+            "probe": ["within_task_router"] * 6,
+            "task": [f"t{i}" for i in range(6)],
+            "status": ["ok"] * 4 + ["na", "na"],
+            "n_classes": [2, 2, 3, 2, 1, 2],
+            "accuracy": [0.7, 0.8, 0.6, 0.7, math.nan, math.nan],
+            "chance": [0.5] * 6,
+            "shuffled_accuracy": [0.5] * 6,
+            "corrected": [0.4] * 6,
+        }
+    )
+    s = _probe_summary(probes, "within_task_router")
+    assert s["within_task_router_probe_tasks"] == 4 and s["within_task_router_probe_collapsed_tasks"] == 1
+    thr = {
+        "sanity_min_answer_ratio": 0.9,
+        "sanity_min_strategy_match_ratio": 0.9,
+        "sanity_step0_tolerance": 0.02,
+        "sanity_max_base_relative": 1.5,
+        "sanity_min_probe_coverage": 1.0,
+        "collapse_tv": 0.5,
+    }
+    entangled = {"answer_accuracy": 0.978, "strategy_match_rate": 0.97, "n_tasks": 6}
+
+    def sanity(probe_tasks, collapsed):
+        row = {
+            "cell_id": "c",
+            "arm": "matched_mean",
+            "reconstruction_family": "dist_tokcc_0.05_0.95",
+            "beta": 0.1,
+            "final_answer_accuracy": 0.985,
+            "strategy_match_rate": 0.98,
+            "base_relative_reconstruction": 0.999,
+            "within_task_router_probe_tasks": probe_tasks,
+            "within_task_router_probe_collapsed_tasks": collapsed,
+            "n_tasks": 6,
+            "followed_strategy_tv_max": 0.6,
+        }
+        hist = pd.DataFrame({"cell_id": ["c"], "step": [0], "metric": ["base_relative_reconstruction"], "value": [1.0]})
+        return cell_sanity(pd.DataFrame([row]), hist, entangled, thr).iloc[0]
+
+    ok = sanity(5, 1)
+    assert ok.passed == True and ok.router_probe_collapsed_tasks == 1 and ok.collapsed  # noqa: E712
+    bad = sanity(5, 0)
+    assert bad.passed == False  # noqa: E712
+    assert "usable on 5 of the 6 tasks" in bad.failures
+    every = sanity(0, 6)  # every task follows one strategy: nothing to probe, nothing failed
+    assert every.passed == True  # noqa: E712

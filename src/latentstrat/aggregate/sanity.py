@@ -26,6 +26,7 @@ SANITY_COLUMNS = [
     "step0_base_relative_reconstruction",
     "final_base_relative_reconstruction",
     "router_probe_tasks",
+    "router_probe_collapsed_tasks",
     "posterior_probe_tasks",
     "n_tasks",
     "followed_strategy_tv_max",
@@ -81,9 +82,15 @@ def sanity_inputs(r: pd.Series, entangled: dict, step0: dict) -> dict:
         "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
         "final_base_relative_reconstruction": float(r.get(M.base_relative_reconstruction, math.nan)),
         "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
+        "router_probe_collapsed_tasks": _count(r.get("within_task_router_probe_collapsed_tasks")),
         "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)),
         "n_tasks": n_tasks,
     }
+
+
+def _count(v) -> float:
+    """A task count of the cell row; 0 when absent (a row tabulated before the count)."""
+    return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
 def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
@@ -125,13 +132,17 @@ def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
         fb <= thr["sanity_max_base_relative"],
         f"final base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}",
     )
+    # a task whose generations follow one strategy is a collapse (router information 0 there),
+    # not a probe that failed: coverage counts the tasks with more than one followed strategy
     rp, n_tasks = row["router_probe_tasks"], row["n_tasks"]
-    cover = rp / n_tasks if n_tasks and not math.isnan(n_tasks) else math.nan
+    probed = n_tasks - row["router_probe_collapsed_tasks"]
+    cover = math.nan if not n_tasks or math.isnan(n_tasks) else (rp / probed if probed > 0 else 1.0)
     check(
         "router probe coverage",
         (cover,),
         cover >= thr["sanity_min_probe_coverage"],
-        f"within-task router probe usable on {fmt_num(rp)} of {fmt_num(n_tasks)} tasks",
+        f"within-task router probe usable on {fmt_num(rp)} of the {fmt_num(probed)} tasks whose generations "
+        "follow more than one strategy",
     )
     return fails, unchecked
 
@@ -143,8 +154,10 @@ def cell_sanity(summary: pd.DataFrame, history_all: pd.DataFrame, entangled: dic
     >= sanity_min_*_ratio x the entangled model's; step-0 base-relative reconstruction (validation)
     within sanity_step0_tolerance of 1 (the cell starts as the entangled model); final base-relative
     reconstruction (test) <= sanity_max_base_relative; the within-task router probe usable on
-    >= sanity_min_probe_coverage of the tasks. A check whose input is absent is not run (named in
-    `failures` as "not checked"); `passed` is then NA unless another check failed."""
+    >= sanity_min_probe_coverage of the tasks whose generations follow more than one strategy (a
+    task that follows one is a collapse: `router_probe_collapsed_tasks`, not a failure). A check
+    whose input is absent is not run (named in `failures` as "not checked"); `passed` is then NA
+    unless another check failed."""
     rows = []
     step0 = step0_base_relative(history_all)
     for _, r in summary.iterrows():

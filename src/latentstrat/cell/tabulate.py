@@ -78,11 +78,15 @@ PROVENANCE = [
 def _probe_summary(probes, name: str) -> dict:
     """Mean accuracy / chance / shuffled / chance-corrected over the probe's 'ok' rows (one per
     task, or the global row); NaN when none is ok. `<metric>_tasks` counts the ok rows and
-    `<metric>_task_list` names them."""
+    `<metric>_task_list` names them; `<metric>_collapsed_tasks` counts the rows with nothing to
+    probe because the cell's generations there follow one strategy (status na, fewer than 2
+    classes): a collapse, whose router information is 0, not a probe that failed."""
     m = PROBE_METRIC[name]
-    ok = probes[(probes["probe"] == name) & (probes["status"] == "ok")]
+    rows = probes[probes["probe"] == name]
+    ok = rows[rows["status"] == "ok"]
+    collapsed = {f"{m}_collapsed_tasks": int(((rows["status"] == "na") & (rows["n_classes"] < 2)).sum())}
     if ok.empty:
-        return {
+        return collapsed | {
             m: math.nan,
             f"{m}_chance": math.nan,
             f"{m}_shuffled": math.nan,
@@ -90,7 +94,7 @@ def _probe_summary(probes, name: str) -> dict:
             f"{m}_tasks": 0,
             f"{m}_task_list": "",
         }
-    return {
+    return collapsed | {
         m: float(ok["accuracy"].mean()),
         f"{m}_chance": float(ok["chance"].mean()),
         f"{m}_shuffled": float(ok["shuffled_accuracy"].mean()),

@@ -64,7 +64,9 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
         f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
         f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final base-relative reconstruction "
         f"is at most {thr['sanity_max_base_relative']}, and its within-task router probe is usable on at least "
-        f"{thr['sanity_min_probe_coverage']:.0%} of the tasks (config `report.sanity_*`)."
+        f"{thr['sanity_min_probe_coverage']:.0%} of the tasks whose generations follow more than one strategy (a task "
+        "that follows one is a collapse, counted in `router_probe_collapsed_tasks`, not a failure; config "
+        "`report.sanity_*`)."
     )
     bad = s[s.passed.eq(False)]
     unchecked = s[s.passed.isna()]
