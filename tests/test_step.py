@@ -52,11 +52,11 @@ def test_training_loop_reads_nothing_back_between_logging_points(tiny_base, tmp_
         windows[-1][2] += 1
         return real_call(self, step)
 
-    def read(records, first_step, n_rows, cell_id):
+    def read(records, first_step, cell_id):
         state["ctx"].__exit__(None, None, None)
         state["ctx"] = None
         reads.append(first_step + len(records))
-        return real_read(records, first_step, n_rows, cell_id)
+        return real_read(records, first_step, cell_id)
 
     monkeypatch.setattr(train.EpochBatches, "__call__", start)
     monkeypatch.setattr(train, "read_records", read)
@@ -112,13 +112,16 @@ def test_trainer_step_equals_library_step(tiny_base):
 def test_step_records_name_the_first_non_finite_term():
     from latentstrat.cell import train
 
-    ok = torch.ones(len(train.RECORDED) + 1)
+    ok = torch.arange(len(train.RECORDED) + 1, dtype=torch.float32)
     bad = ok.clone()
     bad[train.RECORDED.index("kl")] = float("inf")
-    means = train.read_records([ok, ok], 4, [2, 2], "c1")
-    assert means.shape == (2, len(train.RECORDED) + 1) and means[0, 0] == 0.5 and means[0, -1] == 1.0
+    rows = train.read_records([ok, ok + 1], 4, "c1")
+    assert rows.shape == (2, len(train.RECORDED) + 1) and np.array_equal(rows[1], ok.numpy() + 1)
+    assert rows[0, train.RECORDED.index("total")] == train.RECORDED.index("total") and rows[0, -1] == len(
+        train.RECORDED
+    )
     with pytest.raises(train.NonFiniteLoss, match=r"cell c1: step 6: loss term kl_prior_loss"):
-        train.read_records([ok, bad, ok], 4, [2, 2, 2], "c1")
+        train.read_records([ok, bad, ok], 4, "c1")
 
 
 def test_cell_optimizer_trains_bf16_weights_through_float32_masters():

@@ -79,6 +79,22 @@ def _shuffle(items: list, rng) -> None:
         items[:] = [items[i] for i in perm]
 
 
+def host_array(t) -> np.ndarray:
+    """A small integer tensor (lengths, positions) as a host array: a read from the device, for
+    the callers that have no host copy (decoding, tests); a training step's batch carries its own."""
+    return np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.int64)
+
+
+def to_device(a, device) -> torch.Tensor:
+    """A host array or tensor on `device` without blocking the host: through pinned memory on
+    an accelerator (a pageable copy would wait for the stream), as it is on the CPU."""
+    t = torch.as_tensor(a)
+    dev = torch.device(device)
+    if dev.type == "cpu" or t.device == dev:
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class HostRows:
     """A right-padded generator batch's positions on the host: row lengths [B], `<z>` positions
@@ -92,11 +108,7 @@ class HostRows:
     @classmethod
     def of(cls, mask, z_open_pos, sup_pos=None) -> "HostRows":
         """From the tensors themselves (a read from the device: callers outside the step)."""
-
-        def host(t):
-            return np.asarray(t.detach().cpu().numpy(), dtype=np.int64)
-
-        return cls(host(mask.sum(1)), host(z_open_pos), None if sup_pos is None else host(sup_pos))
+        return cls(host_array(mask.sum(1)), host_array(z_open_pos), None if sup_pos is None else host_array(sup_pos))
 
 
 @dataclass
@@ -123,12 +135,9 @@ class Batch:
     def to(self, device) -> "Batch":
         """On `device`, without blocking the host (pinned memory, non-blocking copies on an
         accelerator); the host fields stay."""
-        dev = torch.device(device)
-        if dev.type == "cpu":
-            move = lambda t: t.to(dev)  # noqa: E731
-        else:
-            move = lambda t: t if t.device == dev else t.pin_memory().to(dev, non_blocking=True)  # noqa: E731
-        return Batch(**{k: (move(v) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()})
+        return Batch(
+            **{k: (to_device(v, device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        )
 
     def tokens(self) -> int:
         """Real tokens of the two trained passes (generator record + posterior input), counted on the host."""
@@ -159,7 +168,8 @@ def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
     gen_ids, gen_mask = _pad([encoded.gen_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
     post_ids, post_mask = _pad([encoded.post_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
     sup_ids, sup_mask = _pad([encoded.sup_ids[i] for i in idx], encoded.pad_id, multiple=multiple)
-    z_open = torch.tensor([encoded.z_open_pos[i] for i in idx])
+    z_open_host = np.asarray([encoded.z_open_pos[i] for i in idx], dtype=np.int64)
+    z_open = torch.from_numpy(z_open_host)
     # next-token positions: the <y> token predicts the first y token, ...
     gen_sup = [
         list(range(encoded.z_open_pos[i] + P + 2, encoded.z_open_pos[i] + P + 2 + len(encoded.sup_ids[i]))) for i in idx
@@ -173,18 +183,16 @@ def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
                     f"collate: b for row {i} has {len(r)} values, expected {len(encoded.sup_ids[i])} (n_supervised)"
                 )
         b_t, _ = _pad(rows, 0.0, dtype=torch.float32, multiple=multiple)
-    gen_sup_pos = _pad(gen_sup, 0, multiple=multiple)[0]
-    task_rows = np.asarray([encoded.task_idx[i] for i in idx], dtype=np.int64)
-    z_open_host = np.asarray([encoded.z_open_pos[i] for i in idx], dtype=np.int64)
-    sup_host = np.zeros(tuple(gen_sup_pos.shape), dtype=np.int64)
+    sup_host = np.zeros((len(idx), sup_ids.shape[1]), dtype=np.int64)  # the supervised width
     for r, pos in enumerate(gen_sup):
         sup_host[r, : len(pos)] = pos
+    task_rows = np.asarray([encoded.task_idx[i] for i in idx], dtype=np.int64)
     return Batch(
         gen_ids=gen_ids,
         gen_mask=gen_mask,
         z_open_pos=z_open,
         z_slot_pos=z_open[:, None] + torch.arange(1, P + 1)[None, :],
-        gen_sup_pos=gen_sup_pos,
+        gen_sup_pos=torch.from_numpy(sup_host.copy()),
         sup_ids=sup_ids,
         sup_mask=sup_mask,
         post_ids=post_ids,
@@ -192,11 +200,7 @@ def collate(encoded: Encoded, idx, b=None, multiple: int = 1) -> Batch:
         b=b_t,
         task_idx=torch.from_numpy(task_rows),
         row_idx=torch.tensor(idx),
-        host=HostRows(
-            np.asarray([len(encoded.gen_ids[i]) for i in idx], dtype=np.int64),
-            z_open_host,
-            sup_host,
-        ),
+        host=HostRows(np.asarray(encoded.lengths, dtype=np.int64)[idx], z_open_host, sup_host),
         post_lengths=np.asarray([len(encoded.post_ids[i]) for i in idx], dtype=np.int64),
         task_rows=task_rows,
     )

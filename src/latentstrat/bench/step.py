@@ -31,6 +31,7 @@ from latentstrat import batching
 from latentstrat.cell import train
 from latentstrat.modeling import backbone
 from latentstrat.modeling.objective import forward_losses
+from latentstrat.modeling.optim import grad_or_zero
 from latentstrat.runtime import dispatch
 
 
@@ -38,16 +39,15 @@ from latentstrat.runtime import dispatch
 def library(model):
     """The model runs the library path inside the block (peft's switch and forward,
     transformers' pass with its mask)."""
-    prev = backbone.LAYOUT
-    backbone.LAYOUT = "transformers"
-    if model.adaptation == "lora":
-        model.switch.library = True
-    try:
-        yield
-    finally:
-        backbone.LAYOUT = prev
-        if model.adaptation == "lora":
-            model.switch.library = False
+    lora = model.adaptation == "lora"
+    with layout("transformers"):
+        if lora:
+            model.switch.library = True
+        try:
+            yield
+        finally:
+            if lora:
+                model.switch.library = False
 
 
 def library_model(model):
@@ -184,14 +184,12 @@ def outputs_equal(model, objective, enc, b, batch_size: int, steps: int, clip: f
         "losses_library": ref,
         "losses_trainer": new,
         "loss_rel": max(abs(a - c) / max(abs(a), 1e-12) for a, c in zip(ref, new)),
-        "grad_rel": rel([(_grad(p), _grad(q)) for p, q, _ in params if p.grad is not None or q.grad is not None]),
+        "grad_rel": rel(
+            [(grad_or_zero(p), grad_or_zero(q)) for p, q, _ in params if p.grad is not None or q.grad is not None]
+        ),
         "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in new_model.trainable_parameters()}),
         "update_rel": rel([(p.detach() - w.detach(), q.detach() - w.detach()) for p, q, w in params]),
     }
-
-
-def _grad(p) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 def compare(model, objective, data, batch_size: int, lr: float, clip: float = 1.0, steps: int = 3, kind=None) -> dict:

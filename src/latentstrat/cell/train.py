@@ -135,11 +135,11 @@ def train_step(model, opt: CellOptimizer, objective: Objective, batch, eps, step
     return torch.stack([*(losses[k].detach().float().sum() for k in RECORDED), gnorm.float()])
 
 
-def read_records(records: list, first_step: int, n_rows: list[int], cell_id: str) -> np.ndarray:
+def read_records(records: list, first_step: int, cell_id: str) -> np.ndarray:
     """The device records of the steps `first_step + 1 ...` (`train_step`) on the host, one
-    read: [steps, RECORDED + grad norm], the terms as batch means. A NaN / inf term is a
-    NonFiniteLoss naming the cell, the first such step and the term; the steps after it
-    updated the weights with it, so no checkpoint is written from them."""
+    read: [steps, RECORDED + grad norm] (batch sums; `total` and the norm are scalars). A NaN /
+    inf term is a NonFiniteLoss naming the cell, the first such step and the term; the steps
+    after it updated the weights with it, so no checkpoint is written from them."""
     rows = torch.stack(records).cpu().numpy().astype(np.float64)
     for j, row in enumerate(rows):
         bad = [k for k, v in zip(RECORDED, row) if not math.isfinite(v)]
@@ -148,10 +148,7 @@ def read_records(records: list, first_step: int, n_rows: list[int], cell_id: str
                 f"cell {cell_id}: step {first_step + j + 1}: loss term {LOSS_NAMES[bad[0]]} is non-finite "
                 f"({row[RECORDED.index(bad[0])]}); last good checkpoint kept"
             )
-    means = rows.copy()
-    per_example = [k not in ("posterior_variance", "router_marginal_kl_to_prior", "total") for k in RECORDED]
-    means[:, : len(RECORDED)][:, per_example] /= np.asarray(n_rows, dtype=np.float64)[:, None]
-    return means
+    return rows
 
 
 def grad_clip_for(tcfg: dict, objective: Objective) -> float:
@@ -441,31 +438,32 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     rows_of = EpochBatches(enc.task_idx, tcfg["batch_size"], seed)
     multiple = 1 if dev.type == "cpu" and not tcfg["compile"] else PAD_MULTIPLE
     progress = Progress(cid, tcfg["steps"], run.step, path=setup.out_dir / PROGRESS_FILE if setup.out_dir else None)
-    pending: list = []  # (device record, batch rows, rows per task) of the steps not read yet
+    pending: list = []  # (device record, rows per task) of the steps not read yet
     t0 = time.perf_counter()
     while run.step < tcfg["steps"]:
         step = run.step
         batch = batching.collate(enc, rows_of(step), setup.b_train, multiple=multiple).to(dev)
         eps = step_noise(seed, step, (len(batch), model.latent_dim), dev)
         record = train_step(model, opt, setup.objective, batch, eps, step, setup.clip)
-        pending.append((record, len(batch), np.bincount(batch.task_rows, minlength=len(enc.tasks)).tolist()))
+        pending.append((record, np.bincount(batch.task_rows, minlength=len(enc.tasks)).tolist()))
         run.step = step = step + 1
         n_tok = batch.tokens()
         run.tokens += n_tok
-        read = step % LOG_EVERY == 0 or step % tcfg["eval_every"] == 0 or step == tcfg["steps"]
-        if read or step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
-            means = read_records([r for r, _, _ in pending], step - len(pending), [n for _, n, _ in pending], cid)
-            run.step_records += [{"grad_norm": float(m[-1]), "task_rows": t} for m, (_, _, t) in zip(means, pending)]
-            progress.add_losses(means[:, RECORDED.index("total")])
+        evaluate = step % tcfg["eval_every"] == 0 or step == tcfg["steps"]
+        save = step % tcfg["checkpoint_every"] == 0 or stop["flag"]
+        if evaluate or save or step % LOG_EVERY == 0:
+            rows = read_records([r for r, _ in pending], step - len(pending), cid)
+            run.step_records += [{"grad_norm": float(r[-1]), "task_rows": t} for r, (_, t) in zip(rows, pending)]
+            progress.add_losses(rows[:, RECORDED.index("total")])
             pending = []
             now = time.perf_counter()
             run.wall, t0 = run.wall + now - t0, now
         progress.update(step, None, n_tok)
-        if step % tcfg["eval_every"] == 0 or step == tcfg["steps"]:
+        if evaluate:
             run.history += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, setup.val, step)
             run.history += batch_stats(cid, enc.tasks, run.step_records, setup.clip, step, run.history)
             t0 = time.perf_counter()
-        if step % tcfg["checkpoint_every"] == 0 or stop["flag"]:
+        if save:
             checkpoint()
             t0 = time.perf_counter()
         if stop["flag"]:

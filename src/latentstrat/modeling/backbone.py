@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from latentstrat.batching import to_device
 from latentstrat.config import pretrained_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -248,21 +249,6 @@ def fast_pass_ok(lm) -> bool:
     if lm.training and float(getattr(c, "attention_dropout", 0.0)) > 0:
         return False
     return not getattr(lm, "is_activation_checkpointing", False)
-
-
-def host_array(t) -> np.ndarray:
-    """A small integer tensor (lengths, positions) as a host array: a read from the device, for
-    the callers that have no host copy (decoding, tests); the training step passes its own."""
-    return np.asarray(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, dtype=np.int64)
-
-
-def to_device(a, device) -> torch.Tensor:
-    """A host array or tensor on `device` without blocking the host: through pinned memory on
-    an accelerator (a pageable copy would wait for the stream), as it is on the CPU."""
-    t = torch.as_tensor(a)
-    if torch.device(device).type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from latentstrat.batching import HostRows
+from latentstrat.batching import HostRows, host_array
 from latentstrat.cells import cell_training_seed
-from latentstrat.modeling.backbone import build_backbone, hidden_at, host_array, load_entangled
+from latentstrat.modeling.backbone import build_backbone, hidden_at, load_entangled
 
 ADAPTERS = ("generator", "posterior")
 # the parameters new to the latent model (not in the causal LM): its heads and the z projection

@@ -39,7 +39,7 @@ class CellOptimizer:
     def gather(self) -> None:
         """The lower-precision weights' gradients into their masters (float32)."""
         if self.low:
-            torch._foreach_copy_([m.grad for m in self.masters], [_grad(p) for p in self.low])
+            torch._foreach_copy_([m.grad for m in self.masters], [grad_or_zero(p) for p in self.low])
 
     @torch.no_grad()
     def step(self) -> None:
@@ -82,5 +82,6 @@ class CellOptimizer:
         self.adamw.load_state_dict(state)
 
 
-def _grad(p) -> torch.Tensor:
+def grad_or_zero(p) -> torch.Tensor:
+    """A weight's gradient, zeros where the backward pass gave it none."""
     return p.grad if p.grad is not None else torch.zeros_like(p)
