@@ -109,6 +109,50 @@ def test_trainer_step_equals_library_step(tiny_base):
     assert eq["loss_rel"] > 1e-4
 
 
+def test_step_count_names_the_norms_a_cuda_build_fuses(tiny_base):
+    """`bench step` counts the fast pass's RMSNorms in a step (each trained pass: two per layer
+    and the final one) and the ops this build spends on each: on a CPU build torch decomposes
+    rms_norm (more than the 2 kernels a fused build runs), so the printed CUDA count is lower."""
+    from latentstrat import encoding
+    from latentstrat.base.reference import load_b, load_scales
+    from latentstrat.bench import step
+    from latentstrat.modeling.model import build_model
+    from latentstrat.modeling.objective import Objective
+
+    cfg, cell = tiny_cfg()
+    folders = base_folders(tiny_base)
+    tok = encoding.load_tokenizer(folders.data)
+    enc = encoding.encode(encoding.load_split(folders.data, "train"), tok, int(cell["z_slots"]))
+    b = load_b(folders.reference, encoding.load_split(folders.data, "train"))
+    objective = Objective.for_cell(cell, load_scales(folders.reference))
+    model = build_model(cfg, cell, tok, folders.entangle, encoding.added_token_ids(folders.data)).train()
+    opt = step.train.optimizer(model.trainable_parameters(), 1e-3, 0.01)
+    cpu = torch.device("cpu")
+    with step.layout("padded"):
+        res = step._measure(
+            lambda i: step.trainer_batch(enc, b, 8, i, cpu),
+            lambda batch, i: step.trainer_step(model, opt, objective, batch, i, 1.0),
+            1,
+            1,
+            cpu,
+        )
+    layers = model.peft.get_base_model().config.num_hidden_layers
+    assert res["norms"] == 2 * (2 * layers + 1), res
+    per_norm = step.norm_ops(torch.float32, model.hidden, cpu)
+    assert per_norm > 2 and res["norm_ops"] == res["norms"] * per_norm < res["ops"]
+    res["graph_breaks"] = 0
+    lines = step.render(
+        {
+            "library": res,
+            "trainer": res,
+            "equal": {"losses_library": [0], "loss_rel": 0, "grad_rel": 0, "update_rel": 0},
+            "layout": "padded",
+        }
+    )
+    fused = res["ops"] - res["norm_ops"] + 2 * res["norms"]
+    assert any(f"{fused:,} ops" in line for line in lines), lines
+
+
 def test_step_records_name_the_first_non_finite_term():
     from latentstrat.cell import train
 

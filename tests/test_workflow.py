@@ -383,3 +383,30 @@ def test_the_slurm_profile_as_a_user_types_it_gets_its_own_settings(wd):
     assert "Using profiles slurm and workflow specific profile profiles/default" in out
     default = (wd / "workflow" / "profiles" / "default" / "config.yaml").read_text()
     assert not re.search(r"^(cores|jobs|keep-going):", default, flags=re.M)
+
+
+def _model_job_resources(out: str) -> dict[str, set[str]]:
+    """Per rule of a dry run, the `gpu=` and `gres=` requests its jobs print."""
+    asked, rule = {}, None
+    for line in out.splitlines():
+        m = re.match(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):$", line)
+        rule = m[1] if m else rule
+        m = re.match(r"^\s+resources: (.*)$", line)
+        if m and rule:
+            kv = dict(x.split("=", 1) for x in m[1].split(", "))
+            asked.setdefault(rule, set()).update(f"{k}={kv[k]}" for k in ("gpu", "gres") if k in kv)
+    return asked
+
+
+def test_gpu_jobs_ask_for_whole_gpus_or_for_a_share_of_one(wd):
+    """`resources.gpu` whole GPUs per model job; `resources.slurm.gpu.gres` (shard:1) instead of
+    them, so that Slurm places several cells on one GPU; cpu jobs ask for neither."""
+    whole = _model_job_resources(dry_run(wd, config=["resources={'gpu': 1}"])[2])
+    shared = _model_job_resources(
+        dry_run(wd, config=["resources={'gpu': 1, 'slurm': {'gpu': {'gres': 'shard:1'}}}"])[2]
+    )
+    for asked, want in ((whole, "gpu=1"), (shared, "gres=shard:1")):
+        assert asked["train"] == asked["evaluate"] == asked["entangle"] == {want}, asked
+        assert asked["probes"] == asked["aggregate"] == set(), asked
+    r = snakemake(wd, "-n", config=["resources={'gpu': 1, 'slurm': {'gpu': {'gres': 'shard:1', 'gpu_model': 'a100'}}}"])
+    assert r.returncode != 0 and "gres and gpu_model" in r.stdout + r.stderr

@@ -83,6 +83,12 @@ def _check_semantics(cfg: dict) -> None:
             f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
             f"(comparison arms: {', '.join(names[1:]) or 'none'})"
         )
+    gpu_jobs = cfg["resources"]["slurm"]["gpu"]
+    if gpu_jobs["gres"] and gpu_jobs["gpu_model"]:
+        raise ConfigError(
+            "config keys resources.slurm.gpu.gres and gpu_model: a gpu job asks Slurm either for a generic "
+            f"resource ({gpu_jobs['gres']!r}) or for whole GPUs of a model ({gpu_jobs['gpu_model']!r}), not both"
+        )
     cells = expand_cells(cfg)
     _check_cells(cfg, cells)
     for diff in arm_differences(cfg, cells):

@@ -134,7 +134,9 @@ def job_resources(kind, mem_mb, runtime):
     out = {"slurm_partition": s["partition"] or RES["slurm_partition"],
            "slurm_account": s["account"] or RES["slurm_account"], "qos": s["qos"], "constraint": s["constraint"]}
     out = {k: v for k, v in out.items() if v}
-    if kind == "gpu":
+    if kind == "gpu" and s.get("gres"):  # a share of a GPU (e.g. shard:1): several cells per GPU
+        out["gres"] = s["gres"]
+    elif kind == "gpu":
         out["gpu"] = RES["gpu"]
         if s.get("gpu_model"):
             out["gpu_model"] = s["gpu_model"]

@@ -111,26 +111,59 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def norm_ops(dtype, width: int, device) -> int:
+    """Kernel ops of one RMSNorm forward and backward (torch's `rms_norm` on a `dtype` input of
+    `width`, a frozen weight), as this device's torch runs it: a CPU build decomposes it into
+    ~20 ops (statistics in float32, casts each way); a CUDA build runs one fused kernel each way."""
+    x = torch.randn(4, width, dtype=dtype, device=device, requires_grad=True)
+    w, g = torch.ones(width, dtype=dtype, device=device), torch.ones(4, width, dtype=dtype, device=device)
+    with dispatch.count() as c:
+        y = torch.nn.functional.rms_norm(x, (width,), w, 1e-6)
+        torch.autograd.grad(y, x, g)
+    return c.n_ops
+
+
+@contextmanager
+def _norms_counted(calls: list):
+    """Counts the decoder's RMSNorm calls (backbone._rms_norm) inside the block."""
+    inner = backbone._rms_norm
+
+    def counted(norm, x):
+        calls.append((x.dtype, x.shape[-1]))
+        return inner(norm, x)
+
+    backbone._rms_norm = counted
+    try:
+        yield
+    finally:
+        backbone._rms_norm = inner
+
+
 def _measure(batch_fn, step_fn, first: int, steps: int, device) -> dict:
     """Ops and syncs of one step (after `first` warm-up steps), then the wall time of `steps`
     more. The batches are made on the host beforehand (`batch_fn`: host work on host tensors,
-    the same for both steps), so the counts and times are the step's own."""
+    the same for both steps), so the counts and times are the step's own. `norm_ops`: the ops
+    of the step's RMSNorms among them (the fast pass's, counted by call; 0 for transformers')."""
     batches = [batch_fn(i) for i in range(first + 1 + steps)]
     for i in range(first):
         step_fn(batches[i], i)
-    with dispatch.count() as c:
+    norms: list = []
+    with dispatch.count() as c, _norms_counted(norms):
         step_fn(batches[first], first)
     _sync(device)
     t = time.perf_counter()
     for i in range(first + 1, first + 1 + steps):
         step_fn(batches[i], i)
     _sync(device)
+    per_norm = {k: norm_ops(*k, device) for k in set(norms)}
     return {
         "ops": c.n_ops,
         "syncs": c.n_syncs,
         "sync_sites": c.where(),
         "host_ms": 1000 * (time.perf_counter() - t) / steps,
         "top_ops": dict(c.ops.most_common(6)),
+        "norms": len(norms),
+        "norm_ops": sum(per_norm[k] for k in norms),
     }
 
 
@@ -237,6 +270,12 @@ def render(res: dict) -> list[str]:
     ):
         ratio = f"  ({lib[key] / new[key]:.2f}x fewer)" if new[key] else ""
         out.append(f"  {what:<13} library {fmt.format(lib[key]):>9}   trainer {fmt.format(new[key]):>9}{ratio}")
+    if new["norm_ops"] > 2 * new["norms"]:  # a CPU build: RMSNorm decomposed
+        fused = new["ops"] - new["norm_ops"] + 2 * new["norms"]
+        out.append(
+            f"  of the trainer's ops, {new['norm_ops']:,} are its {new['norms']} RMSNorms, which this torch build "
+            f"decomposes; with one fused kernel each way (torch's CUDA build): {fused:,} ops"
+        )
     out.append(f"  library syncs at: {lib['sync_sites']}")
     out.append(f"  trainer syncs at: {new['sync_sites']}")
     out.append(
