@@ -58,6 +58,7 @@ def metrics_row(cell, seed_offset=0.0):
         "final_answer_accuracy": 0.999,
         "reconstruction_loss": SCALE[agg] * 1.0,
         "base_relative_reconstruction": 1.0,
+        "token_base_relative_reconstruction": 1.0,
         "tokcc_reconstruction_loss": 1.02,
         "kl_prior_loss": 2.0 * s["beta"],
         "active_reconstruction_objective": 1.0,

@@ -8,10 +8,11 @@ import pytest
 from aggregate_helpers import TASKS, make_cfg, write_collection
 from latentstrat.aggregate.collection import aggregate_collection
 from latentstrat.aggregate.columns import SHARE_METRICS
-from latentstrat.aggregate.contrasts import common_cells, scale_table
+from latentstrat.aggregate.contrasts import common_cells
 from latentstrat.aggregate.dynamics import task_shares
 from latentstrat.aggregate.fairness import attribution, collection_metadata
 from latentstrat.aggregate.inputs import load_cell_rows, read_summary_table, validate_summary_table
+from latentstrat.aggregate.scale import scale_table
 from latentstrat.aggregate.settings import metric_distributions, seed_means
 from latentstrat.cells import expand_cells, schema_cell_defaults
 

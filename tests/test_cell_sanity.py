@@ -50,6 +50,7 @@ def write_broken(cfg, root, broken: set):
             matched_router_score=math.nan,
             posterior_router_probe_gap=math.nan,
             base_relative_reconstruction=28.0,
+            token_base_relative_reconstruction=28.0,
         )
         pd.DataFrame([row]).to_parquet(mp[c.cell_id])
         h = pd.read_parquet(hp[c.cell_id])
@@ -82,7 +83,9 @@ def test_collapsed_cells_fail_and_are_named_everywhere(tmp_path, monkeypatch):
     assert {f["cell_id"] for f in brief["failing_cells"]} == broken
     why = next(f["why"] for f in brief["failing_cells"])
     assert "answer accuracy 0.05 < 0.9 x entangled 0.97" in why
-    assert "step-0 base-relative reconstruction 96.4" in why and "final base-relative reconstruction 28" in why
+    assert (
+        "step-0 base-relative reconstruction 96.4" in why and "final per-token base-relative reconstruction 28" in why
+    )
     assert "router probe usable on 0 of the 2 tasks whose generations follow more than one strategy" in why
     # results.md opens with the check, naming every failing cell
     sections = [line for line in results.splitlines() if line.startswith("## ")]
@@ -121,12 +124,22 @@ def test_a_weak_entangled_model_lowers_the_bar_but_a_cell_below_it_still_fails(t
     assert [f["cell_id"] for f in brief["failing_cells"]] == [cells[1]]
 
 
-def test_without_an_entangled_check_the_cell_is_not_fully_checked(tmp_path, monkeypatch):
+def test_without_an_entangled_model_its_two_checks_do_not_apply_and_the_rest_decide(tmp_path, monkeypatch):
+    """`entangle.mode: skip` has no entangled model: answer accuracy and strategy match have no
+    yardstick (named), the other checks still run and decide; a cell missing an input of one of
+    them is not checked, so it does not pass (negative control)."""
     cfg = H.make_cfg(monkeypatch)
     mp, hp = H.write_collection(cfg, tmp_path / "cells")
     aggregate_collection(cfg, mp, hp, tmp_path / "agg")
     s = pd.read_parquet(tmp_path / "agg" / "cell_sanity.parquet")
-    assert s.passed.isna().all() and s.failures.str.contains("not checked: answer accuracy, strategy match").all()
+    assert s.passed.eq(True).all() and s.failures.str.contains("no yardstick for answer accuracy").all()
+    one = sorted(mp)[0]
+    row = pd.read_parquet(mp[one]).drop(columns=["token_base_relative_reconstruction"])
+    row.to_parquet(mp[one])
+    aggregate_collection(cfg, mp, hp, tmp_path / "agg2")
+    s = pd.read_parquet(tmp_path / "agg2" / "cell_sanity.parquet").set_index("cell_id")
+    assert pd.isna(s.loc[one, "passed"]) and "not checked: final per-token" in s.loc[one, "failures"]
+    assert s.drop(index=one).passed.eq(True).all()
 
 
 def test_a_collapsed_cell_ranks_below_an_informative_one_and_is_flagged(tmp_path, monkeypatch):
@@ -209,7 +222,7 @@ def test_a_collapsed_task_is_a_collapse_not_a_failed_probe():
             "beta": 0.1,
             "final_answer_accuracy": 0.985,
             "strategy_match_rate": 0.98,
-            "base_relative_reconstruction": 0.999,
+            "token_base_relative_reconstruction": 0.999,
             "within_task_router_probe_tasks": probe_tasks,
             "within_task_router_probe_collapsed_tasks": collapsed,
             "n_tasks": 6,

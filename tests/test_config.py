@@ -343,3 +343,20 @@ def test_config_reference_is_generated_from_the_schema_and_describes_every_key()
     text = reference_markdown()
     for key in ("`lora.r`", "`probes.information_repeats`", "`report.primary_contrast`", "`token_aggregation`"):
         assert key in text
+
+
+@pytest.mark.parametrize("name", ["config", "aa", "qwen25-05b", "followup", "followup-3seeds", "study001", "quick-aa"])
+def test_every_setting_of_a_headline_has_its_own_replicates(name):
+    """Every setting of the headline's two arms trains at least two seeds, so every stratum of
+    the interval (a KL weight and a state) measures its own training noise; the quick collection,
+    which declares no headline contrast, is the one config without."""
+    from collections import Counter
+
+    from latentstrat.cells import expand_cells
+
+    cfg = C.config_for_command(ROOT / "config" / f"{name}.yaml")
+    arms = {cfg["primary_arm"], cfg["report"]["primary_contrast"]}
+    seeds = Counter(
+        (c.arm, c.settings["reconstruction_family"], c.settings["beta"]) for c in expand_cells(cfg) if c.arm in arms
+    )
+    assert len({a for a, _, _ in seeds}) == 2 and min(seeds.values()) >= 2, {k: v for k, v in seeds.items() if v < 2}

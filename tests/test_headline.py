@@ -11,7 +11,7 @@ from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.report.headline import headline, headline_md
 
 
-def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_p=0.01, n_settings=12):
+def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_p=0.01, n_settings=12, unchecked=()):
     contrast = {
         "comparison_arm": "matched_mean",
         "metric": "router_information",
@@ -62,7 +62,13 @@ def tables(verdict="positive", failing=(), without_raw="cannot tell", sign_flip_
         "common_cells": pd.DataFrame(
             {"comparison_arm": ["matched_mean"] * 2, "primary_cell": ["p1", "p2"], "comparison_cell": ["c1", "c2"]}
         ),
-        "cell_sanity": pd.DataFrame({"cell_id": cells, "passed": [c not in failing for c in cells]}),
+        "cell_sanity": pd.DataFrame(
+            {
+                "cell_id": cells,
+                "passed": [None if c in unchecked else c not in failing for c in cells],
+                "step0_base_relative_reconstruction": [1.0] * len(cells),
+            }
+        ),
         "collection_state": pd.DataFrame({"arm": ["sum"], "role": ["primary"]}),
         "summary_by_setting": pd.DataFrame({"arm": ["sum", "matched_mean"], "token_aggregation": ["sum", "mean"]}),
         "summary": pd.DataFrame({"reconstruction_family": ["raw", "dist_norm"]}),
@@ -81,6 +87,10 @@ def test_a_verdict_over_a_failing_cell_reads_cannot_tell():
     # control: every cell passes, the interval's verdict stands
     ok = headline(tables(), META)
     assert ok["verdict"] == "positive" and "verdict_before_sanity" not in ok and ok["headline_failing_cells"] == []
+    # a cell whose checks did not all run does not pass either
+    missing = headline(tables(unchecked=("p1",)), META)
+    assert missing["verdict"] == "cannot tell" and missing["headline_unchecked_cells"] == ["p1"]
+    assert "1 cell(s) whose sanity checks did not all run (p1)" in missing["why"]
 
 
 def test_the_family_that_carries_the_verdict_is_named_with_its_reason(monkeypatch):
@@ -117,3 +127,39 @@ def test_a_sign_flip_test_that_cannot_reach_the_level_neither_agrees_nor_disagre
     assert "cannot go below 0.125" in text and "stands beside" in text and "disagrees" not in text
     # six settings can reach it (2/64): the control
     assert headline(tables(sign_flip_p=0.875, n_settings=6), META)["randomization_agrees"] is False
+
+
+def test_a_pair_that_mixes_hosts_makes_the_headline_cannot_tell():
+    """The two cells of a pair trained on machines of another CPU capability (or device, torch or
+    code version) do not cancel what the machine does: the headline reads cannot tell (pair
+    mixes hosts) and names the setting, unless the config declares such pairs acceptable; pairs
+    by seed, and by replicate order for an arm with seeds of its own."""
+    from latentstrat.aggregate.columns import FAMILY_COL
+    from latentstrat.aggregate.hosts import pair_host_mix
+
+    host = {"train_cpu_capability": "AVX-512 + native bf16", "train_device": "cpu", "train_torch_version": "2.13.0"}
+    cells = {
+        "p1": {"seed": 1, **host},
+        "p2": {"seed": 2, **host},
+        "c1": {"seed": 1, **host},
+        "c2": {"seed": 2, **host, "train_cpu_capability": "AVX2, no native bf16"},
+        "a7": {"seed": 7, **host},
+        "a8": {"seed": 8, **host, "train_torch_version": "2.12.0"},
+    }
+    p = pd.Series({"cell_ids": "p1,p2"})
+    assert pair_host_mix(p, pd.Series({"cell_ids": "c1,c2"}), cells) == (
+        "seed 2: CPU capability AVX-512 + native bf16 vs AVX2, no native bf16"
+    )
+    assert pair_host_mix(p, pd.Series({"cell_ids": "c1"}), cells) == ""  # seed 1 pairs on one host
+    assert pair_host_mix(p, pd.Series({"cell_ids": "a8,a7"}), cells) == "seed 2: torch 2.13.0 vs 2.12.0"
+    assert pair_host_mix(p, pd.Series({"cell_ids": "c1,c2"}), None) == ""  # nothing recorded to compare
+    t = tables()
+    t["common_cells"] = t["common_cells"].assign(
+        **{FAMILY_COL: ["raw", "tokcc"], "beta_label": ["beta=.01", "beta=.1"], "pair_host_mix": ["", "seed 2: x"]}
+    )
+    h = headline(t, META)
+    assert h["verdict"] == "cannot tell" and h["verdict_before_host_check"] == "positive"
+    assert "pair mixes hosts" in h["why"] and "tokcc beta=.1: seed 2: x" in h["why"]
+    allowed = headline(t, {**META, "report": {**META["report"], "allow_mixed_host_pairs": True}})
+    assert allowed["verdict"] == "positive" and allowed["pairs_mixing_hosts"] == ["tokcc beta=.1: seed 2: x"]
+    assert headline(tables(), META)["verdict"] == "positive"  # control: one host

@@ -202,6 +202,45 @@ def test_paired_training_noise_pools_and_sign_flip_by_hand():
     assert sign_flip_p([1.0, -1.0]) == 1.0 and np.isnan(sign_flip_p([]))
 
 
+def test_an_unreplicated_setting_borrows_only_at_its_own_kl_weight():
+    """A setting with one seed borrows the pooled spread of replicated settings of its stratum:
+    the same state at the same KL weight. Replicated settings at beta 0.01 say nothing about a
+    beta 1 setting's training noise (unknown: cannot tell, the setting named); a replicated beta 1
+    setting in the same state lends it."""
+    from latentstrat.aggregate.columns import FAMILY_COL
+    from latentstrat.aggregate.contrasts import arm_contrasts, stratum_pools
+
+    m = "delta_router_information"
+    c = pd.DataFrame(
+        {
+            "primary_cell": ["p1", "p2", "p3"],
+            "comparison_cell": ["r1", "r2", "r3"],
+            FAMILY_COL: ["a", "b", "c"],
+            "beta_label": ["beta=.01", "beta=.01", "beta=1"],
+            "primary_state": ["strategy"] * 3,
+            "comparison_state": ["strategy"] * 3,
+            "stratum": ["used"] * 3,
+            "primary_n_seeds": [2, 2, 1],
+            "comparison_n_seeds": [2, 2, 1],
+            m: [0.10, 0.12, 0.11],
+            f"{m}_se_test": [0.005] * 3,
+            f"{m}_ci_low": [0.09, 0.11, 0.10],
+            f"{m}_ci_high": [0.11, 0.13, 0.12],
+            f"{m}_noise_known": [True, True, False],
+            f"{m}_train_var": [1e-4, 1e-4, np.nan],
+            f"{m}_train_df": [1.0, 1.0, np.nan],
+            f"{m}_seed_var": [2e-4, 2e-4, np.nan],
+        }
+    )
+    assert set(stratum_pools(c, "router_information")) == {"used at beta=.01"}
+    alone = arm_contrasts({"mean": c}, None, metrics=["router_information"]).iloc[0]
+    assert alone.verdict == "cannot tell" and not alone.training_noise_in_interval
+    assert "c beta=1" in alone.why and "same KL weight" in alone.why
+    lent = c.assign(beta_label=["beta=.01", "beta=1", "beta=1"])
+    row = arm_contrasts({"mean": lent}, None, metrics=["router_information"]).iloc[0]
+    assert row.training_noise_in_interval and "used at beta=1: 1 settings" in row.training_noise_strata
+
+
 def test_no_interval_means_cannot_tell(tmp_path):
     """A table without intervals or seeds carries no evidence of its noise: never a sign."""
     rows = []

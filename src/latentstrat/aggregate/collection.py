@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from latentstrat.aggregate.columns import ROUTER_METRIC
-from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts, scale_table
+from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts
 from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
     availability_table,
@@ -36,6 +36,7 @@ from latentstrat.aggregate.inputs import (
     read_summary_table,
 )
 from latentstrat.aggregate.sanity import cell_sanity, entangled_model_quality, mark_cells
+from latentstrat.aggregate.scale import scale_table
 from latentstrat.aggregate.settings import (
     aggregation_name,
     derived_diagnostics,

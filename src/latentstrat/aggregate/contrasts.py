@@ -18,7 +18,8 @@ import pandas as pd
 
 from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
-from latentstrat.aggregate.settings import aggregation_name, setting_replicates
+from latentstrat.aggregate.hosts import pair_host_mix, seed_order
+from latentstrat.aggregate.settings import setting_replicates
 from latentstrat.cells import CELL_KEYS, format_value
 from latentstrat.metrics import M, interval
 
@@ -112,7 +113,8 @@ def n_seeds(row) -> int:
 # with the same one. Settings are then independent draws, and a setting's training noise is
 # measured on the paired delta itself: the spread of primary minus comparison across its
 # replicate seeds. A setting with one replicate borrows the pooled spread of the replicated
-# settings of its stratum (`stratum_of`); a stratum with no replicated setting leaves the
+# settings of its stratum: the same KL weight and the same state (`stratum_of`), since a KL
+# weight sets how far a seed moves the latent; a stratum with no replicated setting leaves the
 # training noise unknown.
 
 STRATA = ("empty", "used", "all")
@@ -125,10 +127,6 @@ def stratum_of(primary_state: str, comparison_state: str) -> str:
     if not primary_state or not comparison_state or "unknown" in (primary_state + comparison_state):
         return "all"
     return "empty" if primary_state == comparison_state == "empty" else "used"
-
-
-def _seed_order(seed: str):
-    return (len(seed), seed)
 
 
 def seed_values(row, m: str, cells: dict | None) -> list[tuple[str, float]]:
@@ -159,7 +157,7 @@ def paired_seed_deltas(pv: list, cv: list) -> list[float] | None:
     return [
         a - b
         for (_, a), (_, b) in zip(
-            sorted(pv, key=lambda t: _seed_order(t[0])), sorted(cv, key=lambda t: _seed_order(t[0]))
+            sorted(pv, key=lambda t: seed_order(t[0])), sorted(cv, key=lambda t: seed_order(t[0]))
         )
     ]
 
@@ -183,15 +181,25 @@ def setting_training(p, c, m: str, cells: dict | None) -> dict:
     return {"var": math.nan, "df": math.nan, "seed_var": math.nan}
 
 
+def pool_of(r) -> str:
+    """The training-noise stratum a setting row borrows from: its state stratum at its KL weight
+    (`used at beta=1`); the state stratum alone for rows that name no KL weight."""
+    beta = r.get("beta_label") if hasattr(r, "get") else None
+    return f"{r['stratum']} at {beta}" if isinstance(beta, str) and beta else str(r["stratum"])
+
+
 def stratum_pools(c: pd.DataFrame, m: str) -> dict:
-    """stratum -> {seed_var, df, settings}: the replicated settings' per-replicate delta variances
-    pooled with their degrees of freedom, per stratum; a stratum with none is absent."""
+    """stratum (pool_of) -> {seed_var, df, settings}: the replicated settings' per-replicate
+    delta variances pooled with their degrees of freedom, per stratum; a stratum with none is
+    absent."""
     col = f"delta_{m}"
     if c.empty or f"{col}_seed_var" not in c.columns:
         return {}
     out = {}
     ok = c[c[f"{col}_seed_var"].notna() & c[col].notna()]
-    for stratum, g in ok.groupby("stratum", sort=False):
+    if ok.empty:
+        return {}
+    for stratum, g in ok.groupby(pd.Series([pool_of(r) for _, r in ok.iterrows()], index=ok.index), sort=False):
         df = float(g[f"{col}_train_df"].sum())
         if df > 0:
             seed_var = float((g[f"{col}_train_df"] * g[f"{col}_seed_var"]).sum()) / df
@@ -283,8 +291,8 @@ def _setting_intervals(out: pd.DataFrame, metrics) -> None:
         lo, hi, known = [], [], []
         for _, r in out.iterrows():
             var, df = r[f"{col}_train_var"], r[f"{col}_train_df"]
-            if pd.isna(var) and r.stratum in pools:
-                var, df = pools[r.stratum]["seed_var"] * _borrowed_factor(r), pools[r.stratum]["df"]
+            if pd.isna(var) and pool_of(r) in pools:
+                var, df = pools[pool_of(r)]["seed_var"] * _borrowed_factor(r), pools[pool_of(r)]["df"]
             if pd.notna(var) and pd.notna(r[col]) and math.isfinite(r[f"{col}_se_test"]):
                 a, b, _, _ = interval_with_noise(float(r[col]), float(r[f"{col}_se_test"]), float(var), float(df))
                 lo.append(a), hi.append(b), known.append(True)
@@ -335,6 +343,7 @@ def common_cells(
         row["primary_state"], row["comparison_state"] = _states_of(p, states), _states_of(c, states)
         row["stratum"] = stratum_of(row["primary_state"], row["comparison_state"])
         row["primary_n_seeds"], row["comparison_n_seeds"] = n_seeds(p), n_seeds(c)
+        row["pair_host_mix"] = pair_host_mix(p, c, cells)
         pr, cr = setting_replicates(p, bootstrap), setting_replicates(c, bootstrap)
         for m in metrics:
             cv, pv = float(c.get(m, math.nan)), float(p.get(m, math.nan))
@@ -405,8 +414,8 @@ def training_terms(ok: pd.DataFrame, m: str) -> tuple[list[tuple[float, float]],
     for _, r in ok.iterrows():
         if pd.notna(r[f"{col}_train_var"]):
             terms.append((float(r[f"{col}_train_var"]), float(r[f"{col}_train_df"])))
-        elif r.stratum in pools:
-            borrowed[r.stratum] = borrowed.get(r.stratum, 0.0) + _borrowed_factor(r)
+        elif pool_of(r) in pools:
+            borrowed[pool_of(r)] = borrowed.get(pool_of(r), 0.0) + _borrowed_factor(r)
         else:
             unknown.append(f"{r[FAMILY_COL]} {r.beta_label}")
     terms += [(pools[s]["seed_var"] * f, pools[s]["df"]) for s, f in borrowed.items()]
@@ -419,7 +428,7 @@ def _why_unknown(n: int, unknown: list[str]) -> str:
     return (
         f"training noise unknown for {len(unknown)} of {n} settings ({', '.join(unknown[:4])}"
         + (", ..." if len(unknown) > 4 else "")
-        + "): no replicated setting in their stratum (add `replicates:` or seeds)"
+        + "): no replicated setting in their stratum, the same KL weight and state (add `replicates:` or seeds)"
     )
 
 
@@ -552,46 +561,3 @@ def differing_keys(p: pd.Series, c: pd.Series, ignore=("token_aggregation", "see
         elif k in p.index and format_value(p[k]) != format_value(c[k]):
             diff.append(k)
     return diff, unknown
-
-
-def _scale_stats(v) -> dict | None:
-    v = pd.Series(v, dtype=float).dropna()
-    return {"n": len(v), "min": v.min(), "mean": v.mean(), "max": v.max(), "std": v.std(ddof=0)} if len(v) else None
-
-
-def scale_table(primary: pd.DataFrame, comparisons: dict, commons: dict) -> pd.DataFrame:
-    """Inferred z-free reference scale per arm (on the common cells for comparison arms) and the
-    ratios primary / comparison arm: rows `<agg>`, `<agg>_comparison_common_cells` and
-    `<primary agg>_over_<agg>_comparison_ratio` (` (<arm>)` appended when arms share an aggregation)."""
-    col = M.inferred_zfree_reference_scale
-    rows = []
-    p_agg = aggregation_name(primary)
-    p_stats = _scale_stats(primary[col]) if col in primary.columns else None
-    if p_stats:
-        rows.append({"aggregation_mode": p_agg, "source": "primary arm", **p_stats})
-    for arm, comp in comparisons.items():
-        if col not in comp.columns:
-            continue
-        common = commons.get(arm)
-        ids = set(common["comparison_cell"]) if common is not None and len(common) else set()
-        key = "cell_ids" if "cell_ids" in comp.columns else "cell_id"
-        c_stats = _scale_stats(comp[comp[key].isin(ids)][col] if ids else comp.iloc[0:0][col])
-        if not c_stats:
-            continue
-        c_agg = aggregation_name(comp)
-        suffix = f" ({arm})" if sum(aggregation_name(r) == c_agg for r in comparisons.values()) > 1 else ""
-        rows.append({"aggregation_mode": f"{c_agg}_comparison_common_cells{suffix}", "source": arm, **c_stats})
-        if p_stats:
-            ratio = p_stats["mean"] / c_stats["mean"] if c_stats["mean"] else math.nan
-            rows.append(
-                {
-                    "aggregation_mode": f"{p_agg}_over_{c_agg}_comparison_ratio{suffix}",
-                    "source": f"derived: primary / {arm}",
-                    "n": 1,
-                    "min": ratio,
-                    "mean": ratio,
-                    "max": ratio,
-                    "std": 0.0,
-                }
-            )
-    return pd.DataFrame(rows, columns=["aggregation_mode", "source", "n", "min", "mean", "max", "std"])

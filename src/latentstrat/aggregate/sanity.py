@@ -24,7 +24,7 @@ SANITY_COLUMNS = [
     M.strategy_match_rate,
     "entangled_strategy_match_rate",
     "step0_base_relative_reconstruction",
-    "final_base_relative_reconstruction",
+    "final_token_base_relative_reconstruction",
     "router_probe_tasks",
     "router_probe_collapsed_tasks",
     "posterior_probe_tasks",
@@ -80,7 +80,8 @@ def sanity_inputs(r: pd.Series, entangled: dict, step0: dict) -> dict:
         M.strategy_match_rate: float(r.get(M.strategy_match_rate, math.nan)),
         "entangled_strategy_match_rate": entangled.get(M.strategy_match_rate, math.nan),
         "step0_base_relative_reconstruction": step0.get(r["cell_id"], math.nan),
-        "final_base_relative_reconstruction": float(r.get(M.base_relative_reconstruction, math.nan)),
+        # per token in both arms: the same yardstick whatever the arm's token aggregation
+        "final_token_base_relative_reconstruction": float(r.get(M.token_base_relative_reconstruction, math.nan)),
         "router_probe_tasks": float(r.get("within_task_router_probe_tasks", math.nan)),
         "router_probe_collapsed_tasks": _count(r.get("within_task_router_probe_collapsed_tasks")),
         "posterior_probe_tasks": float(r.get("posterior_probe_tasks", math.nan)),
@@ -93,11 +94,16 @@ def _count(v) -> float:
     return 0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
 
 
-def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
-    """(why each failed check failed, the checks whose input is absent) of a sanity_inputs row."""
+def sanity_checks(row: dict, thr: dict, yardstick: bool = True) -> tuple[list[str], list[str]]:
+    """(why each failed check failed, the checks whose input is absent) of a sanity_inputs row.
+    `yardstick`: the collection has an entangled model's quality check to hold answer accuracy
+    and strategy match to; without one (`entangle.mode: skip`) those two checks do not apply
+    (the other checks still run) rather than being absent."""
     fails, unchecked = [], []
 
     def check(name, inputs, ok, why):
+        if not yardstick and name in ("answer accuracy", "strategy match"):
+            return
         if any(v is None or math.isnan(v) for v in inputs):
             unchecked.append(name)
         elif not ok:
@@ -125,12 +131,12 @@ def sanity_checks(row: dict, thr: dict) -> tuple[list[str], list[str]]:
         f"step-0 base-relative reconstruction {fmt_num(s0)} is not 1 +- {thr['sanity_step0_tolerance']} "
         "(the cell did not start as the entangled model)",
     )
-    fb = row["final_base_relative_reconstruction"]
+    fb = row["final_token_base_relative_reconstruction"]
     check(
-        "final base-relative reconstruction",
+        "final per-token base-relative reconstruction",
         (fb,),
         fb <= thr["sanity_max_base_relative"],
-        f"final base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}",
+        f"final per-token base-relative reconstruction {fmt_num(fb)} > {thr['sanity_max_base_relative']}",
     )
     # a task whose generations follow one strategy is a collapse (router information 0 there),
     # not a probe that failed: coverage counts the tasks with more than one followed strategy
@@ -152,23 +158,30 @@ def cell_sanity(summary: pd.DataFrame, history_all: pd.DataFrame, entangled: dic
 
     Checks (thresholds from the `report` config): final answer accuracy and strategy-match rate
     >= sanity_min_*_ratio x the entangled model's; step-0 base-relative reconstruction (validation)
-    within sanity_step0_tolerance of 1 (the cell starts as the entangled model); final base-relative
-    reconstruction (test) <= sanity_max_base_relative; the within-task router probe usable on
+    within sanity_step0_tolerance of 1 (the cell starts as the entangled model); final per-token
+    base-relative reconstruction (test; the same weighting in both arms) <= sanity_max_base_relative;
+    the within-task router probe usable on
     >= sanity_min_probe_coverage of the tasks whose generations follow more than one strategy (a
     task that follows one is a collapse: `router_probe_collapsed_tasks`, not a failure). A check
     whose input is absent is not run (named in `failures` as "not checked"); `passed` is then NA
-    unless another check failed."""
+    unless another check failed, and a cell passes only when every check ran. Without an
+    entangled model (`entangled` empty: `entangle.mode: skip`) answer accuracy and strategy match
+    have no yardstick and do not apply (named in `failures` as "no yardstick")."""
     rows = []
     step0 = step0_base_relative(history_all)
+    yardstick = bool(entangled)
     for _, r in summary.iterrows():
         row = sanity_inputs(r, entangled, step0)
-        fails, unchecked = sanity_checks(row, thr)
+        fails, unchecked = sanity_checks(row, thr, yardstick)
         tv = float(r.get("followed_strategy_tv_max", math.nan))
         row["followed_strategy_tv_max"] = tv
         # collapse is a finding about the cell, not a broken cell: flagged, not failed
         row["collapsed"] = None if math.isnan(tv) else bool(tv >= thr["collapse_tv"])
         row["passed"] = False if fails else (None if unchecked else True)
-        row["failures"] = "; ".join(fails + ([f"not checked: {', '.join(unchecked)}"] if unchecked else []))
+        notes = [f"not checked: {', '.join(unchecked)}"] if unchecked else []
+        if not yardstick:
+            notes.append("no yardstick for answer accuracy, strategy match (no entangled model)")
+        row["failures"] = "; ".join(fails + notes)
         rows.append(row)
     return pd.DataFrame(rows, columns=SANITY_COLUMNS)
 

@@ -10,7 +10,10 @@ runs each through the project's own aggregate code from cells to verdict
 (`aggregate.collection.verdict_tables`: setting rows, cell states, paired deltas, training noise,
 interval, verdict, sign-flip test). Under the null (both arms share every setting's true value)
 it prints, per scenario, with Monte Carlo standard errors:
-- the false-sign rate: how often the headline reads `negative` or `positive` (target <= 5%);
+- how often the training noise is known (every setting replicated or borrowing from replicated
+  settings of its stratum); where it is not, the headline reads `cannot tell`;
+- the false-sign rate: how often the headline reads `negative` or `positive` (target <= 5%,
+  measured to a Monte Carlo SE of 0.5% or less);
 - coverage: how often the 95% interval holds the true delta (target >= 95%);
 - mean t^2 = (delta / SE)^2: near 1 when the SE is right (for a t statistic on df degrees of
   freedom its expectation is df / (df - 2), printed beside it), and the variance ratio, the
@@ -126,6 +129,22 @@ SCENARIOS = {
         "the main job's pattern: raw at 0.01 and dist_tokcc at 0.1 bistable, tokcc at 0.1 started",
         values=DEFAULT_VALUES,
         p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+    ),
+    "beta1-starts-0.2": Scenario(
+        "beta1-starts-0.2",
+        "the default pattern, and every beta 1 cell starts with probability 0.2 (value 0.3)",
+        value_by_beta={0.01: 0.55, 0.1: 0.43, 1.0: 0.3},
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: 0.2},
+    ),
+    "beta1-starts-0.5": Scenario(
+        "beta1-starts-0.5",
+        "the default pattern, and every beta 1 cell starts with probability 0.5 (value 0.3)",
+        value_by_beta={0.01: 0.55, 0.1: 0.43, 1.0: 0.3},
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: 0.5},
     ),
     "noisy": Scenario(
         "noisy",
@@ -265,13 +284,20 @@ def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int,
     return row
 
 
+MAX_MC_SE = 0.005  # the false-sign rate's Monte Carlo SE a passing scenario must reach (about 1,900 draws)
+
+
 def checks(row: dict) -> list[str]:
-    """The targets a scenario's row misses (empty when it passes): false-sign rate <= 5% and
-    coverage >= 95%, each within 2 Monte Carlo SEs; power at the detectable difference 75-85%."""
+    """The targets a scenario's row misses (empty when it passes): a false-sign rate <= 5%
+    measured to a Monte Carlo SE <= 0.5% (one-sided: a rate above 5% fails however few the
+    draws); coverage >= 95% and power at the detectable difference 75-85%, each within 2 Monte
+    Carlo SEs."""
     out = []
     fs, fs_se = row["false_sign"]
-    if fs - 2 * fs_se > 0.05:
+    if fs > 0.05:
         out.append(f"false-sign rate {fs:.3f} > 0.05")
+    elif fs_se > MAX_MC_SE:
+        out.append(f"false-sign rate's Monte Carlo SE {fs_se:.3f} > {MAX_MC_SE} (more draws)")
     cov, cov_se = row["coverage"]
     if cov + 2 * cov_se < 0.95:
         out.append(f"coverage {cov:.3f} < 0.95")
@@ -289,15 +315,16 @@ def _pm(v: tuple[float, float]) -> str:
 def table(rows: list[dict]) -> str:
     """The scenarios' Markdown table (± one Monte Carlo SE)."""
     head = (
-        "| scenario | draws | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | variance ratio | "
-        "sign-flip p<.05 | median df | median interval width | detectable (median printed) | power at it | "
-        "meets targets |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| scenario | draws | training noise known | false-sign rate | coverage | mean t² (t_df: df/(df-2)) | "
+        "variance ratio | sign-flip p<.05 | median df | median interval width | detectable (median printed) | "
+        "power at it | meets targets |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         miss = checks(r)
         lines.append(
-            f"| {r['scenario']} | {r['draws']} | {_pm(r['false_sign'])} | {_pm(r['coverage'])} | "
+            f"| {r['scenario']} | {r['draws']} | {r['noise_known']:.2f} | {_pm(r['false_sign'])} | "
+            f"{_pm(r['coverage'])} | "
             f"{r['mean_t2'][0]:.2f} ± {r['mean_t2'][1]:.2f} ({r['t2_expected']:.2f}) | {r['variance_ratio']:.2f} | "
             f"{_pm(r['sign_flip'])} | "
             f"{r['median_df']:.1f} | {r['median_width']:.3f} | {r['detectable']:.3f} ({r['detectable_median']:.3f}) | "

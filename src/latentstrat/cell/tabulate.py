@@ -64,6 +64,7 @@ PROVENANCE = [
     "code_version",
     "code_commit",
     "code_dirty",
+    "torch_version",
     "started_at",
     "finished_at",
     "host",

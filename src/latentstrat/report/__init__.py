@@ -102,15 +102,16 @@ def write_followup(aggregate_dir: Path, out_dir: Path, configfile: str | None) -
 
 
 def _cell_checks(sanity) -> dict:
-    """brief.yaml's view of the cell sanity check: passed (None when nothing was checked) and
-    the failing cells with their reasons."""
+    """brief.yaml's view of the cell sanity check: passed (None when some cell could not be fully
+    checked, or none was), the failing cells with their reasons and the cells not fully checked."""
     if sanity.empty:
-        return {"cell_checks_passed": None, "failing_cells": []}
-    bad = sanity[sanity.passed.eq(False)]
+        return {"cell_checks_passed": None, "failing_cells": [], "unchecked_cells": []}
+    bad, unchecked = sanity[sanity.passed.eq(False)], sanity[sanity.passed.isna()]
     passed = False if len(bad) else (True if sanity.passed.eq(True).all() else None)
     return {
         "cell_checks_passed": passed,
         "failing_cells": [{"cell_id": r.cell_id, "why": r.failures} for r in bad.itertuples()],
+        "unchecked_cells": [{"cell_id": r.cell_id, "why": r.failures} for r in unchecked.itertuples()],
     }
 
 

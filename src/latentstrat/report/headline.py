@@ -114,14 +114,7 @@ def headline(t: dict, meta: dict) -> dict:
     out["randomization_agrees"] = _randomization_agrees(out)
     out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
     out["by_family"], out["carried_by"] = heterogeneity(t, arm, metric, out["verdict"])
-    failing = failing_cells(t, arm)
-    out["headline_failing_cells"] = failing
-    if failing and out["verdict"] != "cannot tell":
-        out["verdict_before_sanity"] = out["verdict"]
-        out["verdict"] = "cannot tell"
-        out["why"] = f"it rests on {len(failing)} cell(s) that fail the cell sanity check ({', '.join(failing[:3])}" + (
-            ", ...)" if len(failing) > 3 else ")"
-        )
+    _cells_vouch(out, t, arm, meta)
     sec = _contrast(t, arm, SECONDARY) if metric != SECONDARY else None
     if sec is not None and _num(sec.mean_delta) is not None and out["delta"] is not None:
         if sec.mean_delta * out["delta"] < 0:
@@ -148,15 +141,66 @@ def sign_flip_can_reach_alpha(n_settings: int) -> bool:
     return n_settings > 0 and 2.0 / 2**n_settings < ALPHA
 
 
-def failing_cells(t: dict, arm: str | None) -> list[str]:
-    """The cells of the contrast's common settings that fail the cell sanity check."""
+def _cells_vouch(out: dict, t: dict, arm: str | None, meta: dict) -> None:
+    """A verdict stands only on cells that vouch for it: every cell of its settings passes its
+    sanity check (all checks ran), and every pair trained on one kind of machine (unless the
+    config accepts mixed pairs). Otherwise it reads `cannot tell`, keeping what it said."""
+    failing, unchecked = failing_cells(t, arm)
+    out["headline_failing_cells"], out["headline_unchecked_cells"] = failing, unchecked
+    if (failing or unchecked) and out["verdict"] != "cannot tell":
+        out["verdict_before_sanity"] = out["verdict"]
+        out["verdict"] = "cannot tell"
+        out["why"] = "it rests on " + " and ".join(
+            f"{len(ids)} cell(s) {what} ({', '.join(ids[:3])}" + (", ...)" if len(ids) > 3 else ")")
+            for ids, what in (
+                (failing, "that fail the cell sanity check"),
+                (unchecked, "whose sanity checks did not all run"),
+            )
+            if ids
+        )
+    mixed = mixed_host_pairs(t, arm)
+    out["pairs_mixing_hosts"] = mixed
+    allowed = bool((meta.get("report") or {}).get("allow_mixed_host_pairs"))
+    if mixed and not allowed and out["verdict"] != "cannot tell":
+        out["verdict_before_host_check"] = out["verdict"]
+        out["verdict"] = "cannot tell"
+        out["why"] = "; ".join(
+            w
+            for w in (
+                out["why"],
+                f"pair mixes hosts: {len(mixed)} setting(s) pair cells trained on different machines or code "
+                f"({mixed[0]}{', ...' if len(mixed) > 1 else ''}); rerun them on one host, or declare "
+                "`report.allow_mixed_host_pairs: true`",
+            )
+            if w
+        )
+
+
+def failing_cells(t: dict, arm: str | None) -> tuple[list[str], list[str]]:
+    """(the cells of the contrast's common settings that fail the cell sanity check, those whose
+    checks did not all run): a cell passes only when every check ran and passed. Summary tables
+    from outside the pipeline (`report --summary`: no cell has a training history) carry nothing
+    to check: their report says so in its sanity section, and no cell is counted here."""
     c, sanity = t.get("common_cells", pd.DataFrame()), t.get("cell_sanity", pd.DataFrame())
-    if arm is None or c.empty or sanity.empty or "passed" not in sanity.columns:
-        return []
-    failed = set(sanity.loc[sanity.passed.eq(False), "cell_id"])
+    if arm is None or c.empty:
+        return [], []
     rows = c[c.comparison_arm == arm]
-    ids = [i for col in ("primary_cell", "comparison_cell") for v in rows[col] for i in str(v).split(",") if i]
-    return sorted(set(ids) & failed)
+    ids = {i for col in ("primary_cell", "comparison_cell") for v in rows[col] for i in str(v).split(",") if i}
+    if sanity.empty or "passed" not in sanity.columns or sanity.step0_base_relative_reconstruction.isna().all():
+        return [], []  # tables from outside the pipeline (no histories): no cell can be checked
+    failed = set(sanity.loc[sanity.passed.eq(False), "cell_id"])
+    passed = set(sanity.loc[sanity.passed.eq(True), "cell_id"])
+    return sorted(ids & failed), sorted(ids - failed - passed)
+
+
+def mixed_host_pairs(t: dict, arm: str | None) -> list[str]:
+    """The contrast's settings whose pairs mix CPU capability, device, torch or code version
+    (contrasts.pair_host_mix), each as `family beta: how`."""
+    c = t.get("common_cells", pd.DataFrame())
+    if arm is None or c.empty or "pair_host_mix" not in c.columns:
+        return []
+    rows = c[(c.comparison_arm == arm) & c.pair_host_mix.fillna("").astype(bool)]
+    return [f"{r[FAMILY_COL]} {r['beta_label']}: {r['pair_host_mix']}" for _, r in rows.iterrows()]
 
 
 def heterogeneity(t: dict, arm: str | None, metric: str, verdict: str) -> tuple[dict, list[str]]:

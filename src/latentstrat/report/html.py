@@ -83,8 +83,16 @@ def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
     cells = brief.get("cells", {})
     expected, complete = cells.get("expected", 0), cells.get("complete", 0)
     passed = brief.get("cell_checks_passed")
-    failing = brief.get("failing_cells") or []
-    if passed is None:
+    failing, unchecked = brief.get("failing_cells") or [], brief.get("unchecked_cells") or []
+    if passed is None and unchecked:
+        sanity = (
+            f"Cell sanity: **{len(unchecked)} cell(s) could not be fully checked**, and a verdict that rests on "
+            "them reads `cannot tell`: "
+            + "; ".join(f"`{f['cell_id']}` ({f['why']})" for f in unchecked[:5])
+            + (" ..." if len(unchecked) > 5 else "")
+            + "."
+        )
+    elif passed is None:
         sanity = "Cell sanity: nothing checked yet (no complete cell)."
     elif passed:
         sanity = f"Cell sanity: all {complete} complete cells pass (accuracy, step-0 and final reconstruction, probes)."
@@ -117,6 +125,16 @@ def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
             "",
             sanity,
             "",
+            *(
+                [
+                    f"Pairs on different hosts: {'; '.join(brief['pairs_mixing_hosts'][:3])}"
+                    + (" ..." if len(brief["pairs_mixing_hosts"]) > 3 else "")
+                    + " (the pairing cancels less across machines).",
+                    "",
+                ]
+                if brief.get("pairs_mixing_hosts")
+                else []
+            ),
             partial,
             "",
             "### How to read the rest",

@@ -62,11 +62,13 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
         f"A cell passes when its final answer accuracy and strategy-match rate are at least "
         f"{thr['sanity_min_answer_ratio']} and {thr['sanity_min_strategy_match_ratio']} x the entangled model's "
         f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
-        f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final base-relative reconstruction "
-        f"is at most {thr['sanity_max_base_relative']}, and its within-task router probe is usable on at least "
+        f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final per-token base-relative "
+        f"reconstruction (the same weighting in both arms) is at most {thr['sanity_max_base_relative']}, and its "
+        "within-task router probe is usable on at least "
         f"{thr['sanity_min_probe_coverage']:.0%} of the tasks whose generations follow more than one strategy (a task "
         "that follows one is a collapse, counted in `router_probe_collapsed_tasks`, not a failure; config "
-        "`report.sanity_*`)."
+        "`report.sanity_*`). A cell passes only when every check ran: a verdict that rests on a cell that fails "
+        "or could not be checked reads `cannot tell`."
     )
     bad = s[s.passed.eq(False)]
     unchecked = s[s.passed.isna()]

@@ -129,10 +129,21 @@ def code_version() -> dict:
         return {"code_commit": None, "code_dirty": None, "code_version": f"latentstrat {v}"}
 
 
+def torch_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
 def provenance(device: str | None = None) -> dict:
-    """Who ran a job where: code version, host, CPU and its capability, device (recorded in a cell's summary)."""
+    """Who ran a job where: code version, torch version, host, CPU and its capability, device
+    (recorded in a cell's summary)."""
     return {
         **code_version(),
+        "torch_version": torch_version(),
         "host": platform.node(),
         "cpu": cpu_model(),
         "cpu_capability": cpu_capability(),
