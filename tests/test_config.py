@@ -27,7 +27,7 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     cells = K.expand_cells(cfg)
     primary = [c for c in cells if c.role == "primary"]
     matched = [c for c in cells if c.arm == "matched_mean"]
-    assert len(primary) == 25 and len(matched) == 25 and len(cells) == 50  # 12 settings + 13 replicates each
+    assert len(primary) == 29 and len(matched) == 29 and len(cells) == 58  # 12 settings + 17 replicates each
     per_setting = {}
     for c in primary:
         key = (c.settings["reconstruction_family"], c.settings["beta"])
@@ -36,7 +36,7 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
         ("raw", 0.01): 3,
         **{(f, 0.1): 3 for f in ("raw", "dist_norm", "tokcc_a0.25", "dist_tokcc_0.05_0.95")},
     }
-    assert sorted(per_setting.values()) == [1] * 4 + [2] * 3 + [3] * 5
+    assert sorted(per_setting.values()) == [2] * 7 + [3] * 5  # every KL weight replicated
     assert {c.settings["token_aggregation"] for c in primary} == {"sum"}
     assert {c.settings["token_aggregation"] for c in matched} == {"mean"}
     # the arms differ in token aggregation alone: the same settings, schedule and seeds
@@ -45,7 +45,7 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     assert {c.settings["beta_schedule"] for c in cells} == {"lin300"}  # a KL warm-up in both arms
     replicated = [c for c in primary if c.settings["seed"] != 314159]
     assert {c.settings["seed"] for c in replicated} == {314160, 314161}
-    assert {c.settings["beta"] for c in replicated} == {0.01, 0.1} and len(replicated) == 13
+    assert {c.settings["beta"] for c in replicated} == {0.01, 0.1, 1.0} and len(replicated) == 17
     assert "agg-sum_fam-raw_beta-0.01_sched-lin300_seed-314159" in {c.cell_id for c in primary}
     assert "agg-mean_fam-dist_norm_beta-1_sched-lin300_seed-314159" in {c.cell_id for c in matched}
     # the endpoint and the contrast are declared in the config
@@ -248,7 +248,7 @@ def test_followup_extends_default_and_adds_matched_and_scaled_arms():
         by_arm.setdefault(c.arm, []).append(c)
     # sum_scaled for raw only (it equals sum for the normalized families); + the default's replicates
     # (a second seed at beta 0.01 and 0.1, a third at 0.1 and for raw at 0.01)
-    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 25, "matched_mean": 25, "sum_scaled": 7, "mean_lin100": 21}
+    assert {a: len(v) for a, v in by_arm.items()} == {"sum": 29, "matched_mean": 29, "sum_scaled": 8, "mean_lin100": 21}
     assert {c.settings["beta_schedule"] for c in by_arm["matched_mean"]} == {"lin300"}
     # the default collection's cells are all in it (reused on the same base)
     assert {c.cell_id for c in K.expand_cells(default)} <= {c.cell_id for c in cells}

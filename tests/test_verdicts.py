@@ -4,6 +4,7 @@ tell"; one where they differ clearly gets the sign), and the learn-then-collapse
 its false-positive rate at or below 5% under no change."""
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -405,7 +406,7 @@ def run_with_config(tmp_path, delta, noise, half_width, seeds=(314159, 314160)):
 
 
 def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp_path):
-    from latentstrat.aggregate.power import detect_factor, se_with_seeds
+    from latentstrat.aggregate.power import detect_factor, look_with_seeds
     from latentstrat.cells import expand_cells
     from latentstrat.config import load_config
 
@@ -418,10 +419,16 @@ def test_noisy_arms_get_a_followup_with_more_seeds_sized_from_their_variance(tmp
     cfg = load_config(followup)  # runnable: extends the collection's config by a relative path
     # seeds sized so that the detectable difference reaches the observed |delta|: only the
     # training part shrinks with seeds
+    common = pd.read_parquet(out / "aggregate" / "common_cells.parquet")
+    seed_vars = list(common.loc[common.comparison_arm == row.comparison_arm, "delta_matched_router_score_seed_var"])
+    # at the second look's level (report.alpha_by_look: 0.04 then 0.01)
+    assert row.alpha == 0.04
     n = next(
         n
-        for n in range(1, 1000)
-        if detect_factor(max(12 * (n - 1), 1)) * se_with_seeds(row.se_test, row.training_noise_sd, 12, n) <= 0.03
+        for n in range(2, 1000)
+        if detect_factor(look_with_seeds(row.se_test, seed_vars, n)[1], alpha=0.01)
+        * look_with_seeds(row.se_test, seed_vars, n)[0]
+        <= 0.03
     )
     n = min(max(n, 3), 10)
     # n fresh seeds after every seed in use, tested on their own by the follow-up's headline
@@ -464,17 +471,24 @@ def test_a_noisy_collection_already_at_its_seed_cap_gets_no_followup(tmp_path):
 
 
 def test_power_arithmetic_by_hand():
-    from latentstrat.aggregate.power import detectable_difference, se_with_seeds, seeds_to_detect
+    from latentstrat.aggregate.power import detectable_difference, look_with_seeds, seeds_to_detect
     from latentstrat.cells import next_seeds
 
     # interval +-0.1 -> SE 0.1 / 1.96; 80% power at 5% two-sided: (1.96 + 0.8416) SE
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
     assert np.isnan(detectable_difference(float("nan"), 0.1))
-    # 12 cells, SE_test 0.01, a replicate's paired delta sd 0.2: SE(n)^2 = 0.01^2 + 0.2^2 / n / 12
-    assert se_with_seeds(0.01, 0.2, 12, 2) == pytest.approx(np.sqrt(1e-4 + 0.04 / 24))
-    # to detect 0.07: 2.8016^2 (1e-4 + 0.04 / (12 n)) <= 0.0049 -> n >= 0.04 / 12 / (0.0049 / 7.849 - 1e-4) = 6.36 -> 7
-    assert seeds_to_detect(0.01, 0.2, 12, 0.07) == 7
-    assert seeds_to_detect(0.03, 0.1, 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
+    # 12 settings, SE_test 0.01, a replicate's paired delta variance 0.04 each: with n fresh seeds
+    # a term t = 0.04 / n / 144 per setting, SE(n)^2 = 1e-4 + 12 t, Welch-Satterthwaite
+    # df = SE^4 / (12 t^2 / (n - 1)); at n = 7: t = 3.968e-5, SE^2 = 5.762e-4, df = 105.4
+    se, df = look_with_seeds(0.01, [0.04] * 12, 7)
+    assert se == pytest.approx(np.sqrt(1e-4 + 0.04 / 84)) and df == pytest.approx(105.415, abs=1e-3)
+    # to detect 0.07: k(df) x SE(n) <= 0.07 first at n = 7 (k(83.5) x 0.0256 = 0.0726 at n = 6)
+    assert seeds_to_detect(0.01, [0.04] * 12, 0.07) == 7
+    # the same mean spread carried by 2 of the 12 settings: far fewer df (2.2 at n = 2, 17.6 at 7),
+    # so one more seed; sizing on cells x (n - 1) df would have said 7 (undersized)
+    assert look_with_seeds(0.01, [0.24] * 2 + [1e-6] * 10, 7)[1] == pytest.approx(17.57, abs=0.01)
+    assert seeds_to_detect(0.01, [0.24] * 2 + [1e-6] * 10, 0.07) == 8
+    assert seeds_to_detect(0.03, [0.01] * 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]
     # the detectable difference in SEs: 2.80 with a known variance; the noncentral t's with few df
     from latentstrat.aggregate.power import DETECT, detect_factor, t_power
@@ -506,3 +520,50 @@ def test_a_followup_headline_tests_its_fresh_seeds_on_their_own(tmp_path):
     assert brief["verdict"] == "negative" and brief["delta"] == pytest.approx(-0.2, abs=0.03)
     assert brief["pooled"]["delta"] == pytest.approx(-0.1, abs=0.03) and brief["headline_seeds"] == "3,4"
     assert "fresh seeds (3,4) on their own" in (out / "analysis.md").read_text()
+
+
+def test_a_followup_trains_exactly_the_cells_it_plans_and_its_headline_reads_all_fresh_ones(tmp_path):
+    """The default collection's follow-up (replicate groups, 58 cells): its config trains the 58
+    cells again (reused) and the fresh seeds in every setting of both arms, no more (its replicate
+    seeds stay the first look's, not the next integers after the fresh ones); the plan counts
+    exactly those, and the fresh-seed headline's cells are all of them."""
+    import os
+
+    from latentstrat.aggregate.followup import followup_plan
+    from latentstrat.aggregate.power import followup_text
+    from latentstrat.cells import expand_cells
+    from latentstrat.config import config_for_command, load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = config_for_command(root / "config" / "config.yaml")
+    contrast = {
+        "comparison_arm": "matched_mean",
+        "metric": "router_information",
+        "verdict": "cannot tell",
+        "why": "",
+        "training_noise_in_interval": True,
+        "se_test": 0.01,
+        "mean_delta": 0.05,
+        "ci_low": -0.01,
+        "ci_high": 0.11,
+        "detectable_delta": 0.09,
+        "training_noise_sd": 0.1,
+        "n_cells": 12,
+    }
+    plan = followup_plan(cfg, pd.DataFrame([contrast]), pd.DataFrame(columns=["total_s"]))
+    assert plan["needed"] and len(plan["fresh_seeds"]) >= 2
+    path = tmp_path / "followup.yaml"
+    path.write_text(
+        followup_text(
+            {**plan, "path": str(path), "extends": os.path.relpath(root / "config" / "config.yaml", tmp_path)}
+        )
+    )
+    first = {c.cell_id for c in expand_cells(cfg)}
+    follow = load_config(path)
+    cells = expand_cells(follow)
+    added = {c.cell_id for c in cells} - first
+    assert first <= {c.cell_id for c in cells} and len(added) == plan["cells_added"]
+    fresh = set(plan["fresh_seeds"])
+    assert len(added) == len(fresh) * 12 * 2  # every setting, both arms, each fresh seed
+    assert added == {c.cell_id for c in cells if c.settings["seed"] in fresh}  # the headline's cells
+    assert set(follow["report"]["headline_seeds"]) == fresh

@@ -202,12 +202,17 @@ def _extra_seeds(settings: dict, groups: list[dict]) -> int:
     return max(inside, default=0)
 
 
-def _arm_cells(name: str, role: str, base: dict, grid: dict, seeds: list[int], groups: list[dict]) -> list[Cell]:
-    """The cells of one arm: the grid's settings x the arm's seeds, plus the extra seeds (the next
-    integers) its replicate groups give each setting."""
+def _arm_cells(
+    name: str, role: str, base: dict, grid: dict, seeds: list[int], groups: list[dict], fresh=()
+) -> list[Cell]:
+    """The cells of one arm: the grid's settings x the arm's seeds, plus the extra seeds its
+    replicate groups give each setting: the next integers after the arm's seeds other than
+    `fresh` (a follow-up's fresh seeds, report.headline_seeds: its replicates stay those of the
+    collection it follows, and it trains exactly the cells its plan counts)."""
     axes = [k for k in CELL_KEYS if k in grid and k != "seed"]
     most = max((g["extra_seeds"] for g in groups), default=0)
-    extra = next_seeds(seeds, len(seeds) + most)[len(seeds) :]
+    first = [s for s in seeds if s not in set(fresh)] or list(seeds)
+    extra = [s for s in next_seeds(first, len(first) + most + len(seeds))[len(first) :] if s not in seeds][:most]
     cells, seen = [], set()
     for values in itertools.product(*(grid[k] for k in axes)):
         s = dict(base)
@@ -226,14 +231,15 @@ def expand_cells(cfg: dict) -> list[Cell]:
     """All cells of a validated config (config.load_config / config.check_config): the primary arm,
     then each run-here comparison arm; each arm with its seeds (arm_seeds) and replicates."""
     rep = replicate_groups(cfg)
-    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], arm_seeds(cfg), rep)
+    fresh = [int(s) for s in (cfg.get("report") or {}).get("headline_seeds") or []]
+    cells = _arm_cells(cfg["primary_arm"], "primary", cfg["cell"], cfg["grid"], arm_seeds(cfg), rep, fresh)
     for arm in cfg["comparison_arms"]:
         if "table" in arm:
             continue
         base = {**cfg["cell"], **arm.get("settings", {})}
         grid = {k: v for k, v in cfg["grid"].items() if k not in arm.get("settings", {})}
         grid.update(arm.get("grid", {}))
-        cells += _arm_cells(arm["name"], "comparison", base, grid, arm_seeds(cfg, arm), rep)
+        cells += _arm_cells(arm["name"], "comparison", base, grid, arm_seeds(cfg, arm), rep, fresh)
     return cells
 
 

@@ -83,6 +83,12 @@ def _check_semantics(cfg: dict) -> None:
             f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
             f"(comparison arms: {', '.join(names[1:]) or 'none'})"
         )
+    levels = cfg["report"]["alpha_by_look"]
+    if sum(levels) > 0.05 + 1e-12:
+        raise ConfigError(
+            f"config key report.alpha_by_look: {levels} add up to {sum(levels):g}, more than the 0.05 error "
+            "budget the looks share"
+        )
     gpu_jobs = cfg["resources"]["slurm"]["gpu"]
     if gpu_jobs["gres"] and gpu_jobs["gpu_model"]:
         raise ConfigError(

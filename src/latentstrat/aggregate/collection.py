@@ -35,6 +35,7 @@ from latentstrat.aggregate.inputs import (
     read_history_table,
     read_summary_table,
 )
+from latentstrat.aggregate.power import look_alpha
 from latentstrat.aggregate.sanity import cell_sanity, entangled_model_quality, mark_cells
 from latentstrat.aggregate.scale import scale_table
 from latentstrat.aggregate.settings import (
@@ -96,14 +97,17 @@ def contrast_tables(
     bootstrap: dict | None,
     states: pd.DataFrame,
     cells: dict,
-    primary_metric: str = ROUTER_METRIC,
+    settings: dict,
     descriptive: bool = True,
 ) -> tuple[dict, dict, dict]:
     """(tables common_cells, arm_contrasts, contrast_by_family, unmatched_rows, reference_scale;
     common rows and unmatched primary rows per comparison arm). Training noise is measured on
     each setting's paired delta across its replicate seeds (contrasts.training_terms); the
-    contrast per family is over `primary_metric`. `descriptive=False` leaves out the tables no
-    verdict reads (the contrast per family, the reference scale)."""
+    contrast per family is over the report settings' `primary_metric`, every contrast at the
+    look's level (`look_alpha`, else the first look's). `descriptive=False` leaves out the tables
+    no verdict reads (the contrast per family, the reference scale)."""
+    primary_metric = settings.get("primary_metric") or ROUTER_METRIC
+    alpha = settings.get("look_alpha") or look_alpha(settings, followup=False)
     commons, unmatched = {}, {}
     state_of = dict(zip(states.cell_id, states.state)) if len(states) else None
     for arm, rows in arms.items():
@@ -112,11 +116,11 @@ def contrast_tables(
         )
     t = {
         "common_cells": concat_tables(commons.values()),
-        "arm_contrasts": arm_contrasts(commons, bootstrap),
+        "arm_contrasts": arm_contrasts(commons, bootstrap, alpha=alpha),
         "unmatched_rows": concat_tables(unmatched.values()),
     }
     if descriptive:
-        t["contrast_by_family"] = family_contrasts(commons, bootstrap, primary_metric)
+        t["contrast_by_family"] = family_contrasts(commons, bootstrap, primary_metric, alpha)
         t["reference_scale"] = scale_table(primary_rows, arms, commons)  # the z-free reference scale per arm
     return t, commons, unmatched
 
@@ -141,7 +145,7 @@ def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = Tru
         bootstrap,
         t["cell_states"],
         cell_rows(summary, data.comparisons),
-        settings.get("primary_metric") or ROUTER_METRIC,
+        settings,
         descriptive,
     )
     t.update(contrasts)
@@ -153,7 +157,8 @@ def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = Tru
 
 def fresh_seed_contrasts(data: CollectionData, settings: dict, seeds) -> pd.DataFrame:
     """The arm contrasts over the cells whose replicate seed is one of `seeds` alone
-    (report.headline_seeds): the follow-up's own look, on cells the first look never saw."""
+    (report.headline_seeds): the follow-up's own look, on cells the first look never saw, at the
+    second look's level (report.alpha_by_look)."""
     wanted = {format_value(s) for s in seeds}
 
     def fresh(df: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +168,8 @@ def fresh_seed_contrasts(data: CollectionData, settings: dict, seeds) -> pd.Data
     if summary.empty:
         return arm_contrasts({}, None)
     sub = CollectionData(summary, data.state, comparisons, data.grid_axes, data.history, data.bootstrap)
-    t, _ = verdict_tables(sub, {**settings, "headline_seeds": None}, descriptive=False)
+    second = {**settings, "headline_seeds": None, "look_alpha": look_alpha(settings, followup=True)}
+    t, _ = verdict_tables(sub, second, descriptive=False)
     return t["arm_contrasts"].assign(seeds=",".join(sorted(wanted)))
 
 
@@ -290,7 +296,7 @@ def aggregate_collection(
         primary_metric=cfg["report"]["primary_metric"],
         meta=meta,
     )
-    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs), out_dir)
+    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs, commons=t["common_cells"]), out_dir)
     return t
 
 
@@ -356,7 +362,10 @@ def aggregate_from_tables(
         meta=meta,
     )
     write_followup_plan(
-        followup_plan(cfg, t["arm_contrasts"], cell_costs(None, [])) if cfg else {"needed": False}, out_dir
+        followup_plan(cfg, t["arm_contrasts"], cell_costs(None, []), commons=t["common_cells"])
+        if cfg
+        else {"needed": False},
+        out_dir,
     )
     return t
 

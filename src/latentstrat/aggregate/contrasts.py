@@ -19,6 +19,7 @@ import pandas as pd
 from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
 from latentstrat.aggregate.hosts import pair_host_mix, seed_order
+from latentstrat.aggregate.power import combine_terms
 from latentstrat.aggregate.settings import setting_replicates
 from latentstrat.cells import CELL_KEYS, format_value
 from latentstrat.metrics import M, interval
@@ -36,6 +37,7 @@ CONTRAST_COLUMNS = [
     "ci_high",
     "verdict",
     "why",
+    "alpha",
     "detectable_delta",
     "training_noise_in_interval",
     "se",
@@ -217,14 +219,6 @@ def t_quantile(q: float, df: float) -> float:
     from scipy import stats
 
     return float(stats.norm.ppf(q) if not math.isfinite(df) else stats.t.ppf(q, df))
-
-
-def combine_terms(se_test: float, terms: list[tuple[float, float]]) -> tuple[float, float]:
-    """(SE, df) of an estimate whose variance is se_test^2 (the test inputs': infinite df) plus
-    independent training terms (variance, df) (Welch-Satterthwaite)."""
-    v = se_test**2 + sum(t for t, _ in terms)
-    den = sum(t**2 / d for t, d in terms if t > 0)
-    return math.sqrt(v), (v**2 / den if den > 0 else math.inf)
 
 
 def interval_with_noise(d: float, se_test: float, var_training: float, df_training: float):
@@ -432,8 +426,9 @@ def _why_unknown(n: int, unknown: list[str]) -> str:
     )
 
 
-def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> dict:
-    """One arm contrast: comparison arm `arm`, its common cells c, metric m (see arm_contrasts)."""
+def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, alpha: float = 0.05) -> dict:
+    """One arm contrast: comparison arm `arm`, its common cells c, metric m, at level alpha (see
+    arm_contrasts)."""
     col = f"delta_{m}"
     ok = c[c[col].notna()] if col in c.columns else c.iloc[0:0]
     n = len(ok)
@@ -445,12 +440,12 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> d
     train_var = sum(t for t, _ in terms) / n**2 if n else math.nan
     if known:
         se, df = combine_terms(se_test, [(t / n**2, d) for t, d in terms])
-        half = t_quantile(0.975, df) * se
+        half = t_quantile(1 - alpha / 2, df) * se
         lo, hi = mean - half, mean + half
-        detect = power.detect_factor(df) * se
+        detect = power.detect_factor(df, alpha=alpha) * se
         v, why = verdict(lo, hi), ""
     else:
-        se, df, (lo, hi), detect = se_test, math.inf, (t_lo, t_hi), power.DETECT * se_test
+        se, df, (lo, hi), detect = se_test, math.inf, (t_lo, t_hi), power.detect_factor(math.inf, alpha=alpha) * se_test
         v = "cannot tell"
         why = (
             _why_unknown(n, unknown)
@@ -483,6 +478,7 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> d
         "ci_high": hi,
         "verdict": v,
         "why": why,
+        "alpha": alpha,
         "detectable_delta": detect,
         "training_noise_in_interval": bool(known),
         "se": se,
@@ -506,17 +502,18 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None) -> d
     }
 
 
-def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) -> pd.DataFrame:
-    """Per comparison arm and metric: the mean common-setting delta (primary - arm), its 95% t
-    interval with the test inputs' noise (the paired bootstrap of the mean) and training noise
-    (training_terms, Welch-Satterthwaite df), the verdict from it, the smallest difference it could
-    detect (80% power at 5%, the same variance) and the sign-flip test's p-value over the settings'
-    deltas. Where the training noise of some setting is unknown the verdict is `cannot tell` and
-    the interval shown is the test inputs' alone. A router-score contrast in which no cell of
-    either arm is in state `strategy` compares noise with noise: cannot tell, whatever its
-    interval. Also how many single-setting deltas are negative / positive / cannot tell."""
+def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS, alpha: float = 0.05) -> pd.DataFrame:
+    """Per comparison arm and metric: the mean common-setting delta (primary - arm), its t
+    interval at level alpha (the look's: power.look_alpha) with the test inputs' noise (the paired
+    bootstrap of the mean) and training noise (training_terms, Welch-Satterthwaite df), the
+    verdict from it, the smallest difference it could detect (80% power at alpha, the same
+    variance) and the sign-flip test's p-value over the settings' deltas. Where the training
+    noise of some setting is unknown the verdict is `cannot tell` and the interval shown is the
+    test inputs' alone. A router-score contrast in which no cell of either arm is in state
+    `strategy` compares noise with noise: cannot tell, whatever its interval. Also how many
+    single-setting deltas are negative / positive / cannot tell."""
     rows = [
-        contrast_row(arm, c, m, bootstrap)
+        contrast_row(arm, c, m, bootstrap, alpha)
         for arm, c in commons.items()
         if c is not None and not c.empty
         for m in metrics
@@ -525,7 +522,7 @@ def arm_contrasts(commons: dict, bootstrap: dict | None, metrics=DELTA_METRICS) 
     return pd.DataFrame(rows, columns=CONTRAST_COLUMNS)
 
 
-def family_contrasts(commons: dict, bootstrap: dict | None, metric: str) -> pd.DataFrame:
+def family_contrasts(commons: dict, bootstrap: dict | None, metric: str, alpha: float = 0.05) -> pd.DataFrame:
     """Heterogeneity of a contrast over reconstruction families, for `metric`: per comparison arm
     and family, the contrast over that family's settings alone (`only`) and over every other
     family's (`without`: leave one family out), each with its interval and verdict (contrast_row)."""
@@ -537,7 +534,7 @@ def family_contrasts(commons: dict, bootstrap: dict | None, metric: str) -> pd.D
             for part, sub in (("only", c[c[FAMILY_COL] == fam]), ("without", c[c[FAMILY_COL] != fam])):
                 if sub.empty:
                     continue
-                r = contrast_row(arm, sub, metric, bootstrap)
+                r = contrast_row(arm, sub, metric, bootstrap, alpha)
                 rows.append(
                     {
                         "comparison_arm": arm,

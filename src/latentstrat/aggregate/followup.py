@@ -43,12 +43,34 @@ def cell_costs(bench_dir, cells: list[str]) -> pd.DataFrame:
     return df[df.total_s.notna()].reset_index(drop=True)
 
 
-def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores: int = 2) -> dict:
+def seed_variances(commons: pd.DataFrame | None, arm: str, metric: str) -> list[float] | None:
+    """The per-replicate delta variance of each common setting of the contrast against `arm`
+    (a setting without replicates: the mean of the others'); None when none is known."""
+    col = f"delta_{metric}_seed_var"
+    if commons is None or commons.empty or col not in commons.columns:
+        return None
+    v = commons.loc[commons.comparison_arm == arm, col].astype(float)
+    if v.notna().sum() == 0:
+        return None
+    return list(v.fillna(v.mean()))
+
+
+def followup_plan(
+    cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores: int = 2, commons: pd.DataFrame | None = None
+) -> dict:
     """{"needed": False} when the headline contrast (the primary metric against each comparison
-    arm) decides or is not a matter of power; else the seeds that settle it (power.followup_need)
-    and what they cost: cells added and seconds of one job slot per cell (mean of `costs`), for
-    the command the follow-up config prints (`--cores 2`: `cores` // resources.threads cells at a time)."""
+    arm) decides or is not a matter of power; else the seeds that settle it (power.followup_need,
+    sized on each common setting's own spread in `commons`) and what they cost: cells added and
+    seconds of one job slot per cell (mean of `costs`), for the command the follow-up config
+    prints (`--cores 2`: `cores` // resources.threads cells at a time). The follow-up's cells are
+    exactly this collection's plus its fresh seeds in every setting: its replicate seeds stay
+    those of this collection (cells.expand_cells leaves `report.headline_seeds` out of them)."""
     metric = cfg["report"]["primary_metric"]
+    if cfg["report"].get("headline_seeds"):  # looks are capped at two: this is the second
+        return {"needed": False, "metric": metric, "why": "this collection is the second and last look"}
+    second = power.look_alpha(cfg["report"], followup=True)
+    if len(cfg["report"].get("alpha_by_look") or []) < 2:
+        return {"needed": False, "metric": metric, "why": "report.alpha_by_look declares one look"}
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
         metric = FALLBACK_METRIC  # external tables without the primary metric (as settings.ranking_metric)
     seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
@@ -56,7 +78,14 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores
     needs = [
         n
         for n in (
-            power.followup_need(r, len(seeds), cfg["report"]["near_zero_delta"], cfg["report"]["followup_max_seeds"])
+            power.followup_need(
+                r,
+                len(seeds),
+                cfg["report"]["near_zero_delta"],
+                cfg["report"]["followup_max_seeds"],
+                seed_variances(commons, r["comparison_arm"], metric),
+                second,
+            )
             for r in rows.to_dict("records")
         )
         if n
@@ -65,16 +94,17 @@ def followup_plan(cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores
         return {"needed": False, "metric": metric}
     n = max(x["seeds"] for x in needs)
     # n fresh seeds per setting, after every seed the collection has used (replicates included):
-    # the follow-up's headline tests them on their own (report.headline_seeds), a look at 5% on data
-    # the first look never saw, so the two looks do not add up to more than 5% false signs
-    # (when no look has tested anything yet, training noise being unknown, the seeds simply add up)
+    # the follow-up's headline tests them on their own (report.headline_seeds), a second look on
+    # data the first look never saw (when no look has tested anything yet, training noise being
+    # unknown, the seeds simply add up)
     now = expand_cells(cfg)
     if any(x["training_noise_known"] for x in needs):
         fresh = next_seeds([max(int(c.settings["seed"]) for c in now)], n + 1)[1:]
         new_seeds = seeds + fresh
     else:
         fresh, new_seeds = [], next_seeds(seeds, n)
-    n_now, n_then = len(now), len(expand_cells({**cfg, "seeds": new_seeds}))
+    then = {**cfg, "seeds": new_seeds, "report": {**cfg["report"], "headline_seeds": fresh or None}}
+    n_now, n_then = len(now), len(expand_cells(then))
     seconds = float(costs.total_s.mean()) if len(costs) else math.nan
     threads = int(cfg["resources"]["threads"]) or 1
     return {

@@ -11,9 +11,11 @@ from the same variance as the interval (its agreement with the power measured by
 `python -m latentstrat.bench calibrate`).
 
 A `cannot tell` whose arms do carry strategy information is a matter of power. More seeds shrink
-the training part only: with n seeds per setting, SE(n)^2 = SE_test^2 + sigma_d^2 / n / cells
-(the test split is already used as configured). The follow-up adds seeds until the detectable
-difference reaches the effect to settle: the observed mean delta, or `report.near_zero_delta`
+the training part only: with n fresh seeds per setting, SE(n)^2 = SE_test^2 + sum_i sigma_i^2 /
+n / cells^2 over the settings' per-replicate spreads sigma_i^2 (the test split is already used as
+configured), on the Welch-Satterthwaite df the follow-up's own interval will have (few when a few
+settings carry the spread). The follow-up adds seeds until the detectable difference reaches the
+effect to settle: the observed mean delta, or `report.near_zero_delta`
 when the observed delta is smaller than that (then the follow-up tells "no difference larger than
 near_zero_delta" from "a small one"). When SE_test alone keeps the detectable difference above
 the effect, no number of seeds settles it (more test inputs would): no follow-up is written.
@@ -30,30 +32,46 @@ Z80 = 0.8416212335729143  # one-sided 80% power
 DETECT = Z95 + Z80
 
 
-def t_power(ncp: float, df: float) -> float:
-    """Power of the two-sided 5% t test on df degrees of freedom when the true difference is ncp
-    standard errors (the noncentral t; the normal one for infinite df)."""
+def z_two_sided(alpha: float) -> float:
+    """The normal quantile of a two-sided test at level alpha (1.96 at 5%)."""
+    from scipy import stats
+
+    return Z95 if alpha == 0.05 else float(stats.norm.ppf(1 - alpha / 2))
+
+
+def t_power(ncp: float, df: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided t test at level alpha on df degrees of freedom when the true
+    difference is ncp standard errors (the noncentral t; the normal one for infinite df)."""
     from scipy import stats
 
     if not math.isfinite(df):
-        return float(stats.norm.sf(Z95 - ncp) + stats.norm.cdf(-Z95 - ncp))
-    tc = float(stats.t.ppf(0.975, df))
+        z = z_two_sided(alpha)
+        return float(stats.norm.sf(z - ncp) + stats.norm.cdf(-z - ncp))
+    tc = float(stats.t.ppf(1 - alpha / 2, df))
     lower = float(stats.nct.cdf(-tc, df, ncp))
     return float(stats.nct.sf(tc, df, ncp)) + (lower if math.isfinite(lower) else 0.0)
 
 
-def detect_factor(df: float, target: float = 0.8) -> float:
-    """The true difference, in standard errors, that the two-sided 5% t test on df degrees of
-    freedom finds with 80% power: (z_0.975 + z_0.8) = 2.80 for infinite df, more for few df, where
-    the estimated SE itself varies (5.7 at 2 df, 3.8 at 4, 3.2 at 8). The detectable difference
-    printed next to a verdict is this times its SE (bisection on t_power)."""
+def detect_factor(df: float, target: float = 0.8, alpha: float = 0.05) -> float:
+    """The true difference, in standard errors, that the two-sided t test at level alpha on df
+    degrees of freedom finds with 80% power: (z_0.975 + z_0.8) = 2.80 at 5% for infinite df, more
+    for few df, where the estimated SE itself varies (5.7 at 2 df, 3.8 at 4, 3.2 at 8), and more
+    at a smaller alpha (3.09 at 4%). The detectable difference printed next to a verdict is this
+    times its SE (bisection on t_power)."""
     if not math.isfinite(df) or df > 1e4:
-        return DETECT
+        return z_two_sided(alpha) + Z80
     lo, hi = 0.0, 200.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_power(mid, df) < target else (lo, mid)
+        lo, hi = (mid, hi) if t_power(mid, df, alpha) < target else (lo, mid)
     return (lo + hi) / 2
+
+
+def look_alpha(report: dict, followup: bool) -> float:
+    """The level of a look: `report.alpha_by_look` spends one error budget over at most two looks,
+    the collection's own (first) and its follow-up's fresh-seed headline (second)."""
+    levels = list(report.get("alpha_by_look") or [0.05])
+    return float(levels[min(int(followup), len(levels) - 1)])
 
 
 def standard_error(ci_low: float, ci_high: float) -> float:
@@ -68,32 +86,52 @@ def detectable_difference(ci_low: float, ci_high: float) -> float:
     return DETECT * standard_error(ci_low, ci_high)
 
 
-def se_with_seeds(se_test: float, sd_delta: float, cells: int, seeds: int) -> float:
-    """SE of a mean common-cell delta over `cells` settings with `seeds` seeds in both arms, one
-    replicate's paired delta varying by sd_delta from seed to seed."""
-    return math.sqrt(se_test**2 + sd_delta**2 / seeds / cells)
+def combine_terms(se_test: float, terms: list[tuple[float, float]]) -> tuple[float, float]:
+    """(SE, df) of an estimate whose variance is se_test^2 (the test inputs': infinite df) plus
+    independent training terms (variance, df) (Welch-Satterthwaite)."""
+    v = se_test**2 + sum(t for t, _ in terms)
+    den = sum(t**2 / d for t, d in terms if t > 0)
+    return math.sqrt(v), (v**2 / den if den > 0 else math.inf)
 
 
-def seeds_to_detect(se_test: float, sd_delta: float, cells: int, effect: float, max_n: int = 10_000) -> int | None:
-    """The fewest seeds per setting at which the detectable difference (detect_factor on the
-    cells' n - 1 df each, times SE) reaches `effect`; None when the test inputs' SE alone keeps it
-    above (no number of seeds settles it)."""
-    if not (effect > 0) or DETECT * se_test >= effect:
+def look_with_seeds(se_test: float, seed_vars: list[float], seeds: int) -> tuple[float, float]:
+    """(SE, Welch-Satterthwaite df) of the mean delta over len(seed_vars) settings, each measured
+    on `seeds` fresh seeds in both arms (one replicate's paired delta varying by seed_vars[i]):
+    the interval a follow-up's fresh-seed headline computes (contrasts.contrast_row). A setting
+    whose delta hardly varies (empty in both arms) adds little variance and few effective df."""
+    k = len(seed_vars)
+    return combine_terms(se_test, [(v / seeds / k**2, seeds - 1) for v in seed_vars])
+
+
+def seeds_to_detect(
+    se_test: float, seed_vars: list[float], effect: float, max_n: int = 10_000, alpha: float = 0.05
+) -> int | None:
+    """The fewest seeds per setting (2 or more: a fresh look measures its own training noise) at
+    which the detectable difference of that look at level alpha (detect_factor on its
+    Welch-Satterthwaite df, times its SE: look_with_seeds) reaches `effect`; None when the test
+    inputs' SE alone keeps it above (no number of seeds settles it)."""
+    if not (effect > 0) or (z_two_sided(alpha) + Z80) * se_test >= effect:
         return None
-    n = 1
-    # with n seeds, each of the `cells` settings measures its training noise on n - 1 df
-    while detect_factor(max(cells * (n - 1), 1)) * se_with_seeds(se_test, sd_delta, cells, n) > effect:
-        n += 1
-        if n > max_n:
-            return None
-    return n
+    for n in range(2, max_n + 1):
+        se, df = look_with_seeds(se_test, seed_vars, n)
+        if detect_factor(df, alpha=alpha) * se <= effect:
+            return n
+    return None
 
 
-def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int) -> dict | None:
+def followup_need(
+    contrast: dict,
+    n_seeds: int,
+    near_zero: float,
+    max_seeds: int,
+    seed_vars: list[float] | None = None,
+    alpha: float = 0.05,
+) -> dict | None:
     """For one arm contrast (an `arm_contrasts` row): None when its verdict decides, when it has
     no interval, or when its `cannot tell` is not about power (no cell of either arm carries
     strategy information: more replicates of noise settle nothing). Else the seeds per setting
-    that would settle it (capped at `max_seeds`) and what they would reach."""
+    that would settle it (capped at `max_seeds`) and what they would reach. `seed_vars`: each
+    common setting's per-replicate delta variance (default: the contrast's mean spread for all)."""
     if contrast["verdict"] != "cannot tell":
         return None
     why = str(contrast.get("why") or "")
@@ -118,8 +156,9 @@ def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int
         if n_seeds >= 2:
             return None
         return {**base, "seeds_needed": 2, "seeds": 2, "capped": False, "detectable_then": math.nan}
-    sd, cells = float(contrast["training_noise_sd"]), int(contrast["n_cells"])
-    need = seeds_to_detect(se_test, sd, cells, effect)
+    if not seed_vars:
+        seed_vars = [float(contrast["training_noise_sd"]) ** 2] * int(contrast["n_cells"])
+    need = seeds_to_detect(se_test, seed_vars, effect, alpha=alpha)
     if need is None:  # the test inputs' noise alone: more seeds cannot settle it (analysis.md says so)
         return None
     seeds = min(need, max_seeds)
@@ -130,7 +169,9 @@ def followup_need(contrast: dict, n_seeds: int, near_zero: float, max_seeds: int
         "seeds_needed": need,
         "seeds": seeds,
         "capped": need > max_seeds,
-        "detectable_then": detect_factor(max(cells * (seeds - 1), 1)) * se_with_seeds(se_test, sd, cells, seeds),
+        "detectable_then": detect_factor(look_with_seeds(se_test, seed_vars, seeds)[1], alpha=alpha)
+        * look_with_seeds(se_test, seed_vars, seeds)[0],
+        "alpha": alpha,
     }
 
 
@@ -146,8 +187,9 @@ def followup_text(plan: dict) -> str:
     ]
     if plan.get("fresh_seeds"):
         lines += [
-            "# Its headline tests the fresh seeds on their own (report.headline_seeds): a second look at 5%",
-            "# on data the first look never saw; the contrast over every seed stands beside it.",
+            "# Its headline tests the fresh seeds on their own (report.headline_seeds): the second and last",
+            "# look, at the second level of report.alpha_by_look, on data the first look never saw (both looks",
+            "# together keep to the declared error budget); the contrast over every seed stands beside it.",
         ]
     for n in plan["needs"]:
         lines.append(f"# - {need_text(n)}")
@@ -172,9 +214,10 @@ def need_text(n: dict) -> str:
     if not n["training_noise_known"]:
         return head + " without training noise (unknown): 2 seeds per setting measure it"
     tail = f"; {n['seeds_needed']} seeds would reach it, capped at report.followup_max_seeds" if n["capped"] else ""
+    level = f" at the second look's level {n['alpha']:g}" if "alpha" in n else ""
     return (
-        head + f" (detectable now: {n['detectable_now']:.3f}); {n['seeds']} seeds per setting bring the detectable "
-        f"difference to {n['detectable_then']:.3f} (target {n['effect']:.3f}{tail})"
+        head + f" (detectable now: {n['detectable_now']:.3f}); {n['seeds']} fresh seeds per setting bring the "
+        f"detectable difference{level} to {n['detectable_then']:.3f} (target {n['effect']:.3f}{tail})"
     )
 
 

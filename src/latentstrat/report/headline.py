@@ -102,6 +102,8 @@ def headline(t: dict, meta: dict) -> dict:
         sign_flip_p=_num(r.get("sign_flip_p")),
         interval_df=_num(r.get("interval_df")),
         training_noise_strata=str(r.get("training_noise_strata") or ""),
+        alpha=_num(r.get("alpha")) or 0.05,
+        alpha_by_look=list((meta.get("report") or {}).get("alpha_by_look") or [0.05]),
     )
     if pooled is not None:
         out["headline_seeds"] = str(fresh.get("seeds", ""))
@@ -127,18 +129,18 @@ def headline(t: dict, meta: dict) -> dict:
 
 
 def _randomization_agrees(h: dict) -> bool | None:
-    """Does the sign-flip test (p < ALPHA) agree with the interval (a sign)? None without a p-value
-    or without training noise in the interval."""
-    p = h.get("sign_flip_p")
-    if p is None or not h["training_noise_in_interval"] or not sign_flip_can_reach_alpha(h["common_cells"]):
+    """Does the sign-flip test (p below the look's level) agree with the interval (a sign)? None
+    without a p-value or without training noise in the interval."""
+    p, alpha = h.get("sign_flip_p"), h.get("alpha", ALPHA)
+    if p is None or not h["training_noise_in_interval"] or not sign_flip_can_reach_alpha(h["common_cells"], alpha):
         return None
-    return (p < ALPHA) == (h["verdict"] in ("negative", "positive"))
+    return (p < alpha) == (h["verdict"] in ("negative", "positive"))
 
 
-def sign_flip_can_reach_alpha(n_settings: int) -> bool:
-    """Whether the sign-flip test over n settings can go below ALPHA at all: its smallest two-sided
+def sign_flip_can_reach_alpha(n_settings: int, alpha: float = ALPHA) -> bool:
+    """Whether the sign-flip test over n settings can go below alpha at all: its smallest two-sided
     p-value is 2 / 2^n (aggregate.contrasts.sign_flip_p), 0.0625 for 5 settings."""
-    return n_settings > 0 and 2.0 / 2**n_settings < ALPHA
+    return n_settings > 0 and 2.0 / 2**n_settings < alpha
 
 
 def _cells_vouch(out: dict, t: dict, arm: str | None, meta: dict) -> None:
@@ -279,10 +281,11 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
     primary = h["primary_contrast"]["primary_arm"]
     out.append(
         f"Primary endpoint {label(metric)} (declared before the data, docs/design.md), `{primary}` "
-        f"minus `{arm}` over {h['common_cells']} common cells: {fmt(h['delta'])} (95% interval {fmt(h['ci_low'])} to "
-        f"{fmt(h['ci_high'])}, {noise}; {seeds_txt} seed(s) per cell): **{h['verdict']}**{why}. The smallest "
-        f"difference this collection could detect (80% power, 5% two-sided, the same variance): "
-        f"{fmt(h['detectable_delta'])}. {state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
+        f"minus `{arm}` over {h['common_cells']} common cells: {fmt(h['delta'])} ({level_text(h['alpha'])} interval "
+        f"{fmt(h['ci_low'])} to {fmt(h['ci_high'])}, {noise}; {seeds_txt} seed(s) per cell): **{h['verdict']}**{why}. "
+        f"The smallest difference this collection could detect (80% power, {h['alpha']:g} two-sided, the same "
+        f"variance): {fmt(h['detectable_delta'])}. {looks_text(h)} "
+        f"{state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
     )
     out += _qualifiers_md(t, h)
     if h.get("attribution") and h["attribution"] != "supported":
@@ -312,6 +315,24 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
     return out
 
 
+def level_text(alpha: float) -> str:
+    """`96%` for a look at 0.04."""
+    return f"{100 * (1 - alpha):.4g}%"
+
+
+def looks_text(h: dict) -> str:
+    """The look's place in the error budget declared before the first (report.alpha_by_look)."""
+    levels = h.get("alpha_by_look") or [0.05]
+    if len(levels) < 2:
+        return f"One look, at {levels[0]:g}."
+    if h.get("pooled"):
+        return f"The second and last look (levels {levels[0]:g} then {levels[1]:g}: {sum(levels):g} over both)."
+    return (
+        f"The first of at most two looks (levels {levels[0]:g} then {levels[1]:g}: {sum(levels):g} over both; a "
+        "follow-up's fresh seeds are the second)."
+    )
+
+
 def _aggregation_of(t: dict, arm: str) -> str:
     s = t.get("summary_by_setting", pd.DataFrame())
     if s.empty or "arm" not in s.columns or "token_aggregation" not in s.columns:
@@ -327,8 +348,9 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
         pl = h["pooled"]
         out.append(
             f"This collection follows up an earlier one: the headline tests its fresh seeds ({h['headline_seeds']}) on "
-            "their own (`report.headline_seeds`), a second look at 5% on cells the first look never saw, so the two "
-            f"looks do not add up to more false signs. Over every seed, first look's included: {fmt(pl['delta'])} "
+            f"their own (`report.headline_seeds`), the second and last look, at {h['alpha']:g}, on cells the first "
+            "look never saw; with the first look's level the two spend the error budget declared before the first "
+            f"(`report.alpha_by_look`). Over every seed, first look's included: {fmt(pl['delta'])} "
             f"({fmt(pl['ci_low'])} to {fmt(pl['ci_high'])}, {pl['verdict']}; for context, not a test).\n"
         )
     if h.get("verdict_before_sanity"):
@@ -343,12 +365,13 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
         n = h["common_cells"]
         floor = (
             ""
-            if sign_flip_can_reach_alpha(n)
+            if sign_flip_can_reach_alpha(n, h.get("alpha", ALPHA))
             else f"; with {n} settings it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor disagree"
         )
+        alpha = h.get("alpha", ALPHA)
         out.append(
             f"Sign-flip (randomization) test over the {n} settings' paired deltas, which needs no "
-            f"variance model: p = {fmt(p)} ({'' if p < ALPHA else 'not '}below {ALPHA:g}{floor}); it {word} the "
+            f"variance model: p = {fmt(p)} ({'' if p < alpha else 'not '}below {alpha:g}{floor}); it {word} the "
             "interval"
             + (
                 ". Where they disagree, read the verdict as fragile: the interval's variance model and the settings' "
