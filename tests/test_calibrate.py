@@ -105,3 +105,20 @@ def test_a_scenario_fitted_to_a_collection_reads_its_starts_values_and_noise(tmp
     assert sc.start("raw", 0.1) == 0.5 and sc.value("raw", 0.1) == pytest.approx(0.4)  # bistable
     assert sc.sd_test == pytest.approx(0.02, rel=1e-3)
     assert sc.sd_train_used == pytest.approx(np.std([0.5, 0.6], ddof=1))  # the all-started setting's spread
+
+
+def test_the_two_look_procedure_runs_through_the_harness(default_design):
+    """The whole procedure on null collections: the first look at 0.04; where it cannot tell and
+    its report plans a follow-up, the follow-up's fresh cells (exactly its fresh seeds in every
+    setting of both arms) drawn afresh and read at 0.01; a sign from either look counts."""
+    cfg = load_config("config/config.yaml")
+    d, thr = default_design
+    assert thr["alpha_by_look"] == [0.04, 0.01]
+    plan = {"seeds": [314159, 314162, 314163], "fresh_seeds": [314162, 314163]}
+    fd = calibrate.followup_design(cfg, plan)
+    assert len(fd) == 2 * 12 * 2 and set(fd.seed) == {314162, 314163}
+    assert (fd.groupby(["setting", "replicate"]).arm.nunique() == 2).all()
+    row = calibrate.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, cfg, 60, seed=3)
+    assert row["followup_rate"] > 0.1 and row["second_look_false_sign"] is not None
+    fs, se = row["procedure_false_sign"]
+    assert fs <= 0.05 + 2 * max(se, math.sqrt(0.05 * 0.95 / 60))
