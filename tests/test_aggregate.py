@@ -7,7 +7,7 @@ import pytest
 
 from aggregate_helpers import TASKS, make_cfg, write_collection
 from latentstrat.aggregate.collection import aggregate_collection
-from latentstrat.aggregate.columns import SHARE_METRICS
+from latentstrat.aggregate.columns import FAMILY_COL, SHARE_METRICS
 from latentstrat.aggregate.contrasts import common_cells
 from latentstrat.aggregate.dynamics import task_shares
 from latentstrat.aggregate.fairness import attribution, collection_metadata
@@ -345,3 +345,22 @@ def test_a_history_written_before_the_scored_names_is_read_with_them(tmp_path):
         "kl_prior_loss",
     ]
     assert list(h.value) == [0.5, 0.4, 0.3, 2.0]
+
+
+def test_the_normalized_families_contrast_leaves_raw_out(monkeypatch, tmp_path):
+    """The secondary endpoint (report.normalized_secondary): each arm's contrast over the
+    normalized families' common settings alone (dist_norm here: 2 of the 4), the same delta as
+    the mean over those settings; off, no table."""
+    cfg = make_cfg(monkeypatch)
+    mp, hp = write_collection(cfg, tmp_path / "cells")
+    t = aggregate_collection(cfg, mp, hp, tmp_path / "agg")
+    n = t["normalized_contrasts"].set_index("comparison_arm")
+    assert set(n.metric) == {cfg["report"]["primary_metric"]}
+    assert n.n_cells.to_dict() == {"mean_matched": 2, "sum_scaled": 2, "mean_lin100": 1}  # lin100: beta 0.1 only
+    m = f"delta_{cfg['report']['primary_metric']}"
+    c = t["common_cells"]
+    for arm in ("mean_matched", "sum_scaled"):
+        own = c[(c.comparison_arm == arm) & (c[FAMILY_COL] == "dist norm")]
+        assert n.loc[arm, "mean_delta"] == pytest.approx(own[m].mean())
+    cfg["report"]["normalized_secondary"] = False
+    assert "normalized_contrasts" not in aggregate_collection(cfg, mp, hp, tmp_path / "agg2")

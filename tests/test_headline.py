@@ -163,3 +163,36 @@ def test_a_pair_that_mixes_hosts_makes_the_headline_cannot_tell():
     allowed = headline(t, {**META, "report": {**META["report"], "allow_mixed_host_pairs": True}})
     assert allowed["verdict"] == "positive" and allowed["pairs_mixing_hosts"] == ["tokcc beta=.1: seed 2: x"]
     assert headline(tables(), META)["verdict"] == "positive"  # control: one host
+
+
+def test_the_secondary_endpoint_says_whether_raw_decides_the_verdict():
+    """Beside the full contrast (positive), the normalized families' contrast: cannot tell there
+    means `raw` decides the verdict, said in brief and text; the same reading means it does not."""
+
+    def with_normalized(verdict):
+        t = tables()
+        t["normalized_contrasts"] = pd.DataFrame(
+            [
+                {
+                    "comparison_arm": "matched_mean",
+                    "metric": "router_information",
+                    "n_cells": 9,
+                    "mean_delta": -0.019,
+                    "ci_low": -0.10,
+                    "ci_high": 0.06,
+                    "verdict": verdict,
+                    "why": "",
+                }
+            ]
+        )
+        return t
+
+    t = with_normalized("cannot tell")
+    h = headline(t, META)
+    assert h["verdict"] == "positive" and h["normalized_families"]["raw_decides"] is True
+    text = "\n".join(headline_md(t, META, h))
+    assert "over the 9 settings of the normalized families alone" in text and "`raw`" in text
+    assert "decides the verdict (positive with it, cannot tell without)" in text
+    same = headline(with_normalized("positive"), META)
+    assert same["normalized_families"]["raw_decides"] is False
+    assert headline(tables(), META)["normalized_families"] is None  # not computed: nothing said

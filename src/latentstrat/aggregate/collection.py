@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from latentstrat.aggregate.columns import ROUTER_METRIC
+from latentstrat.aggregate.columns import FAMILY_COL, ROUTER_METRIC
 from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts
 from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
@@ -49,6 +49,7 @@ from latentstrat.aggregate.settings import (
 )
 from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
+from latentstrat.families import family_label, parse_family
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS, M
 from latentstrat.runtime import host
@@ -119,6 +120,8 @@ def contrast_tables(
         "arm_contrasts": arm_contrasts(commons, bootstrap, alpha=alpha),
         "unmatched_rows": concat_tables(unmatched.values()),
     }
+    if settings.get("normalized_secondary"):
+        t["normalized_contrasts"] = normalized_contrasts(primary_rows, commons, bootstrap, primary_metric, alpha)
     if descriptive:
         t["contrast_by_family"] = family_contrasts(commons, bootstrap, primary_metric, alpha)
         t["reference_scale"] = scale_table(primary_rows, arms, commons)  # the z-free reference scale per arm
@@ -155,6 +158,22 @@ def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = Tru
     return t, {"primary_rows": primary_rows, "arms": arms, "commons": commons, "unmatched": unmatched}
 
 
+def normalized_contrasts(primary_rows, commons: dict, bootstrap, metric: str, alpha: float) -> pd.DataFrame:
+    """The secondary endpoint (report.normalized_secondary): the primary metric's arm contrasts
+    over the common settings of the families whose objective is normalized (families.Family
+    .normalized: measured against the entangled model, so the aggregation's scale change does
+    not reach them), at the look's level."""
+    normalized = set()
+    for f in primary_rows.get("reconstruction_family", pd.Series(dtype=str)).dropna().unique():
+        try:
+            if parse_family(str(f)).normalized:
+                normalized.add(family_label(str(f)))
+        except ValueError:  # a family an external table names and this code does not know
+            continue
+    subset = {arm: c[c[FAMILY_COL].isin(normalized)] if len(c) else c for arm, c in commons.items()}
+    return arm_contrasts(subset, bootstrap, [metric], alpha=alpha)
+
+
 def fresh_seed_contrasts(data: CollectionData, settings: dict, seeds) -> pd.DataFrame:
     """The arm contrasts over the cells whose replicate seed is one of `seeds` alone
     (report.headline_seeds): the follow-up's own look, on cells the first look never saw, at the
@@ -170,7 +189,10 @@ def fresh_seed_contrasts(data: CollectionData, settings: dict, seeds) -> pd.Data
     sub = CollectionData(summary, data.state, comparisons, data.grid_axes, data.history, data.bootstrap)
     second = {**settings, "headline_seeds": None, "look_alpha": look_alpha(settings, followup=True)}
     t, _ = verdict_tables(sub, second, descriptive=False)
-    return t["arm_contrasts"].assign(seeds=",".join(sorted(wanted)))
+    part = t["arm_contrasts"].assign(look="all families")
+    if "normalized_contrasts" in t:
+        part = pd.concat([part, t["normalized_contrasts"].assign(look="normalized families")], ignore_index=True)
+    return part.assign(seeds=",".join(sorted(wanted)))
 
 
 def write_tables(t: dict, out_dir: Path, meta: dict) -> None:

@@ -37,11 +37,13 @@ def primary_contrast_arm(t: dict, meta: dict) -> str | None:
     return declared or (arms[0] if arms else None)
 
 
-def _contrast(t: dict, arm: str | None, metric: str, table: str = "arm_contrasts"):
+def _contrast(t: dict, arm: str | None, metric: str, table: str = "arm_contrasts", look: str = "all families"):
     a = t.get(table, pd.DataFrame())
     if arm is None or a.empty:
         return None
     row = a[(a.comparison_arm == arm) & (a.metric == metric)]
+    if "look" in row.columns:
+        row = row[row.look == look]
     return row.iloc[0] if len(row) else None
 
 
@@ -117,6 +119,7 @@ def headline(t: dict, meta: dict) -> dict:
     out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
     out["by_family"], out["carried_by"] = heterogeneity(t, arm, metric, out["verdict"])
     _cells_vouch(out, t, arm, meta)
+    out["normalized_families"] = _normalized_secondary(t, arm, metric, fresh is not None, str(r.verdict))
     sec = _contrast(t, arm, SECONDARY) if metric != SECONDARY else None
     if sec is not None and _num(sec.mean_delta) is not None and out["delta"] is not None:
         if sec.mean_delta * out["delta"] < 0:
@@ -193,6 +196,28 @@ def failing_cells(t: dict, arm: str | None) -> tuple[list[str], list[str]]:
     failed = set(sanity.loc[sanity.passed.eq(False), "cell_id"])
     passed = set(sanity.loc[sanity.passed.eq(True), "cell_id"])
     return sorted(ids & failed), sorted(ids - failed - passed)
+
+
+def _normalized_secondary(t: dict, arm: str | None, metric: str, followup: bool, verdict: str) -> dict | None:
+    """The secondary endpoint (report.normalized_secondary): the contrast over the normalized
+    families alone (on the follow-up's fresh seeds in a follow-up), and whether `raw` decides the
+    headline: the full contrast and the normalized families' read differently."""
+    r = (
+        _contrast(t, arm, metric, "headline_contrasts", look="normalized families")
+        if followup
+        else _contrast(t, arm, metric, "normalized_contrasts")
+    )
+    if r is None or _num(r.mean_delta) is None:
+        return None
+    return {
+        "delta": _num(r.mean_delta),
+        "ci_low": _num(r.ci_low),
+        "ci_high": _num(r.ci_high),
+        "verdict": str(r.verdict),
+        "why": str(r.why or ""),
+        "settings": int(r.n_cells),
+        "raw_decides": str(r.verdict) != verdict,
+    }
 
 
 def mixed_host_pairs(t: dict, arm: str | None) -> list[str]:
@@ -341,6 +366,27 @@ def _aggregation_of(t: dict, arm: str) -> str:
     return aggs.pop() if len(aggs) == 1 else ""
 
 
+def _normalized_md(h: dict) -> list[str]:
+    """The secondary endpoint's sentence: the normalized families' contrast and whether `raw`
+    decides the verdict."""
+    out = []
+    nf = h.get("normalized_families")
+    if nf:
+        decides = (
+            f"so `raw`, whose scale the aggregation sets, decides the verdict ({h['verdict']} with it, "
+            f"{nf['verdict']} without)"
+            if nf["raw_decides"]
+            else "the same reading: `raw` does not decide the verdict"
+        )
+        out.append(
+            f"Secondary endpoint (declared before the data, `report.normalized_secondary`): over the "
+            f"{nf['settings']} settings of the normalized families alone (the aggregation's scale change does not "
+            f"reach their objective) the contrast is {fmt(nf['delta'])} ({fmt(nf['ci_low'])} to {fmt(nf['ci_high'])}): "
+            f"**{nf['verdict']}**; {decides}.\n"
+        )
+    return out
+
+
 def _qualifiers_md(t: dict, h: dict) -> list[str]:
     """What qualifies the verdict: cell sanity, the sign-flip test, the families that carry it."""
     out, arm, primary = [], h["primary_contrast"]["comparison_arm"], h["primary_contrast"]["primary_arm"]
@@ -353,6 +399,7 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
             f"(`report.alpha_by_look`). Over every seed, first look's included: {fmt(pl['delta'])} "
             f"({fmt(pl['ci_low'])} to {fmt(pl['ci_high'])}, {pl['verdict']}; for context, not a test).\n"
         )
+    out += _normalized_md(h)
     if h.get("verdict_before_sanity"):
         out.append(
             f"**Cell sanity**: the interval alone reads {h['verdict_before_sanity']}, but {h['why']}: the finding "

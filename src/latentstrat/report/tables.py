@@ -19,6 +19,7 @@ TABLES = [
     "common_cells",
     "arm_contrasts",
     "headline_contrasts",
+    "normalized_contrasts",
     "contrast_by_family",
     "unmatched_rows",
     "reference_scale",
