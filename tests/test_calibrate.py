@@ -105,6 +105,35 @@ def test_a_scenario_fitted_to_a_collection_reads_its_starts_values_and_noise(tmp
     assert sc.start("raw", 0.1) == 0.5 and sc.value("raw", 0.1) == pytest.approx(0.4)  # bistable
     assert sc.sd_test == pytest.approx(0.02, rel=1e-3)
     assert sc.sd_train_used == pytest.approx(np.std([0.5, 0.6], ddof=1))  # the all-started setting's spread
+    # the pair moves together (both arms 0.5 then 0.6): its correlation, clipped at 0.95
+    # no bootstrap files: the test inputs' correlation stays the declared default
+    assert sc.rho_pair == pytest.approx(0.95) and sc.rho_test == calibrate.Scenario("x", "").rho_test
+    # the test inputs' correlation between cells from their bootstrap replicates (in the
+    # collection's layout: <collection>/aggregate and <collection>/cells/<cell>/bootstrap.parquet):
+    # 0.3 shared by all, 0.2 more within an arm, 0.1 more within a pair
+    agg = tmp_path / "coll" / "aggregate"
+    agg.mkdir(parents=True)
+    for name in ("summary.parquet", "cell_states.parquet"):
+        (agg / name).write_bytes((tmp_path / name).read_bytes())
+    rng = np.random.default_rng(0)
+    n = 20000
+    shared, arms, pairs = rng.standard_normal(n), {a: rng.standard_normal(n) for a in ("sum", "mean")}, {}
+    for r in rows:
+        key = (r["reconstruction_family"], r["seed"])
+        pairs.setdefault(key, rng.standard_normal(n))
+        z = (
+            np.sqrt(0.3) * shared
+            + np.sqrt(0.2) * arms[r["arm"]]
+            + np.sqrt(0.1) * pairs[key]
+            + np.sqrt(0.4) * rng.standard_normal(n)
+        )
+        (agg.parent / "cells" / r["cell_id"]).mkdir(parents=True)
+        pd.DataFrame({"router_information": r["router_information"] + 0.02 * z}).to_parquet(
+            agg.parent / "cells" / r["cell_id"] / "bootstrap.parquet"
+        )
+    fitted = calibrate.fit_scenario(agg)
+    assert fitted.rho_test == pytest.approx(0.3, abs=0.03) and fitted.rho_arm_test == pytest.approx(0.2, abs=0.03)
+    assert fitted.rho_pair_test == pytest.approx(0.1, abs=0.03)
 
 
 def test_the_two_look_procedure_runs_through_the_harness(default_design):
@@ -122,3 +151,17 @@ def test_the_two_look_procedure_runs_through_the_harness(default_design):
     assert row["followup_rate"] > 0.1 and row["second_look_false_sign"] is not None
     fs, se = row["procedure_false_sign"]
     assert fs <= 0.05 + 2 * max(se, math.sqrt(0.05 * 0.95 / 60))
+
+
+def test_the_randomization_test_holds_when_one_arm_shares_its_test_inputs(default_design, monkeypatch):
+    """Half the test-input noise shared by one arm's settings moves every delta at once: the
+    plain sign-flip test (control) rejects far more often than 5%; the one the contrasts use (sign
+    flips about the mean plus the paired bootstrap's draw) holds its level."""
+    d, thr = default_design
+    sc = calibrate.SCENARIOS["shared-test"]
+    row = calibrate.run_scenario(d, sc, "matched_mean", thr, 150, 0, seed=4)
+    assert row["sign_flip"][0] <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 150)
+    real = contrasts.sign_flip_p
+    monkeypatch.setattr(contrasts, "sign_flip_p", lambda x, boot=None, draws=20000: real(x))
+    plain = calibrate.run_scenario(d, sc, "matched_mean", thr, 150, 0, seed=4)
+    assert plain["sign_flip"][0] > 0.15

@@ -201,6 +201,16 @@ def test_paired_training_noise_pools_and_sign_flip_by_hand():
     # deltas 1, 2, 3: of the 8 sign assignments only +++ and --- reach |mean| 2
     assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)
     assert sign_flip_p([1.0, -1.0]) == 1.0 and np.isnan(sign_flip_p([]))
+    # with the bootstrap's replicates of the mean delta: 12 settings all +0.1 (a shift every
+    # setting shares, as a draw of test inputs that suits one arm gives), no spread about it. A
+    # bootstrap whose replicates spread 0.1 (that shift is within the test inputs' noise) leaves
+    # it unremarkable; one that spreads 0.01 makes it significant. The plain test cannot tell them
+    # apart (2 / 4096 for both).
+    same = [0.1] * 12
+    wide = np.random.default_rng(1).normal(0.1, 0.1, 1000)
+    tight = np.random.default_rng(1).normal(0.1, 0.01, 1000)
+    assert sign_flip_p(same, wide) > 0.2 and sign_flip_p(same, tight) < 0.001
+    assert sign_flip_p(same) == pytest.approx(2 / 4096)
 
 
 def test_an_unreplicated_setting_borrows_only_at_its_own_kl_weight():

@@ -49,6 +49,7 @@ CONTRAST_COLUMNS = [
     "training_noise_settings",
     "training_noise_strata",
     "sign_flip_p",
+    "sign_flip_joint",
     "test_ci_low",
     "test_ci_high",
     "seeds_min",
@@ -229,21 +230,41 @@ def interval_with_noise(d: float, se_test: float, var_training: float, df_traini
     return d - half, d + half, se, df
 
 
-def sign_flip_p(deltas) -> float:
-    """Two-sided p-value of the sign-flip (randomization) test of mean delta = 0 over independent
-    settings' paired deltas: the share of the 2^n sign assignments whose |mean| reaches the observed
-    one (all of them up to 16 settings, else 20000 drawn with a fixed seed). Needs no variance
-    model, only that a setting's delta is as likely + as - under no difference; its smallest
-    p-value is 2 / 2^n (n <= 5 settings can never reach 0.05)."""
+JOINT_MIN_SETTINGS = 6  # the fewest settings whose plain sign flips can reach 0.05 (2 / 2^6)
+
+
+def sign_flip_p(deltas, boot=None, draws: int = 20000) -> float:
+    """Two-sided p-value of the sign-flip (randomization) test of mean delta = 0 over the
+    settings' paired deltas.
+
+    Without `boot`: the share of the 2^n sign assignments whose |mean| reaches the observed one
+    (all of them up to 16 settings, else `draws` drawn with a fixed seed); it needs no variance
+    model, only that each setting's delta is as likely + as - under no difference, independently
+    of the others. Its smallest p-value is 2 / 2^n (n <= 5 settings can never reach 0.05).
+
+    With `boot` (the paired bootstrap's replicates of the mean delta, every cell resampling the
+    same test inputs) and at least JOINT_MIN_SETTINGS settings (fewer say too little about how
+    settings vary): the settings share their test inputs, so a draw of test inputs that suits
+    one arm moves every setting's delta at once, a shift no sign assignment reproduces (the
+    plain test then rejects far too often). The null draw is then a sign assignment of the
+    settings' deltas about their mean (what varies setting by setting) plus one bootstrap draw of
+    the test inputs (what moves them together: the replicate minus the replicates' mean), `draws`
+    pairs with a fixed seed. Conservative: a setting's own test-input noise counts in both."""
     d = np.asarray([x for x in deltas if pd.notna(x)], dtype=float)
     n = len(d)
     if n == 0:
         return math.nan
+    observed = abs(d.mean())
+    rng = np.random.default_rng(0)
+    b = np.asarray([x for x in (boot if boot is not None else []) if np.isfinite(x)], dtype=float)
+    if len(b) >= 2 and n >= JOINT_MIN_SETTINGS:
+        signs = rng.choice([-1, 1], (draws, n))
+        null = signs @ (d - d.mean()) / n + rng.choice(b - b.mean(), draws)
+        return float(np.mean(np.abs(null) >= observed - 1e-12))
     if n <= 16:
         signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
     else:
-        signs = np.random.default_rng(0).choice([-1, 1], (20000, n))
-    observed = abs(d.mean())
+        signs = rng.choice([-1, 1], (draws, n))
     return float(np.mean(np.abs(signs @ d) / n >= observed - 1e-12))
 
 
@@ -372,10 +393,11 @@ def verdict(lo: float, hi: float) -> str:
     return "negative" if hi < 0 else ("positive" if lo > 0 else "cannot tell")
 
 
-def mean_delta_test(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[float, float, float]:
-    """(low, high, SE) over test inputs of the mean over common cells c of delta m: from the
-    cells' paired replicates (replicate by replicate) when every cell has them, else, the cells
-    being independent, from each delta's SE; NaN when neither."""
+def mean_delta_test(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[float, float, float, np.ndarray | None]:
+    """(low, high, SE, replicates) over test inputs of the mean over common cells c of delta m:
+    from the cells' paired replicates (replicate by replicate; returned) when every cell has
+    them, else, the cells being independent, from each delta's SE (no replicates); NaN when
+    neither."""
     col = f"delta_{m}"
     reps = []
     for _, r in c.iterrows():
@@ -387,14 +409,14 @@ def mean_delta_test(c: pd.DataFrame, m: str, bootstrap: dict | None) -> tuple[fl
         reps.append(pr[0][:, pr[1].index(m)] - cr[0][:, cr[1].index(m)])
     if reps:
         mean = np.nanmean(np.stack(reps), axis=0)
-        return *interval(mean), float(np.nanstd(mean, ddof=1))
+        return *interval(mean), float(np.nanstd(mean, ddof=1)), mean
     ok = c[col].notna() if col in c.columns else pd.Series(dtype=bool)
     ses = c.loc[ok, f"{col}_se_test"] if f"{col}_se_test" in c.columns else pd.Series(dtype=float)
     if ok.any() and ses.notna().all():
         se = math.sqrt(float((ses**2).sum())) / len(ses)
         mu = float(c.loc[ok, col].mean())
-        return mu - Z95 * se, mu + Z95 * se, se
-    return math.nan, math.nan, math.nan
+        return mu - Z95 * se, mu + Z95 * se, se, None
+    return math.nan, math.nan, math.nan, None
 
 
 def training_terms(ok: pd.DataFrame, m: str) -> tuple[list[tuple[float, float]], list[str], dict]:
@@ -433,7 +455,7 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, alph
     ok = c[c[col].notna()] if col in c.columns else c.iloc[0:0]
     n = len(ok)
     mean = float(ok[col].mean()) if n else math.nan
-    t_lo, t_hi, se_test = mean_delta_test(ok, m, bootstrap) if n else (math.nan,) * 3
+    t_lo, t_hi, se_test, boot = mean_delta_test(ok, m, bootstrap) if n else (math.nan, math.nan, math.nan, None)
     seeds = pd.concat([ok.primary_n_seeds, ok.comparison_n_seeds]) if n else pd.Series([1])
     terms, unknown, pools = training_terms(ok, m) if n else ([], [], {})
     known = n > 0 and not unknown and math.isfinite(se_test)
@@ -489,7 +511,8 @@ def contrast_row(arm: str, c: pd.DataFrame, m: str, bootstrap: dict | None, alph
         "training_noise_df": t_df,
         "training_noise_settings": len(replicated),
         "training_noise_strata": ", ".join(f"{s}: {p['settings']} settings, {p['df']:g} df" for s, p in pools.items()),
-        "sign_flip_p": sign_flip_p(ok[col]) if n else math.nan,
+        "sign_flip_p": sign_flip_p(ok[col], boot) if n else math.nan,
+        "sign_flip_joint": boot is not None and int(ok[col].notna().sum()) >= JOINT_MIN_SETTINGS,
         "test_ci_low": t_lo,
         "test_ci_high": t_hi,
         "seeds_min": int(seeds.min()),

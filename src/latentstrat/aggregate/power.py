@@ -149,6 +149,7 @@ def followup_need(
         "ci_low": float(contrast["ci_low"]),
         "ci_high": float(contrast["ci_high"]),
         "detectable_now": float(contrast["detectable_delta"]),
+        "first_alpha": float(contrast.get("alpha", 0.05)),
         "effect": effect,
         "training_noise_known": known,
     }
@@ -208,7 +209,8 @@ def followup_text(plan: dict) -> str:
 def need_text(n: dict) -> str:
     """One follow-up need in words (the follow-up config's comments and analysis.md)."""
     head = (
-        f"{n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, 95% interval "
+        f"{n['metric']} against {n['comparison_arm']}: mean delta {n['mean_delta']:+.3f}, "
+        f"{100 * (1 - n.get('first_alpha', 0.05)):.4g}% interval "
         f"{n['ci_low']:+.3f} to {n['ci_high']:+.3f}"
     )
     if not n["training_noise_known"]:

@@ -40,8 +40,12 @@ The generative model of one cell's router information (the primary endpoint):
   it decides the start (below the start quantile) and moves the value of a started cell by
   `sd_train_used` (an empty cell by `sd_train_empty`);
 - test inputs: every cell's value carries test-input noise `sd_test`, a part `rho_test` of it
-  shared by all cells (the same test inputs); bootstrap replicates are drawn the same way, shared
-  part shared replicate by replicate, as the cells' real bootstrap shares its resampled inputs.
+  shared by all cells (the same test inputs) and a part `rho_arm_test` shared by one arm's cells
+  only (a draw of test inputs that suits one arm: it does not cancel in the pairs); bootstrap
+  replicates are drawn the same way, shared parts shared replicate by replicate, as the cells'
+  real bootstrap shares its resampled inputs;
+- stress: seed effects from a Student t (`noise_df`: heavy tails), the comparison arm's training
+  noise a multiple of the primary's (`comparison_sd_ratio`).
 Declared scenarios (`SCENARIOS`) and one fitted to a finished collection (`fit_scenario`).
 """
 
@@ -91,6 +95,10 @@ class Scenario:
     sd_train_empty: float = 0.003
     rho_pair: float = 0.5
     rho_setting: float = 0.0
+    rho_arm_test: float = 0.0  # a part of the test-input noise shared by one arm's cells (not the other's)
+    rho_pair_test: float = 0.0  # a part shared by the two cells of a pair (one model family on the same inputs)
+    noise_df: float = math.inf  # Student-t seed effects on this many df (heavy tails); inf: normal
+    comparison_sd_ratio: float = 1.0  # the comparison arm's training noise over the primary arm's
 
     def value(self, family: str, beta: float) -> float:
         return float(self.values.get((family, beta), self.value_by_beta.get(beta, 0.5)))
@@ -151,6 +159,28 @@ SCENARIOS = {
         p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
         p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: 0.5},
     ),
+    "shared-test": Scenario(
+        "shared-test",
+        "the default pattern, and half the test-input noise shared by one arm's settings (same test inputs)",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        rho_test=0.0,
+        rho_arm_test=0.5,
+    ),
+    "heavy-tails": Scenario(
+        "heavy-tails",
+        "the default pattern with seed effects drawn from a t on 3 df (a seed now and then far off)",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        noise_df=3.0,
+    ),
+    "unequal-arms": Scenario(
+        "unequal-arms",
+        "the default pattern, the comparison arm's training noise twice the primary arm's",
+        values=DEFAULT_VALUES,
+        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        comparison_sd_ratio=2.0,
+    ),
     "noisy": Scenario(
         "noisy",
         "bistable with 3x the training noise and 2x the test-input noise",
@@ -200,15 +230,33 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     started[p >= 1] = True
     started[p <= 0] = False
     # the value's own training noise: independent of the start draw given the structure
-    noise = math.sqrt(rs) * rng.standard_normal(n_rep)[d.replicate.to_numpy()]
-    noise += math.sqrt(rp - rs) * rng.standard_normal(n_pair)[d.pair.to_numpy()]
-    noise += math.sqrt(1 - rp) * rng.standard_normal(n)
+    noise = math.sqrt(rs) * _seed_effects(rng, n_rep, sc.noise_df)[d.replicate.to_numpy()]
+    noise += math.sqrt(rp - rs) * _seed_effects(rng, n_pair, sc.noise_df)[d.pair.to_numpy()]
+    noise += math.sqrt(1 - rp) * _seed_effects(rng, n, sc.noise_df)
+    primary = d.role.to_numpy() == "primary"
+    noise = noise * np.where(primary, 1.0, sc.comparison_sd_ratio)
     truth = np.where(started, value + sc.sd_train_used * noise, sc.sd_train_empty * noise)
-    truth = truth + shift * (d.role.to_numpy() == "primary")
-    shared, own = math.sqrt(sc.rho_test), math.sqrt(1 - sc.rho_test)
-    observed = truth + sc.sd_test * (shared * rng.standard_normal() + own * rng.standard_normal(n))
-    tau = rng.standard_normal(N_BOOT)
-    reps = observed[:, None] + sc.sd_test * (shared * tau[None, :] + own * rng.standard_normal((n, N_BOOT)))
+    truth = truth + shift * primary
+    shared, by_arm, by_pair = math.sqrt(sc.rho_test), math.sqrt(sc.rho_arm_test), math.sqrt(sc.rho_pair_test)
+    own = math.sqrt(max(1 - sc.rho_test - sc.rho_arm_test - sc.rho_pair_test, 0.0))
+    arm, pair = pd.factorize(d.arm)[0], d.pair.to_numpy()
+    observed = truth + sc.sd_test * (
+        shared * rng.standard_normal()
+        + by_arm * rng.standard_normal(arm.max() + 1)[arm]
+        + by_pair * rng.standard_normal(n_pair)[pair]
+        + own * rng.standard_normal(n)
+    )
+    tau, tau_arm, tau_pair = (
+        rng.standard_normal(N_BOOT),
+        rng.standard_normal((arm.max() + 1, N_BOOT)),
+        rng.standard_normal((n_pair, N_BOOT)),
+    )
+    reps = observed[:, None] + sc.sd_test * (
+        shared * tau[None, :]
+        + by_arm * tau_arm[arm]
+        + by_pair * tau_pair[pair]
+        + own * rng.standard_normal((n, N_BOOT))
+    )
     lo, hi = np.percentile(reps, [2.5, 97.5], axis=1)
     summary = d.drop(columns=["setting", "replicate", "pair"]).assign(
         router_information=observed,
@@ -225,6 +273,14 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     summary = summary.drop(columns=[c for c in MAYBE_REGISTERED if c not in registered])
     boot = {cid: pd.DataFrame({METRIC: reps[i]}) for i, cid in enumerate(d.cell_id)}
     return summary, boot
+
+
+def _seed_effects(rng, size: int, df: float) -> np.ndarray:
+    """Unit-variance seed effects: normal, or Student t on df (> 2) degrees of freedom scaled to
+    variance 1 (heavy tails: a seed now and then far off)."""
+    if not math.isfinite(df):
+        return rng.standard_normal(size)
+    return rng.standard_t(df, size) / math.sqrt(df / (df - 2))
 
 
 def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, cfg: dict | None = None) -> dict:
@@ -349,8 +405,8 @@ def checks(row: dict) -> list[str]:
     fs, fs_se = row["false_sign"]
     if fs > 0.05:
         out.append(f"false-sign rate {fs:.3f} > 0.05")
-    elif fs_se > MAX_MC_SE:
-        out.append(f"false-sign rate's Monte Carlo SE {fs_se:.3f} > {MAX_MC_SE} (more draws)")
+    elif max(fs_se, math.sqrt(0.05 * 0.95 / row["draws"])) > MAX_MC_SE:  # the SE at 5%: a rate of 0 proves little
+        out.append(f"false-sign rate's Monte Carlo SE above {MAX_MC_SE} at 5% (more draws: 1,900 or more)")
     cov, cov_se = row["coverage"]
     if cov + 2 * cov_se < 0.95:
         out.append(f"coverage {cov:.3f} < 0.95")
@@ -407,12 +463,75 @@ def procedure_table(rows: list[dict]) -> str:
 # ----------------------------------------------------------------------------- fitted to a collection
 
 
+def _pooled_sd(s: pd.DataFrame, mask) -> float:
+    """The pooled within-arm seed-to-seed SD of router information over the settings in `mask`."""
+    num = den = 0.0
+    for _, g in s[mask].groupby(["arm", "reconstruction_family", "beta"]):
+        if len(g) >= 2:
+            num += float(g[METRIC].var(ddof=1)) * (len(g) - 1)
+            den += len(g) - 1
+    return math.sqrt(num / den) if den else math.nan
+
+
+def _pair_correlation(s: pd.DataFrame) -> float:
+    """The correlation of the two cells of a pair (one training seed) over settings whose cells all
+    started: var(primary - comparison) = var_p + var_c - 2 cov, pooled over settings with two or
+    more seeds in both arms; NaN without any."""
+    num = den = 0.0
+    for _, g in s.groupby(["reconstruction_family", "beta"]):
+        if not g.used.all():
+            continue
+        arms = [a for _, a in g.groupby("role")]
+        if len(arms) != 2:
+            continue
+        p, c = (a.set_index("seed")[METRIC] for a in arms)
+        common = p.index.intersection(c.index)
+        if len(common) < 2:
+            continue
+        num += float((p[common] - c[common]).var(ddof=1))
+        den += float(p[common].var(ddof=1) + c[common].var(ddof=1))
+    return float(np.clip(1 - num / den, 0.0, 0.95)) if den > 0 else math.nan
+
+
+def _test_correlations(s: pd.DataFrame, cells_dir: Path) -> dict:
+    """The test inputs' correlation between cells from their bootstrap replicates (every cell
+    resamples the same test inputs): across arms and settings (`rho_test`), extra within one arm
+    (`rho_arm_test`), extra within a pair (`rho_pair_test`); {} without bootstrap files."""
+    reps = {}
+    for cid in s.cell_id:
+        f = cells_dir / cid / "bootstrap.parquet"
+        if f.is_file():
+            reps[cid] = pd.read_parquet(f)[METRIC].to_numpy(dtype=float)
+    if len(reps) < 3 or len({len(v) for v in reps.values()}) != 1:
+        return {}
+    ids = list(reps)
+    r = np.corrcoef(np.stack([reps[i] for i in ids]))
+    info = s.set_index("cell_id").loc[ids]
+    arm, setting = info.arm.to_numpy(), list(zip(info.reconstruction_family, info.beta, info.seed))
+    same_arm, pair, other = [], [], []
+    for i in range(len(ids)):
+        for j in range(i + 1, len(ids)):
+            if arm[i] == arm[j]:
+                same_arm.append(r[i, j])
+            elif setting[i] == setting[j]:
+                pair.append(r[i, j])
+            else:
+                other.append(r[i, j])
+    base = float(np.clip(np.mean(other), 0, 0.95)) if other else 0.0
+    arm_part = float(np.clip(np.mean(same_arm) - base, 0, 0.95 - base)) if same_arm else 0.0
+    pair_part = float(np.clip(np.mean(pair) - base, 0, 0.95 - base - arm_part)) if pair else 0.0
+    return {"rho_test": base, "rho_arm_test": arm_part, "rho_pair_test": pair_part}
+
+
 def fit_scenario(aggregate_dir) -> Scenario:
     """A null scenario fitted to a finished collection's aggregate tables (summary.parquet and
-    cell_states.parquet): per setting, the share of its cells (both arms, every seed) that use z
-    (p_start) and their mean router information (the value); the test-input SE as the cells'
-    median bootstrap half-width / 1.96; the training noise of a started cell as the pooled
-    within-arm seed-to-seed SD of settings whose cells all started, of an empty cell likewise."""
+    cell_states.parquet) and its cells' bootstrap files (`<collection>/cells/<cell>/`): per
+    setting, the share of its cells (both arms, every seed) that use z (p_start) and their mean
+    router information (the value); the test-input SE as the cells' median bootstrap half-width /
+    1.96, and its correlation between cells (across arms, within an arm, within a pair) from the
+    bootstrap replicates; the training noise of a started cell as the pooled within-arm
+    seed-to-seed SD of settings whose cells all started, of an empty cell likewise; the pair
+    correlation from the paired deltas' spread of started settings."""
     from latentstrat.io import read_parquet
 
     agg = Path(aggregate_dir)
@@ -421,23 +540,17 @@ def fit_scenario(aggregate_dir) -> Scenario:
     s = s.merge(st, on="cell_id", how="left")
     s["beta"] = s.beta.astype(float)
     s["used"] = s.state.ne("empty")
+    if "role" not in s.columns:
+        s["role"] = np.where(s.arm == s.arm.iloc[0], "primary", "comparison")
     values, p_start = {}, {}
     for (fam, beta), g in s.groupby(["reconstruction_family", "beta"]):
         p_start[(fam, beta)] = float(g.used.mean())
         values[(fam, beta)] = float(g.loc[g.used, METRIC].mean()) if g.used.any() else 0.0
     sd_test = float(((s[f"{METRIC}_ci_high"] - s[f"{METRIC}_ci_low"]) / (2 * 1.959964)).median())
-
-    def pooled(mask) -> float:
-        num = den = 0.0
-        for _, g in s[mask].groupby(["arm", "reconstruction_family", "beta"]):
-            if len(g) >= 2:
-                num += float(g[METRIC].var(ddof=1)) * (len(g) - 1)
-                den += len(g) - 1
-        return math.sqrt(num / den) if den else math.nan
-
-    all_used = s.groupby(["arm", "reconstruction_family", "beta"]).used.transform("all")
-    none_used = ~s.groupby(["arm", "reconstruction_family", "beta"]).used.transform("any")
-    sd_used, sd_empty = pooled(all_used), pooled(none_used)
+    by = ["arm", "reconstruction_family", "beta"]
+    sd_used = _pooled_sd(s, s.groupby(by).used.transform("all"))
+    sd_empty = _pooled_sd(s, ~s.groupby(by).used.transform("any"))
+    rho_pair = _pair_correlation(s)
     name = str(s["collection"].iloc[0]) if "collection" in s.columns else agg.parent.name
     return Scenario(
         f"fitted: {name}",
@@ -447,6 +560,18 @@ def fit_scenario(aggregate_dir) -> Scenario:
         sd_test=sd_test,
         sd_train_used=sd_used if math.isfinite(sd_used) else 0.05,
         sd_train_empty=sd_empty if math.isfinite(sd_empty) else 0.003,
+        rho_pair=rho_pair if math.isfinite(rho_pair) else 0.5,
+        **_test_correlations(s, agg.parent / "cells"),
+    )
+
+
+def describe(sc: Scenario) -> str:
+    """A fitted scenario's parameters in one line (what the table's row was drawn from)."""
+    return (
+        f"sd_test {sc.sd_test:.4f} (shared {sc.rho_test:.2f}, within an arm {sc.rho_arm_test:.2f}, within a pair "
+        f"{sc.rho_pair_test:.2f}); training noise of a started cell {sc.sd_train_used:.4f}, of an empty one "
+        f"{sc.sd_train_empty:.4f}; pair correlation {sc.rho_pair:.2f}; start probabilities "
+        + ", ".join(f"{family_label(f)} {b:g}: {p:.2f}" for (f, b), p in sorted(sc.p_start.items()))
     )
 
 
@@ -492,6 +617,8 @@ def main(argv=None) -> int:
     d = design(cfg)
     declared = args.scenario or ([] if args.fit else list(SCENARIOS))  # --fit alone: the fitted ones only
     scenarios = [SCENARIOS[s] for s in declared] + [fit_scenario(p) for p in args.fit]
+    for sc in scenarios[len(declared) :]:
+        print(f"{sc.name}: {describe(sc)}")
     print(
         f"design: {args.configfile}: {len(d)} cells, {d.setting.nunique()} settings, "
         f"seeds per setting {d.groupby(['arm', 'setting']).size().min()}-{d.groupby(['arm', 'setting']).size().max()}; "

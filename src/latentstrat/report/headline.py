@@ -102,6 +102,7 @@ def headline(t: dict, meta: dict) -> dict:
         training_noise_in_interval=bool(r.training_noise_in_interval),
         common_cells=int(r.n_cells),
         sign_flip_p=_num(r.get("sign_flip_p")),
+        sign_flip_joint=bool(r.get("sign_flip_joint", False)),
         interval_df=_num(r.get("interval_df")),
         training_noise_strata=str(r.get("training_noise_strata") or ""),
         alpha=_num(r.get("alpha")) or 0.05,
@@ -416,8 +417,14 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
             else f"; with {n} settings it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor disagree"
         )
         alpha = h.get("alpha", ALPHA)
+        how = (
+            "sign flips of the settings' deltas about their mean plus the bootstrap's draw of the test inputs they "
+            "share"
+            if h.get("sign_flip_joint")
+            else "sign flips"
+        )
         out.append(
-            f"Sign-flip (randomization) test over the {n} settings' paired deltas, which needs no "
+            f"Randomization test over the {n} settings' paired deltas ({how}), which needs no "
             f"variance model: p = {fmt(p)} ({'' if p < alpha else 'not '}below {alpha:g}{floor}); it {word} the "
             "interval"
             + (
