@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from latentstrat import cells as K
 from latentstrat import config as C
@@ -362,3 +363,16 @@ def test_every_setting_of_a_headline_has_its_own_replicates(name):
         (c.arm, c.settings["reconstruction_family"], c.settings["beta"]) for c in expand_cells(cfg) if c.arm in arms
     )
     assert len({a for a, _, _ in seeds}) == 2 and min(seeds.values()) >= 2, {k: v for k, v in seeds.items() if v < 2}
+
+
+def test_a_replicate_group_that_matches_no_cell_is_an_error_naming_it():
+    """A typo in a replicate group's grid (beta 0.001) adds no seed; the verdict would silently
+    read `training noise unknown`. It is a config error naming the group and its values."""
+    raw = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    bad = {
+        **raw,
+        "replicates": [{"extra_seeds": 1, "grid": {"beta": [0.01]}}, {"extra_seeds": 1, "grid": {"beta": [0.001]}}],
+    }
+    with pytest.raises(C.ConfigError, match=r"replicates\[1\]\.grid: no cell has beta: \[0\.001\]"):
+        C.check_config(bad)
+    C.check_config({**raw, "replicates": [{"extra_seeds": 1, "grid": {"beta": [0.01]}}]})  # control

@@ -4,6 +4,7 @@ tests/test_slurm.py runs it against a real cluster)."""
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -64,10 +65,14 @@ def test_states_from_files_logs_and_slurm(tmp_path, capsys):
     assert by[running]["train"] == "running" and by[pending] == {
         "train": "done",
         "evaluate": "pending",
-        "probes": "missing",
-        "tabulate": "missing",
+        "probes": "pending",  # not started: no output, no log
+        "tabulate": "pending",
     }
-    assert st["summary"].endswith(f"; 2/{len(cells)} cells done, 1 running, 1 failed, 1 stale")
+    n = len(cells)
+    assert st["summary"].endswith(
+        f"; 2/{n} cells done (trained 3/{n}, evaluated 2/{n}, probed 2/{n}, tabulated 2/{n}), 1 running, 1 failed, "
+        "1 stale"
+    )
     text = render(st)
     assert "Slurm job 101" in text and "ValueError: checkpoint x is broken" in text and text.endswith(st["summary"])
     # the command: --json and a missing config in one line
@@ -88,10 +93,10 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
 
     st = collection_status(cfg, jobs=[])
     assert by_stage(st) == dict.fromkeys(("train", "evaluate", "probes", "tabulate"), "done") and st["corrupt"] == []
-    # the base: nothing built yet, every base stage missing and named in the summary
-    assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "missing"
+    # the base: nothing built yet (no output, no log), every base stage pending and named in the summary
+    assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "pending"
     assert st["summary"].startswith(
-        "base: data missing, entangle missing, reference missing, 12 step0 missing;"
+        "base: data pending, entangle pending, reference pending, 12 step0 pending;"
     )  # smoke: 12 pairs
     records = p.records_path(cid)
     good = records.read_bytes()
@@ -131,7 +136,6 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     """A finished one-cell collection; random bytes into the cell's evaluate records; the status
     shows them corrupt; --rerun-corrupt reruns evaluate, probes, metrics, aggregate and report
     (not train), and the cell's metrics come back equal to before."""
-    import subprocess
     import sys
 
     import pandas as pd
@@ -164,7 +168,7 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
     assert out.rstrip().endswith(
-        "base: done; 1/1 cells done, 0 running, 0 failed\n"
+        "base: done; 1/1 cells done (trained 1/1, evaluated 1/1, probed 1/1, tabulated 1/1), 0 running, 0 failed\n"
         "collection ETA: every cell done (the aggregate and the report follow)"
     ), out
 
@@ -173,7 +177,7 @@ def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsy
     """The train job's progress file (written by progress.Progress as the cell trains) gives the
     running cell's step, total and ETA; the measured jobs' median wall times give the collection's."""
     from latentstrat.runtime.progress import Progress
-    from latentstrat.status import collection_eta
+    from latentstrat.status import collection_eta, eta_text
 
     cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
     p = Paths.from_config(cfg)
@@ -206,5 +210,40 @@ def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsy
     left_cells = len(cells) - 2
     want = (449 * 1.5 + 3 * 60 + left_cells * (600 + 3 * 60)) / 2
     assert eta["jobs_left"] == 4 + 4 * left_cells and abs(eta["seconds"] - want) < 5
-    # with no measured job of a stage left to run, the ETA says so instead of guessing
-    assert collection_eta(st, {"train": 600.0}, 2)["unmeasured"] == ["evaluate", "probes", "tabulate"]
+    # a stage with no measured job costs its declared share of a train job (evaluate 0.05, probes
+    # 0.025, tabulate 0.003), from the first measured train on
+    share = 600 * (0.05 + 0.025 + 0.003)
+    early = collection_eta(st, {"train": 600.0}, 2)
+    assert early["unmeasured"] == [] and early["estimated"] == ["evaluate", "probes", "tabulate"]
+    assert abs(early["seconds"] - (449 * 1.5 + share + left_cells * (600 + share)) / 2) < 5
+    # before any train has finished, the running one's pace: 1200 steps at 1.5 s
+    pace = collection_eta(st, {}, 2)
+    whole = 1200 * 1.5
+    assert abs(pace["seconds"] - (449 * 1.5 + whole * 0.078 + left_cells * whole * 1.078) / 2) < 10
+    assert "from their share of a train job until measured" in eta_text(pace, {})
+    # nothing measured and no train running: unknown, and said so
+    idle = {**st, "cells": [c for c in st["cells"] if c["cell_id"] != running]}
+    assert collection_eta(idle, {}, 2)["unmeasured"] == sorted(["train", "evaluate", "probes", "tabulate"])
+
+
+def test_the_status_command_exits_non_zero_on_an_error(tmp_path):
+    """`python -m latentstrat.status` as a script runs it: its exit code is main's (2 for a
+    config that does not load, or --requests with nothing measured), not always 0."""
+    import sys
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "latentstrat.status", "--configfile", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "nope.yaml" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"extends: {ROOT / 'config' / 'smoke.yaml'}\nresults_dir: {tmp_path / 'results'}\n")
+    none = subprocess.run(
+        [sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--requests"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert none.returncode == 2 and "no benchmark file" in none.stderr

@@ -160,6 +160,29 @@ def _check_cells(cfg: dict, cells: list) -> None:
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise ConfigError(f"config keys grid/comparison_arms: cell {dup[0]!r} appears in two arms")
+    _check_replicates(cfg, cells)
+
+
+def _check_replicates(cfg: dict, cells: list) -> None:
+    """Every replicate group names settings some cell has: a group that matches none adds no
+    seed, and the verdict would then read `training noise unknown` for a typo."""
+    from latentstrat.cells import format_value, replicate_groups
+
+    raw = cfg.get("replicates")
+    for i, g in enumerate(replicate_groups(cfg)):
+        if not g["grid"] or not g["extra_seeds"]:
+            continue
+        hit = any(
+            all(format_value(c.settings[k]) in {format_value(v) for v in vals} for k, vals in g["grid"].items())
+            for c in cells
+        )
+        if not hit:
+            where = f"replicates[{i}]" if isinstance(raw, list) else "replicates"
+            axes = ", ".join(f"{k}: {list(v)}" for k, v in g["grid"].items())
+            raise ConfigError(
+                f"config key {where}.grid: no cell has {axes} (the group would add no seed; check the values "
+                "against the grid and the arms' settings)"
+            )
 
 
 def _family_values(cfg: dict):

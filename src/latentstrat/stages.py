@@ -33,6 +33,11 @@ class Stage:
     folder: str  # the folder its outputs are in: under the base, a cell's work or the collection
     job_folder: str  # its per-job logs and benchmarks (logs/<job_folder>/<key>.log) at init and cell level
     entry: str  # "module:function" running one job (a latentstrat.jobs.Job)
+    # a cell stage's wall time as a share of its train job's, for the collection's ETA until a job
+    # of the stage has been measured (the default collection on a CPU: evaluate 28 s, probes 14 s,
+    # tabulate 1.3 s per 571 s of train)
+    share_of_train: float | None = None
+    done_word: str = ""  # a cell stage's progress word in the status summary (`trained 4/58`)
 
 
 STAGES = (
@@ -40,10 +45,10 @@ STAGES = (
     Stage("entangle", "base", "entangle", "entangle", "latentstrat.base.entangle:run"),
     Stage("reference", "base", "reference", "reference", "latentstrat.base.reference:run"),
     Stage("step0", "init", "step0", "step0", "latentstrat.cell.step0:run"),
-    Stage("train", "cell", "train", "train", "latentstrat.cell.train:run"),
-    Stage("evaluate", "cell", "evaluate", "evaluate", "latentstrat.cell.evaluate:run"),
-    Stage("probes", "cell", "probes", "probe", "latentstrat.cell.probes:run"),
-    Stage("tabulate", "cell", "cells", "tabulate", "latentstrat.cell.tabulate:run"),
+    Stage("train", "cell", "train", "train", "latentstrat.cell.train:run", 1.0, "trained"),
+    Stage("evaluate", "cell", "evaluate", "evaluate", "latentstrat.cell.evaluate:run", 0.05, "evaluated"),
+    Stage("probes", "cell", "probes", "probe", "latentstrat.cell.probes:run", 0.025, "probed"),
+    Stage("tabulate", "cell", "cells", "tabulate", "latentstrat.cell.tabulate:run", 0.003, "tabulated"),
     Stage("aggregate", "collection", "aggregate", "aggregate", "latentstrat.aggregate.collection:run"),
     Stage("report", "collection", "report", "report", "latentstrat.report:run"),
 )

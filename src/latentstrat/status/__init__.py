@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ from latentstrat.io import unreadable
 from latentstrat.paths import Paths
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import read_progress
+from latentstrat.stages import BY_NAME
 from latentstrat.stages import names as stage_names
 from latentstrat.status import sizing
 
@@ -156,6 +158,8 @@ def stage_state(
     if state is None and _recently_written([log] + ([checkpoint] if checkpoint else [])):
         return {"state": "running", "job": job, "detail": "its log was written in the last 2 minutes (local run)"}
     have = sum(f.exists() for f in files)
+    if not have and not log.exists():  # not started yet
+        return {"state": "pending", "job": job, "detail": ""}
     return {"state": "missing", "job": job, "detail": f"{have}/{len(files)} outputs" if have else ""}
 
 
@@ -201,8 +205,12 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     corrupt = [s["file"] for s in base.values() if s["state"] == "corrupt"]
     corrupt += [s["file"] for c in cells for s in c["stages"].values() if s["state"] == "corrupt"]
     base_line = ", ".join(base_states(base, skip_done=True))
+    n = len(cells)
+    jobs_done = ", ".join(
+        f"{BY_NAME[s].done_word} {sum(c['stages'][s]['state'] in ('done', 'stale') for c in cells)}/{n}" for s in STAGES
+    )
     summary = (
-        f"base: {base_line or 'done'}; {done}/{len(cells)} cells done, {running} running, {failed} failed"
+        f"base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), {running} running, {failed} failed"
         + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
         + (f", {stale} stale" if stale else "")
     )
@@ -222,12 +230,29 @@ def progress_text(prog: dict) -> str:
     return f"{prog['unit']} {prog['done']}/{prog['total']}{eta}"
 
 
+def train_estimate(status: dict, walls: dict) -> float:
+    """A train job's wall time: measured in this collection (`walls`), else from the running
+    train jobs' progress (steps done in the time so far, at that pace to the end); NaN before
+    either."""
+    if math.isfinite(walls.get("train", math.nan)):
+        return walls["train"]
+    whole = []
+    for c in status["cells"]:
+        prog = c["stages"]["train"].get("progress")
+        if prog and prog.get("eta_s") is not None and 0 < prog["done"] < prog["total"]:
+            whole.append(prog["eta_s"] * prog["total"] / (prog["total"] - prog["done"]))
+    return statistics.median(whole) if whole else math.nan
+
+
 def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
     """The time left: per cell, each stage not done costs its median measured wall time (`walls`:
-    stage -> seconds), a running train job its own ETA; the sum spread over `jobs` jobs at once
-    (the stages of one cell run in order, cells are independent). `seconds` is NaN when a stage
-    left has no measurement yet (`unmeasured` names it)."""
-    left, unmeasured, n_jobs = 0.0, set(), 0
+    stage -> seconds), a running train job its own ETA; a stage not measured yet costs its
+    declared share of a train job (stages.Stage.share_of_train: `estimated` names it), from the
+    first finished or running train on; the sum spread over `jobs` jobs at once (the stages of one
+    cell run in order, cells are independent). `seconds` is NaN before any train has measured
+    or shown its pace (`unmeasured` names the stages)."""
+    left, unmeasured, estimated, n_jobs = 0.0, set(), set(), 0
+    train = train_estimate(status, walls)
     for c in status["cells"]:
         for stage in STAGES:
             st = c["stages"][stage]
@@ -239,11 +264,20 @@ def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
                 left += prog["eta_s"]
             elif math.isfinite(walls.get(stage, math.nan)):
                 left += walls[stage]
+            elif math.isfinite(train) and BY_NAME[stage].share_of_train is not None:
+                left += train * BY_NAME[stage].share_of_train
+                estimated.add(stage)
             else:
                 unmeasured.add(stage)
     jobs = max(int(jobs), 1)
     seconds = math.nan if unmeasured else left / jobs
-    return {"seconds": seconds, "jobs_left": n_jobs, "parallel": jobs, "unmeasured": sorted(unmeasured)}
+    return {
+        "seconds": seconds,
+        "jobs_left": n_jobs,
+        "parallel": jobs,
+        "unmeasured": sorted(unmeasured),
+        "estimated": [s for s in STAGES if s in estimated],
+    }
 
 
 def eta_text(eta: dict, walls: dict) -> str:
@@ -251,14 +285,19 @@ def eta_text(eta: dict, walls: dict) -> str:
         return "collection ETA: every cell done (the aggregate and the report follow)"
     if eta["unmeasured"]:
         return f"collection ETA: {unmeasured_text(eta)} ({eta['jobs_left']} cell jobs left)"
+    guessed = (
+        f"; {', '.join(eta['estimated'])} from their share of a train job until measured"
+        if eta.get("estimated")
+        else ""
+    )
     return (
         f"collection ETA: about {duration(eta['seconds'])} ({eta['jobs_left']} cell jobs left at "
-        f"{eta['parallel']} at once; {per_job_text(walls)})"
+        f"{eta['parallel']} at once; {per_job_text(walls)}{guessed})"
     )
 
 
 def unmeasured_text(eta: dict) -> str:
-    return f"unknown until a job of each of {', '.join(eta['unmeasured'])} has finished in this collection"
+    return "unknown until a train job has finished or shown its pace in this collection"
 
 
 def per_job_text(walls: dict) -> str:

@@ -1,3 +1,5 @@
+import sys
+
 from latentstrat.status import main
 
-main()
+sys.exit(main())
