@@ -128,7 +128,7 @@ def test_contrast_interval_by_hand():
     (seed variance 0.005, the mean delta's 0.0025 on 1 df); the second one replicate, delta -0.2, in
     the same stratum: it borrows the stratum's pooled seed variance 0.005 on 1 df. SE_test =
     sqrt(0.02^2 + 0.03^2) / 2; training terms 0.0025 / 4 and 0.005 / 4; a t interval with
-    Welch-Satterthwaite df = SE^4 / sum(term^2 / df)."""
+    Welch-Satterthwaite df over the training terms, (sum term)^2 / sum(term^2 / df)."""
     from scipy import stats
 
     from latentstrat.aggregate.contrasts import contrast_row
@@ -148,7 +148,7 @@ def test_contrast_interval_by_hand():
     se_test = np.sqrt(0.02**2 + 0.03**2) / 2
     terms = [0.0025 / 4, 0.005 / 4]
     se = np.sqrt(se_test**2 + sum(terms))
-    df = se**4 / sum(t**2 / 1 for t in terms)
+    df = sum(terms) ** 2 / sum(t**2 / 1 for t in terms)  # the training terms' df: 1.8
     half = stats.t.ppf(0.975, df) * se
     assert row["mean_delta"] == pytest.approx(-0.15) and row["interval_df"] == pytest.approx(df)
     assert row["se_test"] == pytest.approx(se_test) and row["se_training"] == pytest.approx(np.sqrt(sum(terms)))
@@ -488,15 +488,15 @@ def test_power_arithmetic_by_hand():
     assert detectable_difference(-0.1, 0.1) == pytest.approx(0.142941, abs=1e-6)
     assert np.isnan(detectable_difference(float("nan"), 0.1))
     # 12 settings, SE_test 0.01, a replicate's paired delta variance 0.04 each: with n fresh seeds
-    # a term t = 0.04 / n / 144 per setting, SE(n)^2 = 1e-4 + 12 t, Welch-Satterthwaite
-    # df = SE^4 / (12 t^2 / (n - 1)); at n = 7: t = 3.968e-5, SE^2 = 5.762e-4, df = 105.4
+    # a term t = 0.04 / n / 144 per setting, SE(n)^2 = 1e-4 + 12 t, Welch-Satterthwaite df over
+    # the training terms (12 t)^2 / (12 t^2 / (n - 1)) = 12 (n - 1): 72 at n = 7
     se, df = look_with_seeds(0.01, [0.04] * 12, 7)
-    assert se == pytest.approx(np.sqrt(1e-4 + 0.04 / 84)) and df == pytest.approx(105.415, abs=1e-3)
-    # to detect 0.07: k(df) x SE(n) <= 0.07 first at n = 7 (k(83.5) x 0.0256 = 0.0726 at n = 6)
+    assert se == pytest.approx(np.sqrt(1e-4 + 0.04 / 84)) and df == pytest.approx(72.0)
+    # to detect 0.07: k(df) x SE(n) <= 0.07 first at n = 7
     assert seeds_to_detect(0.01, [0.04] * 12, 0.07) == 7
-    # the same mean spread carried by 2 of the 12 settings: far fewer df (2.2 at n = 2, 17.6 at 7),
-    # so one more seed; sizing on cells x (n - 1) df would have said 7 (undersized)
-    assert look_with_seeds(0.01, [0.24] * 2 + [1e-6] * 10, 7)[1] == pytest.approx(17.57, abs=0.01)
+    # the same mean spread carried by 2 of the 12 settings: (2 t)^2 / (2 t^2 / 6) = 12 df at n = 7
+    # instead of 72, so one more seed; sizing on cells x (n - 1) df would have said 7 (undersized)
+    assert look_with_seeds(0.01, [0.24] * 2 + [1e-6] * 10, 7)[1] == pytest.approx(12.0, abs=0.01)
     assert seeds_to_detect(0.01, [0.24] * 2 + [1e-6] * 10, 0.07) == 8
     assert seeds_to_detect(0.03, [0.01] * 12, 0.07) is None  # 2.8 x 0.03 > 0.07: no number of seeds
     assert next_seeds([314159], 3) == [314159, 314160, 314161]
