@@ -410,3 +410,34 @@ def test_gpu_jobs_ask_for_whole_gpus_or_for_a_share_of_one(wd):
         assert asked["probes"] == asked["aggregate"] == set(), asked
     r = snakemake(wd, "-n", config=["resources={'gpu': 1, 'slurm': {'gpu': {'gres': 'shard:1', 'gpu_model': 'a100'}}}"])
     assert r.returncode != 0 and "gres and gpu_model" in r.stdout + r.stderr
+
+
+def test_a_dry_run_beside_a_running_collection_prints_no_error(wd):
+    """The README's way to look at a collection while a run holds its folder (`snakemake -n
+    --nolock`) prints no lock error (Snakemake's dry run would still print its notice); without
+    --nolock the notice stands (control)."""
+    rc, jobs, out = dry_run(wd)
+    outputs = outputs_of(out)
+    assert rc == 0 and outputs
+    locks = wd / ".snakemake" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    (locks / "0.output.lock").write_text("\n".join(str((wd / f).resolve()) for f in outputs) + "\n")
+    try:
+        rc, _, quiet = dry_run(wd, "--nolock")
+        assert rc == 0 and "cannot be locked" not in quiet and "Error" not in quiet, quiet[-2000:]
+        assert "cannot be locked" in dry_run(wd)[2]
+    finally:
+        (locks / "0.output.lock").unlink()
+
+
+def test_a_reference_still_to_run_beside_a_finished_step0_is_not_lost(tmp_path):
+    """Step 0 reads data and the entangled model, not the reference: between step 0 and the
+    reference job a dry run says nothing about a lost base stage."""
+    wd = copy_workflow(tmp_path)
+    tiny_collection(wd, "order", {"reconstruction_family": ["raw"], "beta": [0.1]})
+    r = snakemake(wd, "--cores", "2", "--until", "step0", configfile="config/order.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    p = Paths.from_config(load_config(wd / "config" / "order.yaml"))
+    assert not any(Path(f).exists() for f in p.reference_files().values())
+    rc, jobs, out = dry_run(wd, configfile="config/order.yaml")
+    assert rc == 0 and "lost while later work exists" not in out and "reference" in rules(jobs)

@@ -3,6 +3,7 @@
 # latentstrat.cells, file names and the layout from latentstrat.paths; the base guard and the
 # partial report live in the package too.
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -248,7 +249,9 @@ def lost_base_stages():
     only when a cell that starts from its model was trained: a new setting's (its own training
     seed, its own model) is still to be built."""
     stages = list(BASE_STAGE_FILES)
-    later = {s: [f for t in stages[i + 1:] for f in BASE_STAGE_FILES[t]] for i, s in enumerate(stages)}
+    # what reads a stage's outputs (UPSTREAM), not what comes after it in order: step0 does not
+    # read the reference, so a reference still to run beside a finished step0 is not lost
+    later = {s: [f for t in stages if s in UPSTREAM.get(t, ()) for f in BASE_STAGE_FILES[t]] for s in stages}
     trained = {cid: P.train_files(cid)["summary"] for cid in CELLS}
 
     def lost(s):
@@ -259,6 +262,21 @@ def lost_base_stages():
                 and any(Path(f).exists() for f in later[s] + list(trained.values())))
 
     return [s for s in stages if lost(s)]
+
+
+class _NoLockNotice(logging.Filter):
+    """`--nolock` (a dry run beside a running collection): Snakemake 9 still prints its lock
+    notice in a dry run ("Error: Directory cannot be locked": its warn-only locking overrides
+    --nolock); the user asked for no lock, so the notice is dropped. The execution settings
+    reach the workflow after this file is read, so they are read when a record is logged."""
+
+    def filter(self, record):
+        settings = workflow.execution_settings
+        nolock = settings is not None and not settings.lock
+        return not (nolock and "Directory cannot be locked" in record.getMessage())
+
+
+logger.addFilter(_NoLockNotice())
 
 
 LOST_BASE = lost_base_stages()
