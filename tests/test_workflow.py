@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from latentstrat.cells import expand_cells, init_id
 from latentstrat.config import base_settings, load_config
 from latentstrat.io import dump_json
 from latentstrat.paths import Paths
@@ -435,9 +436,12 @@ def test_a_reference_still_to_run_beside_a_finished_step0_is_not_lost(tmp_path):
     reference job a dry run says nothing about a lost base stage."""
     wd = copy_workflow(tmp_path)
     tiny_collection(wd, "order", {"reconstruction_family": ["raw"], "beta": [0.1]})
-    r = snakemake(wd, "--cores", "2", "--until", "step0", configfile="config/order.yaml")
+    cfg = load_config(wd / "config" / "order.yaml")
+    p = Paths.from_config(cfg)
+    step0 = [str(f) for c in expand_cells(cfg) for f in p.step0_files(init_id(c.settings)).values()]
+    r = snakemake(wd, "--cores", "2", *step0, configfile="config/order.yaml")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    p = Paths.from_config(load_config(wd / "config" / "order.yaml"))
+    assert all(Path(f).exists() for f in step0)
     assert not any(Path(f).exists() for f in p.reference_files().values())
     rc, jobs, out = dry_run(wd, configfile="config/order.yaml")
     assert rc == 0 and "lost while later work exists" not in out and "reference" in rules(jobs)
