@@ -189,3 +189,37 @@ def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_r
     analysis = (out / "html" / "analysis.html").read_text()
     assert "<h2>Headline</h2>" in analysis and "<table>" in (out / "html" / "results.html").read_text()
     assert missing in (out / "html" / "results.html").read_text()
+    # every figure travels inside the Results page (no relative path to resolve in Snakemake's
+    # report) with its caption visible under it, the collection's numbers in it
+    results = (out / "html" / "results.html").read_text()
+    assert 'src="../figures/' not in results and 'src="figures/' not in results
+    assert results.count('src="data:image/png;base64,') == len(res["figures"])
+    md = (out / "results.md").read_text()
+    for name, title in res["figures"]:
+        after = md.split(f"![{title}](figures/{name}.png)", 1)[1].lstrip()
+        assert after.startswith("*" + FIGURE_NOTES[name].text[:40]), name
+
+
+def test_the_dominance_caption_quotes_the_final_panels_numbers():
+    """The token-count dominance caption quotes, per aggregation, the largest loss share at the
+    end of training, recomputed here from the figure's own data frame (checkpoints in training
+    order: `initialization` then `final`, which sort the other way as strings)."""
+    import pandas as pd
+
+    from latentstrat.report.html import dominance_numbers
+
+    d = pd.DataFrame(
+        {
+            "token_aggregation": ["sum"] * 4 + ["mean"] * 4,
+            "checkpoint": ["initialization", "initialization", "final", "final"] * 2,
+            "task": ["grid", "addition"] * 4,
+            "example_share": [0.5] * 8,
+            "loss_share": [0.49, 0.51, 0.99, 0.01, 0.59, 0.41, 0.92, 0.08],
+        }
+    )
+    text = dominance_numbers({"token_dominance": d})
+    for agg, g in d.groupby("token_aggregation"):
+        final = g[g.checkpoint == "final"]
+        top = final.loc[final.loss_share.idxmax()]
+        assert f"under ``{agg}``, {top.task} takes {top.loss_share:.0%} of the loss" in text
+    assert "51%" not in text and "59%" not in text  # the initialization panels' numbers

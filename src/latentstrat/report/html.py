@@ -14,8 +14,10 @@ The headline's text is analysis.md's (headline.headline_md), rendered, so the tw
 
 from __future__ import annotations
 
+import base64
 import html as _html
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -180,14 +182,14 @@ def dominance_numbers(t: dict) -> str:
     if d.empty or not {"loss_share", "example_share", "checkpoint"} <= set(d.columns):
         return ""
     parts = []
-    for agg, g in d.groupby("token_aggregation"):
-        last = g[g.checkpoint == g.checkpoint.max()]
+    for agg, g in d.groupby("token_aggregation", sort=False):
+        last = g[g.checkpoint == list(dict.fromkeys(g.checkpoint))[-1]]  # in training order (initialization, final)
         top = last.loc[last.loss_share.idxmax()]
         parts.append(
             f"under ``{agg}``, {top.task} takes {top.loss_share:.0%} of the loss with {top.example_share:.0%} "
             "of the examples"
         )
-    return "In this collection, at the last checkpoint: " + "; ".join(parts) + "."
+    return "In this collection, at the end of training: " + "; ".join(parts) + "."
 
 
 def _rst_text(text: str) -> str:
@@ -196,14 +198,21 @@ def _rst_text(text: str) -> str:
     return text.replace("``", "\0").replace("`", "``").replace("\0", "``")
 
 
+def figure_caption(t: dict, name: str) -> str:
+    """A figure's caption as Markdown: what it shows, then this collection's numbers, each computed
+    from the table the figure draws (`dominance_numbers`, `arm_numbers`)."""
+    note = FIGURE_NOTES[name]
+    summary = t.get("summary", pd.DataFrame())
+    numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
+    return " ".join(x for x in (note.text, numbers.replace("``", "`")) if x)
+
+
 def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
     """One caption per made figure, selected by `snakemake.wildcards.figure`."""
-    summary = t.get("summary", pd.DataFrame())
     blocks = []
     for name, title in made:
         note = FIGURE_NOTES[name]
-        numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
-        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{_rst_text(note.text)}\n\n{_rst_text(numbers)}\n"
+        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{_rst_text(figure_caption(t, name))}\n"
         blocks.append(
             "{% "
             + ("if" if not blocks else "elif")
@@ -229,6 +238,13 @@ def figure_title(name: str) -> str:
 # ----------------------------------------------------------------------------- pages
 
 
+def _data_uri(png: Path) -> str:
+    """A PNG as a data URI (the image itself, base64); its path when the file is absent."""
+    if not png.is_file():
+        return f"../figures/{png.name}"
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
 def write_pages(t: dict, out_dir: Path) -> list[str]:
     """html/<page>.html for analysis.md, results.md and TABLE_PAGES; returns the files written."""
     html_dir = Path(out_dir) / "html"
@@ -236,9 +252,14 @@ def write_pages(t: dict, out_dir: Path) -> list[str]:
     for stem, title in PAGES.items():
         src = Path(out_dir) / f"{stem}.md"
         if src.exists():
-            # figures sit beside the markdown: their links reach them one folder up
-            text = src.read_text().replace("](figures/", "](../figures/")
-            write_text(page(title, markdown_html(text)), html_dir / f"{stem}.html")
+            # the figures travel inside the page (Snakemake's report shows a page where no
+            # relative path to figures/ resolves)
+            body = re.sub(
+                r'src="figures/([\w.-]+\.png)"',
+                lambda m: f'src="{_data_uri(Path(out_dir) / "figures" / m[1])}"',
+                markdown_html(src.read_text()),
+            )
+            write_text(page(title, body), html_dir / f"{stem}.html")
             written.append(f"{stem}.html")
     for stem, (title, table, what) in TABLE_PAGES.items():
         df = t.get(table, pd.DataFrame())

@@ -8,6 +8,7 @@ from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
+from latentstrat.report.html import figure_caption
 from latentstrat.report.tables import fmt, md_table
 
 ID = [FAMILY_COL, "beta_label"]
@@ -124,7 +125,7 @@ def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     ]
     out.append("## Figures\n")
     for name, title in made:
-        out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n")
+        out.append(f"### {title}\n\n![{title}](figures/{name}.png)\n\n*{figure_caption(t, name)}*\n")
     if skipped:
         out += (
             ["Figures skipped because their data is absent:\n"]
