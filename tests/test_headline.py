@@ -90,7 +90,7 @@ def test_a_verdict_over_a_failing_cell_reads_cannot_tell():
     # a cell whose checks did not all run does not pass either
     missing = headline(tables(unchecked=("p1",)), META)
     assert missing["verdict"] == "cannot tell" and missing["headline_unchecked_cells"] == ["p1"]
-    assert "1 cell(s) whose sanity checks did not all run (p1)" in missing["why"]
+    assert "1 cell whose sanity checks did not all run (p1)" in missing["why"]
 
 
 def test_the_family_that_carries_the_verdict_is_named_with_its_reason(monkeypatch):

@@ -15,7 +15,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import M, label
-from latentstrat.report.tables import fmt, md_table, normalized_labels
+from latentstrat.report.tables import fmt, md_table, normalized_labels, plural
 
 SECONDARY = M.matched_router_score  # the original study's router score, kept in every table
 ALPHA = 0.05  # the sign-flip test's level, the interval's (95%)
@@ -157,7 +157,7 @@ def _cells_vouch(out: dict, t: dict, arm: str | None, meta: dict) -> None:
         out["verdict_before_sanity"] = out["verdict"]
         out["verdict"] = "cannot tell"
         out["why"] = "it rests on " + " and ".join(
-            f"{len(ids)} cell(s) {what} ({', '.join(ids[:3])}" + (", ...)" if len(ids) > 3 else ")")
+            f"{plural(len(ids), 'cell')} {what} ({', '.join(ids[:3])}" + (", ...)" if len(ids) > 3 else ")")
             for ids, what in (
                 (failing, "that fail the cell sanity check"),
                 (unchecked, "whose sanity checks did not all run"),
@@ -174,7 +174,7 @@ def _cells_vouch(out: dict, t: dict, arm: str | None, meta: dict) -> None:
             w
             for w in (
                 out["why"],
-                f"pair mixes hosts: {len(mixed)} setting(s) pair cells trained on different machines or code "
+                f"pair mixes hosts: {plural(len(mixed), 'setting')} pair cells trained on different machines or code "
                 f"({mixed[0]}{', ...' if len(mixed) > 1 else ''}); rerun them on one host, or declare "
                 "`report.allow_mixed_host_pairs: true`",
             )
@@ -307,8 +307,9 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
     primary = h["primary_contrast"]["primary_arm"]
     out.append(
         f"Primary endpoint {label(metric)} (declared before the data, docs/design.md), `{primary}` "
-        f"minus `{arm}` over {h['common_cells']} common cells: {fmt(h['delta'])} ({level_text(h['alpha'])} interval "
-        f"{fmt(h['ci_low'])} to {fmt(h['ci_high'])}, {noise}; {seeds_txt} seed(s) per cell): **{h['verdict']}**{why}. "
+        f"minus `{arm}` over {plural(h['common_cells'], 'common setting')}: {fmt(h['delta'])} "
+        f"({level_text(h['alpha'])} interval {fmt(h['ci_low'])} to {fmt(h['ci_high'])}, {noise}; {seeds_txt} "
+        f"{'seed' if seeds_txt == '1' else 'seeds'} per cell): **{h['verdict']}**{why}. "
         f"The smallest difference this collection could detect (80% power, {h['alpha']:g} two-sided, the same "
         f"variance): {fmt(h['detectable_delta'])}. {looks_text(h)} "
         f"{state_sentence(t.get('cell_states', pd.DataFrame()))}\n"
@@ -335,8 +336,8 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
     both = _both_empty(t, arm)
     if both:
         out.append(
-            f"{both} common cell(s) are `empty` in both arms (z unused on either side): a finding in itself; they "
-            "enter the contrast with their near-zero values.\n"
+            f"{plural(both, 'common setting')} {'is' if both == 1 else 'are'} `empty` in both arms (z unused on "
+            "either side): a finding in itself; they enter the contrast with their near-zero values.\n"
         )
     return out
 
@@ -381,9 +382,9 @@ def _normalized_md(h: dict) -> list[str]:
         )
         out.append(
             f"Secondary endpoint (declared before the data, `report.normalized_secondary`): over the "
-            f"{nf['settings']} settings of the normalized families alone (the aggregation's scale change does not "
-            f"reach their objective) the contrast is {fmt(nf['delta'])} ({fmt(nf['ci_low'])} to {fmt(nf['ci_high'])}): "
-            f"**{nf['verdict']}**; {decides}.\n"
+            f"{plural(nf['settings'], 'setting')} of the normalized families alone (the aggregation's scale change "
+            f"does not reach their objective) the contrast is {fmt(nf['delta'])} ({fmt(nf['ci_low'])} to "
+            f"{fmt(nf['ci_high'])}): **{nf['verdict']}**; {decides}.\n"
         )
     return out
 
@@ -424,7 +425,7 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
             else "sign flips"
         )
         out.append(
-            f"Randomization test over the {n} settings' paired deltas ({how}), which needs no "
+            f"Randomization test over the {plural(n, 'setting')}' paired deltas ({how}), which needs no "
             f"variance model: p = {fmt(p)} ({'' if p < alpha else 'not '}below {alpha:g}{floor}); it {word} the "
             "interval"
             + (

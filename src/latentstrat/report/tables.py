@@ -88,6 +88,11 @@ def md_table(df: pd.DataFrame, columns: list[str] | None = None, max_rows: int |
     return "\n".join(lines) + "\n"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`1 cell`, `2 cells` (`many`: the plural when it is not word + s)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def normalized_labels(t) -> dict:
     """Family label -> whether the family is normalized (its declaration's `normalized`), for the
     families of the collection's cells (tables key families by label)."""
