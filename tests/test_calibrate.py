@@ -10,7 +10,7 @@ import pytest
 
 from latentstrat.aggregate import contrasts
 from latentstrat.aggregate.collection import report_settings
-from latentstrat.bench import calibrate
+from latentstrat.bench import calibrate, looks
 from latentstrat.config import load_config
 
 
@@ -144,10 +144,10 @@ def test_the_two_look_procedure_runs_through_the_harness(default_design):
     d, thr = default_design
     assert thr["alpha_by_look"] == [0.04, 0.01]
     plan = {"seeds": [314159, 314162, 314163], "fresh_seeds": [314162, 314163]}
-    fd = calibrate.followup_design(cfg, plan)
+    fd = looks.followup_design(cfg, plan)
     assert len(fd) == 2 * 12 * 2 and set(fd.seed) == {314162, 314163}
     assert (fd.groupby(["setting", "replicate"]).arm.nunique() == 2).all()
-    row = calibrate.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, cfg, 60, seed=3)
+    row = looks.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, cfg, 60, seed=3)
     assert row["followup_rate"] > 0.1 and row["second_look_false_sign"] is not None
     fs, se = row["procedure_false_sign"]
     assert fs <= 0.05 + 2 * max(se, math.sqrt(0.05 * 0.95 / 60))

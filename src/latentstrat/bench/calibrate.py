@@ -304,57 +304,11 @@ def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, cfg: dict | 
     return out
 
 
-def followup_design(cfg: dict, plan: dict) -> pd.DataFrame:
-    """The design of a planned follow-up's second look: its fresh seeds' cells alone (the cells
-    its headline tests: report.headline_seeds)."""
-    then = {**cfg, "seeds": plan["seeds"], "report": {**cfg["report"], "headline_seeds": plan["fresh_seeds"]}}
-    d = design(then)
-    d = d[d.seed.isin(set(plan["fresh_seeds"]))].copy()
-    d["replicate"] = d.groupby(["arm", "setting"])["seed"].rank(method="dense").astype(int) - 1
-    d["pair"] = d.groupby(["setting", "seed"], sort=False).ngroup()
-    return d.reset_index(drop=True)
-
-
-def procedure(d: pd.DataFrame, sc: Scenario, rng, arm: str, thr: dict, cfg: dict, shift: float = 0.0) -> dict:
-    """The whole procedure on one simulated collection: the first look; when it reads `cannot
-    tell` and its report plans a follow-up with fresh seeds, that follow-up's cells drawn afresh
-    (other training seeds, new test-input draws) and its second look at the second level. The
-    procedure reads a sign when either look does."""
-    from latentstrat.aggregate.power import look_alpha
-
-    first = analyse(*draw(d, sc, rng, shift), arm, thr, cfg)
-    out = {"first": first["verdict"], "second": None, "verdict": first["verdict"]}
-    plan = first["plan"]
-    if first["verdict"] == "cannot tell" and plan.get("needed") and plan.get("fresh_seeds"):
-        second = analyse(
-            *draw(followup_design(cfg, plan), sc, rng, shift), arm, {**thr, "look_alpha": look_alpha(thr, True)}
-        )
-        out["second"] = out["verdict"] = second["verdict"]
-    return out
-
-
-# ----------------------------------------------------------------------------- a scenario
-
-
 def rate(x) -> tuple[float, float]:
     """(share, its Monte Carlo SE) of a boolean array."""
     x = np.asarray(x, dtype=float)
     p = float(x.mean()) if len(x) else math.nan
     return p, math.sqrt(p * (1 - p) / len(x)) if len(x) else math.nan
-
-
-def run_procedure(d, sc: Scenario, arm: str, thr: dict, cfg: dict, draws: int, seed: int) -> dict:
-    """Null draws of the whole two-look procedure (`procedure`): false signs over both looks, how
-    often a follow-up ran and how often each look read a sign."""
-    rng = np.random.default_rng(seed)
-    runs = pd.DataFrame([procedure(d, sc, rng, arm, thr, cfg) for _ in range(draws)])
-    followed = runs.second.notna()
-    return {
-        "procedure_draws": draws,
-        "procedure_false_sign": rate(runs.verdict != "cannot tell"),
-        "followup_rate": float(followed.mean()),
-        "second_look_false_sign": rate(runs.loc[followed, "second"] != "cannot tell") if followed.any() else None,
-    }
 
 
 def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int, power_draws: int, seed: int) -> dict:
@@ -439,23 +393,6 @@ def table(rows: list[dict]) -> str:
             f"{r['median_df']:.1f} | {r['median_width']:.3f} | {r['detectable']:.3f} ({r['detectable_median']:.3f}) | "
             f"{_pm(r['power']) if 'power' in r else 'NA'} | "
             f"{'yes' if not miss else 'no: ' + '; '.join(miss)} |"
-        )
-    return "\n".join(lines)
-
-
-def procedure_table(rows: list[dict]) -> str:
-    """The two-look procedure's Markdown table (± one Monte Carlo SE): a procedure passes when its
-    false-sign rate over both looks is at most 5%."""
-    lines = [
-        "| scenario | draws | follow-up planned and run | second look's false-sign rate | false-sign rate over both "
-        "looks | meets target |\n|---|---|---|---|---|---|"
-    ]
-    for r in rows:
-        fs = r["procedure_false_sign"]
-        second = _pm(r["second_look_false_sign"]) if r["second_look_false_sign"] else "NA"
-        lines.append(
-            f"| {r['scenario']} | {r['procedure_draws']} | {r['followup_rate']:.2f} | {second} | {_pm(fs)} | "
-            f"{'yes' if fs[0] <= 0.05 else 'no'} |"
         )
     return "\n".join(lines)
 
@@ -631,6 +568,8 @@ def main(argv=None) -> int:
         print(f"  {sc.name}: {sc.what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     print(table(rows))
     if args.procedure_draws:
+        from latentstrat.bench.looks import procedure_table, run_procedure
+
         procs = []
         for i, sc in enumerate(scenarios):
             t0 = time.perf_counter()

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
 import yaml
 
 from latentstrat.aggregate.collection import report_settings
@@ -28,7 +29,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     from latentstrat.report.decomposition import decomposition
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
-    from latentstrat.report.headline import headline, headline_md
+    from latentstrat.report.headline import headline, headline_md, primary_contrast_arm
     from latentstrat.report.html import write_html_report
     from latentstrat.report.markdown import analysis_md, results_md
     from latentstrat.report.tables import load_aggregate
@@ -38,6 +39,13 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     meta = {**agg_meta, **(meta or {}), "aggregate_dir": str(aggregate_dir)}
     thresholds = report_thresholds(meta)
     meta.setdefault("primary_metric", thresholds["primary_metric"])
+    # the declared primary contrast, for the figures that draw it (the forest plot)
+    arm = primary_contrast_arm(tables, meta)
+    tables["primary_contrast"] = pd.DataFrame(
+        [{"primary_arm": meta.get("primary_arm") or "primary", "comparison_arm": arm, "metric": meta["primary_metric"]}]
+        if arm
+        else []
+    )
     out_dir = Path(out_dir)
     made, skipped = make_figures(tables, out_dir / "figures") if figures else ([], [])
     findings = compute_findings(tables, thresholds)

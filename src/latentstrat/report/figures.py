@@ -16,6 +16,7 @@ import seaborn as sns  # noqa: E402
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
 from latentstrat.io import atomic_path  # noqa: E402
 from latentstrat.metrics import M, history_label, label  # noqa: E402
+from latentstrat.report.forest import primary_contrast_forest  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="paper")
 FAM, BETA = "family", "beta"
@@ -385,6 +386,7 @@ def router_information_by_cell(t):
 
 # file name -> (title, maker)
 FIGURES = {
+    "primary_contrast": ("The primary contrast", primary_contrast_forest),
     "router_information_by_cell": ("Router information per cell (primary endpoint)", router_information_by_cell),
     "objective_scale_heatmap": ("Mean-versus-sum objective scale", objective_scale_heatmap),
     "kl_vs_reconstruction": ("KL-to-reconstruction trade-off", kl_vs_reconstruction),
@@ -437,6 +439,14 @@ class FigureNote:
 
 # file name (FIGURES) -> its caption
 FIGURE_NOTES = {
+    "primary_contrast": FigureNote(
+        0,
+        "The headline's contrast, setting by setting: each common setting's paired delta (primary minus "
+        "comparison arm, the mean over its replicates) with its 95% interval, and the grid mean with the "
+        "headline's interval; the grey band is the smallest difference the collection could detect. A mean "
+        "interval clear of 0 is the verdict; settings on both sides of 0 are what its interval weighs.",
+        None,
+    ),
     "router_information_by_cell": FigureNote(
         0,
         "The primary endpoint per cell: bits of strategy information the router's z carries about which strategy "

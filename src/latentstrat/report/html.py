@@ -26,6 +26,7 @@ from markdown_it import MarkdownIt
 from latentstrat.io import write_text
 from latentstrat.metrics import label
 from latentstrat.report.figures import FIGURE_NOTES, FIGURES, QUESTIONS
+from latentstrat.report.forest import primary_contrast_frame
 
 # file name in html/ -> (title, aggregate table, what it shows)
 TABLE_PAGES = {
@@ -78,7 +79,38 @@ def _jinja_raw(text: str) -> str:
 # ----------------------------------------------------------------------------- landing page
 
 
-def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
+HOW_TO_READ = "\n".join(
+    [
+        "### How to read the rest",
+        "",
+        "- **Finding** (menu): *Analysis* is analysis.md: the headline with its qualifiers (per family, "
+        "randomization test, decomposition) and every question of the study; *Results* is results.md: "
+        "every table, and every figure with its caption.",
+        "- **Figures**, grouped by question: " + "; ".join(QUESTIONS) + " Each caption says what is plotted, "
+        "how to read it and what this collection shows in it.",
+        "- **Tables**: the contrasts, cell states, cell sanity, fairness and data availability behind the verdict.",
+        "- The same files on disk: `results/<collection>/report/` (brief.yaml for scripts).",
+    ]
+)
+
+
+def verdict_line(brief: dict) -> str:
+    """The verdict in one line, first on the landing page: the per-arm difference with its
+    interval and the detectable difference."""
+    arms = brief.get("primary_contrast") or {}
+    if brief.get("delta") is None:
+        return f"**Verdict: {brief.get('verdict', 'cannot tell')}** ({brief.get('why') or 'no contrast'})."
+    level = f"{100 * (1 - float(brief.get('alpha') or 0.05)):.4g}%"
+    return (
+        f"**Verdict: {brief['verdict']}.** `{arms.get('primary_arm')}` minus `{arms.get('comparison_arm')}`, "
+        f"{label(brief.get('primary_endpoint') or '')}: {_fmt(brief['delta'])} ({level} interval "
+        f"{_fmt(brief['ci_low'])} to {_fmt(brief['ci_high'])}); the smallest difference this collection could "
+        f"detect: {_fmt(brief.get('detectable_delta'))}."
+        + (" Next: run `report/followup.yaml` (its first lines say what it adds)." if brief.get("followup") else "")
+    )
+
+
+def landing_rst(brief: dict, headline_lines: list[str], meta: dict, forest: Path | None = None) -> str:
     """The landing page: title, question, the headline (analysis.md's text), sanity, how to read."""
     name = brief.get("collection") or "collection"
     title = f"latentstrat: {name}"
@@ -117,8 +149,16 @@ def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
         f"Does token aggregation `{primary}` change how much the router carries the strategy, against "
         f"`{comparison}`? Primary endpoint: {endpoint}, declared before the data."
     )
+    picture = (
+        [f"![The primary contrast per setting]({_data_uri(forest)})", ""]
+        if forest is not None and forest.is_file()
+        else []
+    )
     md = "\n".join(
         [
+            verdict_line(brief),
+            "",
+            *picture,
             (brief.get("description") or "").strip(),
             "",
             f"**Question.** {question}",
@@ -139,15 +179,7 @@ def landing_rst(brief: dict, headline_lines: list[str], meta: dict) -> str:
             ),
             partial,
             "",
-            "### How to read the rest",
-            "",
-            "- **Finding** (menu): *Analysis* is analysis.md: the headline with its qualifiers (per family, "
-            "randomization test, decomposition) and every question of the study; *Results* is results.md: "
-            "every table.",
-            "- **Figures**, grouped by question: " + "; ".join(QUESTIONS) + " Each caption says what is plotted, "
-            "how to read it and what this collection shows in it.",
-            "- **Tables**: the contrasts, cell states, cell sanity, fairness and data availability behind the verdict.",
-            "- The same files on disk: `results/<collection>/report/` (brief.yaml for scripts).",
+            HOW_TO_READ,
         ]
     )
     head = f"{title}\n{'=' * len(title)}\n\n"
@@ -198,12 +230,33 @@ def _rst_text(text: str) -> str:
     return text.replace("``", "\0").replace("`", "``").replace("\0", "``")
 
 
+def forest_numbers(t: dict) -> str:
+    """The forest plot's numbers, from the frame it draws (figures.primary_contrast_frame)."""
+    got = primary_contrast_frame(t)
+    if got is None:
+        return ""
+    frame, head = got
+    above = int((frame.ci_low > 0).sum())
+    below = int((frame.ci_high < 0).sum())
+    level = f"{100 * (1 - float(head.get('alpha', 0.05))):.4g}%"
+    return (
+        f"In this collection: grid mean {_fmt(head.mean_delta)} ({level} interval {_fmt(head.ci_low)} to "
+        f"{_fmt(head.ci_high)}: {head.verdict}) over {len(frame)} settings, {above} with an interval above 0 and "
+        f"{below} below; detectable difference {_fmt(head.detectable_delta)}."
+    )
+
+
 def figure_caption(t: dict, name: str) -> str:
     """A figure's caption as Markdown: what it shows, then this collection's numbers, each computed
-    from the table the figure draws (`dominance_numbers`, `arm_numbers`)."""
+    from the table the figure draws (`forest_numbers`, `dominance_numbers`, `arm_numbers`)."""
     note = FIGURE_NOTES[name]
     summary = t.get("summary", pd.DataFrame())
-    numbers = dominance_numbers(t) if name == "token_count_dominance" else arm_numbers(summary, note.metric)
+    if name == "primary_contrast":
+        numbers = forest_numbers(t)
+    elif name == "token_count_dominance":
+        numbers = dominance_numbers(t)
+    else:
+        numbers = arm_numbers(summary, note.metric)
     return " ".join(x for x in (note.text, numbers.replace("``", "`")) if x)
 
 
@@ -275,4 +328,5 @@ def write_html_report(t: dict, brief: dict, headline_lines: list[str], made, out
     out_dir = Path(out_dir)
     write_pages(t, out_dir)
     write_text(captions_rst(t, made), out_dir / "captions.rst")
-    write_text(landing_rst(brief, headline_lines, meta), out_dir / "landing.rst")
+    forest = out_dir / "figures" / "primary_contrast.png"
+    write_text(landing_rst(brief, headline_lines, meta, forest), out_dir / "landing.rst")
