@@ -83,6 +83,6 @@ def primary_contrast_forest(t):
         xlabel=f"{pc.get('primary_arm', 'primary')} minus {pc.comparison_arm}: {label(pc.metric)}",
         title=f"The primary contrast per setting: {label(pc.metric)}",
     )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.6 / max(n, 1)), fontsize=8, frameon=False)
+    ax.legend(loc="best", fontsize=8, framealpha=0.9)
     fig.tight_layout()
     return fig

@@ -415,9 +415,11 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
         floor = (
             ""
             if sign_flip_can_reach_alpha(n, h.get("alpha", ALPHA))
-            else f"; with {n} settings it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor disagree"
+            else f"; with {plural(n, 'setting')} it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor "
+            "disagree"
         )
         alpha = h.get("alpha", ALPHA)
+        owner = "the 1 setting's" if n == 1 else f"the {n} settings'"
         how = (
             "sign flips of the settings' deltas about their mean plus the bootstrap's draw of the test inputs they "
             "share"
@@ -425,7 +427,7 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
             else "sign flips"
         )
         out.append(
-            f"Randomization test over the {plural(n, 'setting')}' paired deltas ({how}), which needs no "
+            f"Randomization test over {owner} paired deltas ({how}), which needs no "
             f"variance model: p = {fmt(p)} ({'' if p < alpha else 'not '}below {alpha:g}{floor}); it {word} the "
             "interval"
             + (
