@@ -376,3 +376,10 @@ def test_a_replicate_group_that_matches_no_cell_is_an_error_naming_it():
     with pytest.raises(C.ConfigError, match=r"replicates\[1\]\.grid: no cell has beta: \[0\.001\]"):
         C.check_config(bad)
     C.check_config({**raw, "replicates": [{"extra_seeds": 1, "grid": {"beta": [0.01]}}]})  # control
+
+
+def test_the_primary_metric_is_one_the_arms_are_compared_on():
+    raw = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    with pytest.raises(C.ConfigError, match=r"report.primary_metric: 'router_informaton' is not a metric"):
+        C.check_config({**raw, "report": {"primary_metric": "router_informaton"}})
+    assert C.check_config({**raw, "report": {"primary_metric": "matched_router_score"}})["report"]["primary_metric"]

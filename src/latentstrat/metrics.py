@@ -255,6 +255,14 @@ _M = [
     ),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _M}
+# the metrics the arms are compared on (common cells' deltas, arm contrasts): the primary
+# endpoint (report.primary_metric) is one of them
+CONTRAST_METRICS = (
+    M.router_information,
+    M.matched_router_score,
+    M.final_answer_accuracy,
+    M.active_reconstruction_objective,
+)
 # metrics a metrics row written before them (or an external table) lacks: NaN there (`derive`)
 LATER_METRICS = (
     M.router_mu_information,
