@@ -116,6 +116,14 @@ class Scenario:
 DEFAULT_VALUES = {("tokcc_a0.25", 0.1): 0.43, ("dist_tokcc_0.05_0.95", 0.1): 0.43, ("raw", 0.01): 0.5}
 STARTS_EVERY_NORMALIZED = {("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 1.0}
 BISTABLE_AT_01 = {("raw", 0.01): 1.0, ("tokcc_a0.25", 0.1): 0.5, ("dist_tokcc_0.05_0.95", 0.1): 0.5}
+# the main job's starts: raw at 0.01 and dist_tokcc at 0.1 bistable, tokcc at 0.1 started
+DEFAULT_STARTS = {("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5}
+
+
+def _default_pattern(name: str, what: str, **over) -> Scenario:
+    """The main job's pattern (DEFAULT_VALUES, DEFAULT_STARTS) with `over` changed."""
+    return Scenario(name, what, **{"values": DEFAULT_VALUES, "p_start": DEFAULT_STARTS, **over})
+
 
 SCENARIOS = {
     "independent": Scenario(
@@ -141,44 +149,31 @@ SCENARIOS = {
         "default",
         "the main job's pattern: raw at 0.01 and dist_tokcc at 0.1 bistable, tokcc at 0.1 started",
         values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
+        p_start=DEFAULT_STARTS,
     ),
-    "beta1-starts-0.2": Scenario(
-        "beta1-starts-0.2",
-        "the default pattern, and every beta 1 cell starts with probability 0.2 (value 0.3)",
-        value_by_beta={0.01: 0.55, 0.1: 0.43, 1.0: 0.3},
-        values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
-        p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: 0.2},
-    ),
-    "beta1-starts-0.5": Scenario(
-        "beta1-starts-0.5",
-        "the default pattern, and every beta 1 cell starts with probability 0.5 (value 0.3)",
-        value_by_beta={0.01: 0.55, 0.1: 0.43, 1.0: 0.3},
-        values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
-        p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: 0.5},
-    ),
-    "shared-test": Scenario(
+    **{
+        f"beta1-starts-{p}": _default_pattern(
+            f"beta1-starts-{p}",
+            f"the default pattern, and every beta 1 cell starts with probability {p} (value 0.3)",
+            value_by_beta={0.01: 0.55, 0.1: 0.43, 1.0: 0.3},
+            p_by_beta={0.01: 1.0, 0.1: 0.0, 1.0: p},
+        )
+        for p in (0.2, 0.5)
+    },
+    "shared-test": _default_pattern(
         "shared-test",
         "the default pattern, and half the test-input noise shared by one arm's settings (same test inputs)",
-        values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
         rho_test=0.0,
         rho_arm_test=0.5,
     ),
-    "heavy-tails": Scenario(
+    "heavy-tails": _default_pattern(
         "heavy-tails",
         "the default pattern with seed effects drawn from a t on 3 df (a seed now and then far off)",
-        values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
         noise_df=3.0,
     ),
-    "unequal-arms": Scenario(
+    "unequal-arms": _default_pattern(
         "unequal-arms",
         "the default pattern, the comparison arm's training noise twice the primary arm's",
-        values=DEFAULT_VALUES,
-        p_start={("raw", 0.01): 0.5, ("tokcc_a0.25", 0.1): 1.0, ("dist_tokcc_0.05_0.95", 0.1): 0.5},
         comparison_sd_ratio=2.0,
     ),
     "noisy": Scenario(
