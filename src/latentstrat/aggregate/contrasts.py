@@ -306,8 +306,9 @@ def _setting_intervals(out: pd.DataFrame, metrics) -> None:
         lo, hi, known = [], [], []
         for _, r in out.iterrows():
             var, df = r[f"{col}_train_var"], r[f"{col}_train_df"]
-            if pd.isna(var) and pool_of(r) in pools:
-                var, df = pools[pool_of(r)]["seed_var"] * _borrowed_factor(r), pools[pool_of(r)]["df"]
+            pool = pools.get(pool_of(r))
+            if pd.isna(var) and pool:
+                var, df = pool["seed_var"] * _borrowed_factor(r), pool["df"]
             if pd.notna(var) and pd.notna(r[col]) and math.isfinite(r[f"{col}_se_test"]):
                 a, b, _, _ = interval_with_noise(float(r[col]), float(r[f"{col}_se_test"]), float(var), float(df))
                 lo.append(a), hi.append(b), known.append(True)
@@ -430,8 +431,8 @@ def training_terms(ok: pd.DataFrame, m: str) -> tuple[list[tuple[float, float]],
     for _, r in ok.iterrows():
         if pd.notna(r[f"{col}_train_var"]):
             terms.append((float(r[f"{col}_train_var"]), float(r[f"{col}_train_df"])))
-        elif pool_of(r) in pools:
-            borrowed[pool_of(r)] = borrowed.get(pool_of(r), 0.0) + _borrowed_factor(r)
+        elif (key := pool_of(r)) in pools:
+            borrowed[key] = borrowed.get(key, 0.0) + _borrowed_factor(r)
         else:
             unknown.append(f"{r[FAMILY_COL]} {r.beta_label}")
     terms += [(pools[s]["seed_var"] * f, pools[s]["df"]) for s, f in borrowed.items()]

@@ -169,13 +169,13 @@ def followup_need(
     seeds = min(need, max_seeds)
     if seeds <= n_seeds:
         return None
+    then = look_with_seeds(se_test, seed_vars, seeds)
     return {
         **base,
         "seeds_needed": need,
         "seeds": seeds,
         "capped": need > max_seeds,
-        "detectable_then": detect_factor(look_with_seeds(se_test, seed_vars, seeds)[1], alpha=alpha)
-        * look_with_seeds(se_test, seed_vars, seeds)[0],
+        "detectable_then": detect_factor(then[1], alpha=alpha) * then[0],
         "alpha": alpha,
     }
 
