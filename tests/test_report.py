@@ -170,8 +170,13 @@ def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_r
     assert set(FIGURE_NOTES) == set(FIGURES)  # every figure declared with its caption
     brief = yaml.safe_load((out / "brief.yaml").read_text())
     landing = (out / "landing.rst").read_text()
-    assert f"<strong>{brief['verdict']}</strong>" in landing and "Cell states:" in landing
-    assert "How to read the rest" in landing and "13 of 14 cells complete" in landing
+    # the first screen: verdict, the arms' values, the next step, the setup, links to the sections
+    assert f"<strong>Verdict: {brief['verdict']}</strong>" in landing and "13 of 14 cells complete (partial)" in landing
+    assert "<th" in landing and ">sum</span></td>" in landing and "<strong>Next:</strong>" in landing
+    for row in ("model", "training", "tasks", "data per task", "seeds", "hardware"):
+        assert f">{row}</td>" in landing, row
+    assert "results[" in landing and "app.showCategory(&#x27;2. Figures&#x27;)" in landing
+    assert "<code>" not in landing and "`" not in landing.split(".. raw:: html", 1)[1]  # no literal backticks
     # the captions as Snakemake renders them: one Jinja template, the figure's name selects its block
     template = jinja2.Environment().from_string((out / "captions.rst").read_text())
     seen = set()
@@ -183,6 +188,11 @@ def test_html_report_pages_carry_the_headline_and_a_caption_per_figure(partial_r
             assert "In this collection" in text and "``sum`` median" in text, text
         seen.add(text)
     assert len(seen) == len(res["figures"])  # one caption per figure, none shared
+    # the report's Figures section: one page per figure, the image inside it and its caption under it
+    for name, title in res["figures"]:
+        fig_page = (out / "figure_pages" / f"{name}.html").read_text()
+        img, caption = fig_page.index('<img src="data:image/png;base64,'), fig_page.index("<figcaption>")
+        assert img < caption and FIGURE_NOTES[name].text[:20] in fig_page[caption:], name
     for stem in [*PAGES, *TABLE_PAGES]:
         html = (out / "html" / f"{stem}.html").read_text()
         assert html.startswith("<!DOCTYPE html>") and "<h" in html
@@ -223,3 +233,38 @@ def test_the_dominance_caption_quotes_the_final_panels_numbers():
         top = final.loc[final.loss_share.idxmax()]
         assert f"under ``{agg}``, {top.task} takes {top.loss_share:.0%} of the loss" in text
     assert "51%" not in text and "59%" not in text  # the initialization panels' numbers
+
+
+def test_each_figures_caption_quotes_the_numbers_of_the_frame_it_draws(partial_report):
+    """Per figure, the numbers its caption quotes are recomputed here from the frame the figure
+    draws (report/frames.py): per arm the median and range at the checkpoint the caption names;
+    the dynamics figures show both arms of the primary contrast; the heatmap counts its deltas
+    clear of 0 on the one scale it colours them with."""
+    import pandas as pd
+
+    from latentstrat.report.figures import FIGURE_NOTES
+    from latentstrat.report.frames import caption_frame, fmt, heatmap_frame
+    from latentstrat.report.html import figure_caption
+    from latentstrat.report.tables import load_aggregate
+
+    out, res, _ = partial_report
+    t, _meta = load_aggregate(out.parent / "agg")
+    arms = yaml.safe_load((out / "brief.yaml").read_text())["primary_contrast"]
+    t["primary_contrast"] = pd.DataFrame([{**arms, "metric": "router_information"}])
+    checked = 0
+    for name, _ in res["figures"]:
+        note, caption = FIGURE_NOTES[name], figure_caption(t, name)
+        if note.frame is None:
+            continue
+        rows, col, _what, when = caption_frame(t, note.frame, note.metric)
+        assert when in caption, name
+        for arm, g in rows.groupby("arm"):
+            v = pd.to_numeric(g[col], errors="coerce").dropna()
+            assert f"`{arm}` median {fmt(v.median())} ({fmt(v.min())} to {fmt(v.max())}," in caption, (name, caption)
+        if note.frame.startswith("history"):  # both arms of the contrast drawn and quoted
+            assert f"`{arms['primary_arm']}` median" in caption and f"`{arms['comparison_arm']}` median" in caption
+        checked += 1
+    assert checked >= 10
+    delta, z = heatmap_frame(t)
+    clear = f"{int((z.abs() >= 1).sum().sum())} of {int(delta.notna().sum().sum())} deltas have an interval clear of 0"
+    assert clear in figure_caption(t, "objective_scale_heatmap")

@@ -64,6 +64,7 @@ class Metric:
     uses: tuple[str, ...] = ()  # USES
     loss_term: str | None = None  # the objective.forward_losses key it is (evaluate records, validation)
     in_history: bool = False  # the trainer's validation logs it (training history)
+    unit: str = ""  # what a value counts, where a label alone does not say
 
     def __post_init__(self):
         assert self.level in LEVELS and set(self.uses) <= set(USES), self
@@ -79,6 +80,7 @@ _M = [
         "strategy mix; mean over tasks. 0 = z says nothing (or one strategy is followed), 1 = z fixes the strategy",
         level="task",
         uses=("endpoint", "state"),
+        unit="share of the strategy entropy",
     ),
     Metric(
         M.router_mu_information,
@@ -89,6 +91,7 @@ _M = [
         "mix; mean over tasks). router_information above it is what the sampled z adds beyond x",
         level="task",
         uses=("state",),
+        unit="share of the strategy entropy",
     ),
     Metric(
         M.single_strategy_share,
@@ -343,6 +346,11 @@ def probe_label(name: str) -> str:
             if name == f"{m}_{c}":
                 return f"{METRICS[m].label}: {'chance-corrected' if c == 'corrected' else c}"
     return label(name)
+
+
+def unit(name: str) -> str:
+    """A metric's unit (empty where its label says it)."""
+    return METRICS[name].unit if name in METRICS else ""
 
 
 def label(name: str) -> str:

@@ -172,7 +172,8 @@ def check_layout(rules):
         "probes": dict(enumerate(P.probe_files("{cell}", TASKS))),
         "tabulate": {"row": str(P.row_path("{cell}")), "bootstrap": str(P.bootstrap_path("{cell}"))},
         "aggregate": {0: str(P.aggregate_dir)},
-        "report": {**P.report_files(), "figures": str(P.report_dir / "figures"), "pages": str(P.report_dir / "html")},
+        "report": {**P.report_files(), "figures": str(P.report_dir / "figures"),
+                   "figure_pages": str(P.report_dir / "figure_pages"), "pages": str(P.report_dir / "html")},
     }
     for stage in STAGES:
         declared = getattr(rules, stage.name)

@@ -1,6 +1,8 @@
 # Stage 8 (per collection): results.md, analysis.md, figures, brief.yaml, findings.json, and the
-# pages of `snakemake --report report.html`: its landing page (the Snakefile's `report:`), the
-# figures' captions and the rendered analysis, results and tables (latentstrat.report.html).
+# pages of `snakemake --report report.html`: its landing page (the Snakefile's `report:`), one
+# page per figure with its caption, and the rendered analysis, results and tables
+# (latentstrat.report.html). No params: the report reads its settings from the aggregate's meta,
+# and Snakemake's report would show a rule's params beside every figure.
 from latentstrat.report.html import PAGES, TABLE_PAGES, figure_question, figure_title
 
 
@@ -24,10 +26,11 @@ rule report:
         # for `snakemake --report` (report.html): the landing page and the figures' captions
         landing=f"{COLLECTION}/report/landing.rst",
         captions=f"{COLLECTION}/report/captions.rst",
-        # captions written by this job (report/html.py): the collection's own numbers in each
-        figures=report(
-            directory(f"{COLLECTION}/report/figures"),
-            patterns=["{figure}.png"],
+        figures=directory(f"{COLLECTION}/report/figures"),
+        # one page per figure, its caption under it (captions written by this job: report/html.py)
+        figure_pages=report(
+            directory(f"{COLLECTION}/report/figure_pages"),
+            patterns=["{figure}.html"],
             caption=str(Path(f"{COLLECTION}/report/captions.rst").resolve()),
             category="2. Figures",
             subcategory=lambda w: figure_question(w.figure),
@@ -47,8 +50,6 @@ rule report:
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),
-    params:
-        settings=COLLECTION_SETTINGS,
     conda:
         "../../envs/latentstrat.yaml"
     script:

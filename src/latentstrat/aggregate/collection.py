@@ -23,6 +23,7 @@ from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
     availability_table,
     collection_metadata,
+    collection_setup,
     collection_state_counts,
     fairness_table,
 )
@@ -308,6 +309,7 @@ def aggregate_collection(
         "report": cfg["report"],
         "primary_arm": cfg["primary_arm"],
         "unreadable_histories": bad,
+        "setup": collection_setup(cfg),
         "configfile": str(Path(configfile).resolve()) if configfile else None,
     }
     costs = cell_costs(bench_dir, list(row_paths))

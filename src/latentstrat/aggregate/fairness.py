@@ -379,3 +379,23 @@ def _seed_diagnostics(primary_rows: pd.DataFrame) -> list[tuple]:
             "2 seeds only" if seeds_lo == 2 else "",
         ),
     ]
+
+
+def collection_setup(cfg: dict) -> dict:
+    """What every cell of the collection ran on, from its config (the report's setup table):
+    the model, the training budget, the tasks and the data sizes per task."""
+    b, train, data = cfg["backbone"], cfg["train"], cfg["data"]
+    e, lora = b["embedded"], f"LoRA r {cfg['lora']['r']}"
+    if b["source"] == "embedded":
+        model = f"embedded Qwen2 ({e['num_hidden_layers']} layers, hidden {e['hidden_size']}), {lora}"
+    else:
+        model = f"{b['name_or_path']} ({b['source']}), {lora}"
+    return {
+        "model": model,
+        "training": f"{train['steps']} steps of {train['batch_size']} examples, lr {train['lr']:g}",
+        "tasks": ", ".join(data["tasks"]),
+        "data per task": (
+            f"{data['train_per_task']:,} train, {data['validation_per_task']:,} validation, "
+            f"{data['test_per_task']:,} test"
+        ),
+    }

@@ -29,7 +29,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     from latentstrat.report.decomposition import decomposition
     from latentstrat.report.figures import make_figures
     from latentstrat.report.findings import compute_findings
-    from latentstrat.report.headline import headline, headline_md, primary_contrast_arm
+    from latentstrat.report.headline import headline, primary_contrast_arm
     from latentstrat.report.html import write_html_report
     from latentstrat.report.markdown import analysis_md, results_md
     from latentstrat.report.tables import load_aggregate
@@ -84,7 +84,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
         "figures_skipped": [n for n, _ in skipped],
     }
     write_text(yaml.safe_dump(brief, sort_keys=False, width=120), out_dir / "brief.yaml")
-    write_html_report(tables, brief, headline_md(tables, meta, head), made, out_dir, meta)
+    write_html_report(tables, brief, made, out_dir, meta)
     return {"findings": findings, "figures": made, "skipped": skipped, "seconds": time.perf_counter() - t0}
 
 

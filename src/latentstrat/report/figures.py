@@ -13,32 +13,22 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL, SHARE_METRICS  # noqa: E402
+from latentstrat.aggregate.columns import SHARE_METRICS  # noqa: E402
 from latentstrat.io import atomic_path  # noqa: E402
 from latentstrat.metrics import M, history_label, label  # noqa: E402
 from latentstrat.report.forest import primary_contrast_forest  # noqa: E402
+from latentstrat.report.frames import (  # noqa: E402
+    BETA,
+    FAM,
+    FRAMES,
+    contrast_arms,
+    heatmap_frame,
+    history_rows,
+    primary_rows,
+    setting_rows,
+)
 
 sns.set_theme(style="whitegrid", context="paper")
-FAM, BETA = "family", "beta"
-
-
-def _rows(t: dict, table: str = "summary_by_setting") -> pd.DataFrame:
-    df = t.get(table, pd.DataFrame())
-    if df.empty:
-        return df
-    df = df.copy()
-    df[FAM], df[BETA] = df["family_label"], df["beta_label"]
-    return df
-
-
-def _primary(t: dict) -> pd.DataFrame:
-    """Setting-level rows of the primary arm (the arm of the collection_state primary cells)."""
-    df = _rows(t)
-    st = t.get("collection_state", pd.DataFrame())
-    if df.empty or st.empty or "arm" not in df.columns:
-        return df
-    arms = set(st.loc[st.role == "primary", "arm"])
-    return df[df.arm.isin(arms)]
 
 
 def _need(df: pd.DataFrame, *cols) -> bool:
@@ -76,45 +66,38 @@ def _scatter(df, x, y, title):
 
 
 def objective_scale_heatmap(t):
-    c = t.get("common_cells", pd.DataFrame())
-    if c.empty:
+    got = heatmap_frame(t)
+    if got is None:
         return None
-    cols = [f"delta_{m}" for m in DELTA_METRICS if f"delta_{m}" in c.columns]
-    multi = c.comparison_arm.nunique() > 1
-    c = c.assign(col=(c.comparison_arm + ": " if multi else "") + c[FAMILY_COL] + " " + c.beta_label)
-    delta = c.set_index("col")[cols].T
-    delta.index = [label(i[len("delta_") :]) for i in delta.index]
-    scale = delta.abs().max(axis=1).replace(0, 1)
-    colors = delta.div(scale, axis=0)
-    fig, ax = plt.subplots(figsize=(max(7, 0.9 * delta.shape[1] + 3), 1.1 * len(cols) + 2.2))
+    delta, z = got
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * delta.shape[1] + 3), 1.1 * len(delta) + 2.2))
     # NA deltas (e.g. a probe with too few matched generations) are drawn grey and labelled NA
     ax.set_facecolor("0.85")
     annot = delta.map(lambda v: "NA" if pd.isna(v) else f"{v:+.4f}")
     sns.heatmap(
-        colors,
+        z.clip(-3, 3),
         annot=annot,
         fmt="",
         cmap="RdBu_r",
         center=0,
-        vmin=-1,
-        vmax=1,
-        cbar_kws={"label": "delta / row max |delta|"},
+        vmin=-3,
+        vmax=3,
+        cbar_kws={"label": "delta / its interval's half-width (beyond 1: clear of 0)"},
         ax=ax,
         annot_kws={"fontsize": 8},
     )
     for (i, j), v in np.ndenumerate(delta.to_numpy(dtype=float)):
         if np.isnan(v):  # seaborn skips annotations on NaN cells
             ax.text(j + 0.5, i + 0.5, "NA", ha="center", va="center", fontsize=8, color="0.3")
-    ax.set(
-        xlabel="", ylabel="", title="Primary minus comparison arm\n(annotations: true deltas; colors row-normalized)"
-    )
+    title = "Primary minus comparison arm\n(annotations: deltas; colors: delta over its noise)"
+    ax.set(xlabel="", ylabel="", title=title)
     plt.setp(ax.get_xticklabels(), rotation=35, ha="right")
     fig.tight_layout()
     return fig
 
 
 def kl_vs_reconstruction(t):
-    df = _rows(t)
+    df = setting_rows(t)
     if not _need(df, M.kl_prior_loss, M.active_reconstruction_objective):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
@@ -137,7 +120,7 @@ def _bar(df, y, title):
 
 
 def kl_recon_ratio(t):
-    df = _primary(t)
+    df = primary_rows(t)
     return (
         _bar(df, M.kl_over_active_reconstruction, "KL / active reconstruction (primary arm)")
         if _need(df, M.kl_over_active_reconstruction)
@@ -146,7 +129,7 @@ def kl_recon_ratio(t):
 
 
 def posterior_router_gap(t):
-    df = _primary(t)
+    df = primary_rows(t)
     return (
         _bar(df, M.posterior_router_probe_gap, "Posterior minus router probe (primary arm)")
         if _need(df, M.posterior_router_probe_gap)
@@ -155,7 +138,7 @@ def posterior_router_gap(t):
 
 
 def base_relative_vs_router(t):
-    df = _rows(t)
+    df = setting_rows(t)
     if not _need(df, M.base_relative_reconstruction, M.within_task_router_probe):
         return None
     df = df.assign(**{FAM: df["arm"] + ": " + df[FAM]}) if "arm" in df.columns and df.arm.nunique() > 1 else df
@@ -214,36 +197,32 @@ def inferred_scale(t):
     return fig
 
 
-def _history(t, table="history_long"):
-    h = t.get(table, pd.DataFrame())
-    if h.empty:
-        return h
-    st = t.get("collection_state", pd.DataFrame())
-    if not st.empty:
-        h = h[h.cell_id.isin(st.loc[st.role == "primary", "cell_id"])]
-    return h.assign(**{FAM: h[FAMILY_COL], BETA: h["beta_label"]})
-
-
 def dynamics(t, metrics: list[str], title: str):
-    h = _history(t)
+    """One panel per metric (rows) and arm of the primary contrast (columns), one line per setting."""
+    h = history_rows(t)
     if h.empty:
         return None
     metrics = [m for m in metrics if (h.metric == m).any()]
     if not metrics:
         return None
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics) + 1.5, 4), squeeze=False)
-    for i, (ax, m) in enumerate(zip(axes[0], metrics)):
-        sns.lineplot(
-            data=h[h.metric == m],
-            x="step",
-            y="value",
-            hue=FAM,
-            style=BETA,
-            ax=ax,
-            errorbar="sd",
-            legend=i == len(metrics) - 1,
-        )
-        ax.set(ylabel=history_label(m), title=history_label(m), xlabel="step (0 = initialization)")
+    arms = [a for a in contrast_arms(t) if (h.arm == a).any()] or list(dict.fromkeys(h.arm))
+    fig, axes = plt.subplots(
+        len(metrics), len(arms), figsize=(5.5 * len(arms) + 1.5, 3.6 * len(metrics)), squeeze=False, sharey="row"
+    )
+    for i, m in enumerate(metrics):
+        for j, arm in enumerate(arms):
+            ax = axes[i][j]
+            sns.lineplot(
+                data=h[(h.metric == m) & (h.arm == arm)],
+                x="step",
+                y="value",
+                hue=FAM,
+                style=BETA,
+                ax=ax,
+                errorbar="sd",
+                legend=i == 0 and j == len(arms) - 1,
+            )
+            ax.set(ylabel=history_label(m), title=f"{arm}: {history_label(m)}", xlabel="step (0 = initialization)")
     axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
@@ -251,49 +230,50 @@ def dynamics(t, metrics: list[str], title: str):
 
 
 def trajectory(t):
-    h = _history(t)
+    """Each cell's path through (base-relative reconstruction, matched router score), one panel
+    per arm of the primary contrast."""
+    h = history_rows(t)
     if h.empty:
         return None
     w = h[h.metric.isin([M.base_relative_reconstruction, "scored_matched_router_score"])]
-    w = w.pivot_table(index=["cell_id", "step", FAM, BETA], columns="metric", values="value").reset_index()
+    w = w.pivot_table(index=["cell_id", "arm", "step", FAM, BETA], columns="metric", values="value").reset_index()
     if not _need(w, M.base_relative_reconstruction, "scored_matched_router_score"):
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    sns.lineplot(
-        data=w.sort_values("step"),
-        x=M.base_relative_reconstruction,
-        y="scored_matched_router_score",
-        hue=FAM,
-        style=BETA,
-        units="cell_id",
-        estimator=None,
-        sort=False,
-        marker="o",
-        markersize=3,
-        ax=ax,
-    )
-    start = w[w.step == w.step.min()]
-    ax.scatter(
-        start.base_relative_reconstruction,
-        start.scored_matched_router_score,
-        marker="x",
-        color="k",
-        label="first checkpoint",
-        zorder=5,
-    )
-    ax.set_xscale("log")
-    ax.set(
-        xlabel=label(M.base_relative_reconstruction) + " (log)",
-        ylabel=history_label("scored_matched_router_score"),
-        title="Reconstruction-router trajectory",
-    )
-    ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    arms = [a for a in contrast_arms(t) if (w.arm == a).any()] or list(dict.fromkeys(w.arm))
+    fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms) + 1.5, 4.5), squeeze=False, sharex=True, sharey=True)
+    for j, (ax, arm) in enumerate(zip(axes[0], arms)):
+        a = w[w.arm == arm].sort_values("step")
+        sns.lineplot(
+            data=a,
+            x=M.base_relative_reconstruction,
+            y="scored_matched_router_score",
+            hue=FAM,
+            style=BETA,
+            units="cell_id",
+            estimator=None,
+            sort=False,
+            marker="o",
+            markersize=3,
+            ax=ax,
+            legend=j == len(arms) - 1,
+        )
+        start = a[a.step == a.step.min()]
+        ax.scatter(start[M.base_relative_reconstruction], start.scored_matched_router_score, marker="x", color="k",
+                   label="first checkpoint", zorder=5)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set(
+            xlabel=label(M.base_relative_reconstruction) + " (log)",
+            ylabel=history_label("scored_matched_router_score"),
+            title=arm,
+        )
+    axes[0][-1].legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=8, frameon=False)
+    fig.suptitle("Reconstruction-router trajectory")
     fig.tight_layout()
     return fig
 
 
 def per_task_router(t):
-    h = _history(t, "history_per_task_long")
+    h = history_rows(t, "history_per_task_long")
     if h.empty or not (h.metric == "scored_matched_router_score").any():
         return None
     h = h[h.metric == "scored_matched_router_score"]
@@ -304,15 +284,13 @@ def per_task_router(t):
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols + 1.5, 3.4 * rows), squeeze=False, sharey=True)
     for i, task in enumerate(tasks):
         ax = axes[i // cols][i % cols]
-        sns.lineplot(
-            data=h[h.task == task], x="step", y="value", hue=FAM, style=BETA, ax=ax, errorbar="sd", legend=i == 0
-        )
+        sns.lineplot(data=h[h.task == task], x="step", y="value", hue="arm", ax=ax, errorbar="sd", legend=i == 0)
         ax.set(title=task, ylabel=history_label("scored_matched_router_score"), xlabel="step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
     fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize=8, frameon=False)
     axes[0][0].get_legend().remove()
-    fig.suptitle("Per-task matched router score (validation)")
+    fig.suptitle("Per-task matched router score (validation; mean and SD over an arm's cells)")
     fig.tight_layout(rect=(0, 0, 0.85, 1))
     return fig
 
@@ -435,6 +413,10 @@ class FigureNote:
     question: int
     text: str
     metric: str | None
+    frame: str | None = None  # frames.FRAMES: the rows the figure draws, whose numbers the caption quotes
+
+    def __post_init__(self):
+        assert self.frame is None or self.frame in FRAMES, self
 
 
 # file name (FIGURES) -> its caption
@@ -454,6 +436,7 @@ FIGURE_NOTES = {
         "Above 0 with the interval: the router carries the strategy; the router-mean probe (what x alone tells) "
         "is the floor a `strategy` cell must clear.",
         M.router_information,
+        "cells",
     ),
     "base_relative_vs_router": FigureNote(
         0,
@@ -462,6 +445,7 @@ FIGURE_NOTES = {
         "chance level as a grey tick under each point. Left of 1: z is used; above the tick: the router "
         "predicts the strategy. Left but at chance: z carries something other than the strategy.",
         M.base_relative_reconstruction,
+        "settings",
     ),
     "posterior_router_gap": FigureNote(
         0,
@@ -469,74 +453,85 @@ FIGURE_NOTES = {
         "q(z|x,y) tells about the strategy than the router p(z|x). A large gap: the strategy is in z but the "
         "router does not predict it.",
         M.posterior_router_probe_gap,
+        "primary_settings",
     ),
     "objective_scale_heatmap": FigureNote(
         1,
         "Primary minus comparison arm per common setting (family and beta, columns), one row per metric: the "
-        "annotations are the deltas, the colors the delta over its row's largest |delta| (red: the primary "
-        "arm higher). Under `sum` the reconstruction objective grows with the tokens of a trace, so its rows "
-        "show by how much the sum arm weighs reconstruction against the KL more.",
-        M.kl_over_active_reconstruction,
+        "annotations are the deltas, the colors each delta over its interval's half-width, one scale for every "
+        "row centred on 0 (red: the primary arm higher; beyond 1 the interval clears 0, pale is inside the "
+        "noise). Under `sum` the reconstruction objective grows with the tokens of a trace, so its rows show "
+        "by how much the sum arm weighs reconstruction against the KL more.",
+        None,
     ),
     "kl_vs_reconstruction": FigureNote(
         1,
         "KL to the prior (y) against the active reconstruction objective (x) per setting and arm: the trade-off "
         "beta sets. A setting at KL near 0 does not use z (`empty`); the higher, the more information z carries.",
         M.kl_prior_loss,
+        "settings",
     ),
     "kl_reconstruction_ratio": FigureNote(
         1,
         "KL over the active reconstruction objective per family (bars) and beta (colors), primary arm: the "
         "size of the KL against the reconstruction it buys.",
         M.kl_over_active_reconstruction,
+        "primary_settings",
     ),
     "inferred_scale": FigureNote(
         1,
         "The z-free reference scale S_ref = raw reconstruction / base-relative reconstruction per source and "
         "aggregation (log axis, mean and SD), with the ratios between them in the box: the factor between a "
         "token sum and a sequence mean on these data (about the mean trace length).",
-        M.inferred_zfree_reference_scale,
+        None,
     ),
     "dynamics_base_relative": FigureNote(
         2,
-        "Validation base-relative reconstruction over training steps, one line per cell: 1 at step 0 (the cell "
-        "starts as the entangled model), dropping where the latent starts (the onset).",
+        "Validation base-relative reconstruction over training steps, one panel per arm, one line per "
+        "setting: 1 at step 0 (the cell starts as the entangled model), dropping where the latent starts (the onset).",
         M.base_relative_reconstruction,
+        "history",
     ),
     "dynamics_active_objective": FigureNote(
         2,
         "The active reconstruction objective over training steps, per cell.",
         M.active_reconstruction_objective,
+        "history",
     ),
     "dynamics_kl": FigureNote(
         2,
         "KL to the prior over training steps, per cell: it rises when z starts to carry information; a cell "
         "that stays near 0 never starts.",
         M.kl_prior_loss,
+        "history",
     ),
     "dynamics_kl_ratio": FigureNote(
         2,
         "KL over the active reconstruction objective over training steps, per cell.",
         M.kl_over_active_reconstruction,
+        "history",
     ),
     "dynamics_probes": FigureNote(
         2,
         "The router and posterior probe scores on validation over training steps, per cell: the router "
         "follows the posterior once the latent carries the strategy.",
-        M.within_task_router_probe,
+        "scored_router_probe",
+        "history",
     ),
     "reconstruction_router_trajectory": FigureNote(
         2,
         "Each cell's path through (base-relative reconstruction, log x; matched router score, y) over its "
         "validation checkpoints, the first marked x: left first (z used), then up (the router predicts the "
         "strategy).",
-        M.base_relative_reconstruction,
+        "scored_matched_router_score",
+        "history",
     ),
     "per_task_router_dynamics": FigureNote(
         2,
         "The matched router score on validation per task over training steps: which tasks' strategies the "
         "router learns first.",
-        M.within_task_router_probe,
+        "scored_matched_router_score",
+        "history_per_task",
     ),
     "token_count_dominance": FigureNote(
         3,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import html as _html
-import math
 import re
 from pathlib import Path
 
@@ -24,9 +23,12 @@ import pandas as pd
 from markdown_it import MarkdownIt
 
 from latentstrat.io import write_text
-from latentstrat.metrics import label
 from latentstrat.report.figures import FIGURE_NOTES, FIGURES, QUESTIONS
 from latentstrat.report.forest import primary_contrast_frame
+from latentstrat.report.frames import arm_numbers, heatmap_numbers
+from latentstrat.report.frames import fmt as _fmt
+from latentstrat.report.landing import landing_rst
+from latentstrat.report.tables import md_table
 
 # file name in html/ -> (title, aggregate table, what it shows)
 TABLE_PAGES = {
@@ -46,6 +48,7 @@ TABLE_PAGES = {
     ),
 }
 PAGES = {"analysis": "Analysis", "results": "Results"}
+FIGURE_PAGES = "figure_pages"  # beside figures/: one page per figure, its caption under it
 
 
 def markdown_html(text: str) -> str:
@@ -76,133 +79,7 @@ def _jinja_raw(text: str) -> str:
     return "{% raw %}" + text + "{% endraw %}"
 
 
-# ----------------------------------------------------------------------------- landing page
-
-
-HOW_TO_READ = "\n".join(
-    [
-        "### How to read the rest",
-        "",
-        "- **Finding** (menu): *Analysis* is analysis.md: the headline with its qualifiers (per family, "
-        "randomization test, decomposition) and every question of the study; *Results* is results.md: "
-        "every table, and every figure with its caption.",
-        "- **Figures**, grouped by question: " + "; ".join(QUESTIONS) + " Each caption says what is plotted, "
-        "how to read it and what this collection shows in it.",
-        "- **Tables**: the contrasts, cell states, cell sanity, fairness and data availability behind the verdict.",
-        "- The same files on disk: `results/<collection>/report/` (brief.yaml for scripts).",
-    ]
-)
-
-
-def verdict_line(brief: dict) -> str:
-    """The verdict in one line, first on the landing page: the per-arm difference with its
-    interval and the detectable difference."""
-    arms = brief.get("primary_contrast") or {}
-    if brief.get("delta") is None:
-        return f"**Verdict: {brief.get('verdict', 'cannot tell')}** ({brief.get('why') or 'no contrast'})."
-    level = f"{100 * (1 - float(brief.get('alpha') or 0.05)):.4g}%"
-    return (
-        f"**Verdict: {brief['verdict']}.** `{arms.get('primary_arm')}` minus `{arms.get('comparison_arm')}`, "
-        f"{label(brief.get('primary_endpoint') or '')}: {_fmt(brief['delta'])} ({level} interval "
-        f"{_fmt(brief['ci_low'])} to {_fmt(brief['ci_high'])}); the smallest difference this collection could "
-        f"detect: {_fmt(brief.get('detectable_delta'))}."
-        + (" Next: run `report/followup.yaml` (its first lines say what it adds)." if brief.get("followup") else "")
-    )
-
-
-def landing_rst(brief: dict, headline_lines: list[str], meta: dict, forest: bool = False) -> str:
-    """The landing page: title, question, the headline (analysis.md's text), sanity, how to read."""
-    name = brief.get("collection") or "collection"
-    title = f"latentstrat: {name}"
-    cells = brief.get("cells", {})
-    expected, complete = cells.get("expected", 0), cells.get("complete", 0)
-    passed = brief.get("cell_checks_passed")
-    failing, unchecked = brief.get("failing_cells") or [], brief.get("unchecked_cells") or []
-    if passed is None and unchecked:
-        sanity = (
-            f"Cell sanity: **{len(unchecked)} cell(s) could not be fully checked**, and a verdict that rests on "
-            "them reads `cannot tell`: "
-            + "; ".join(f"`{f['cell_id']}` ({f['why']})" for f in unchecked[:5])
-            + (" ..." if len(unchecked) > 5 else "")
-            + "."
-        )
-    elif passed is None:
-        sanity = "Cell sanity: nothing checked yet (no complete cell)."
-    elif passed:
-        sanity = f"Cell sanity: all {complete} complete cells pass (accuracy, step-0 and final reconstruction, probes)."
-    else:
-        sanity = (
-            f"Cell sanity: **{len(failing)} cell(s) fail**, and a verdict that rests on them reads `cannot tell`: "
-            + "; ".join(f"`{f['cell_id']}` ({f['why']})" for f in failing[:5])
-            + (" ..." if len(failing) > 5 else "")
-            + "."
-        )
-    partial = (
-        f"**Partial**: {complete} of {expected} cells complete; the numbers are those of the complete cells."
-        if complete < expected
-        else f"All {expected} cells complete."
-    )
-    arms = brief.get("primary_contrast") or {}
-    primary, comparison = arms.get("primary_arm", "sum"), arms.get("comparison_arm", "mean")
-    endpoint = label(brief.get("primary_endpoint") or "")
-    question = (
-        f"Does token aggregation `{primary}` change how much the router carries the strategy, against "
-        f"`{comparison}`? Primary endpoint: {endpoint}, declared before the data."
-    )
-    # the forest plot is the report's first figure: Snakemake's report reads this page as
-    # reStructuredText, whose line limit (10,000 characters) no embedded image fits in
-    picture = ["The primary contrast per setting: the first figure, *The primary contrast*.", ""] if forest else []
-    md = "\n".join(
-        [
-            verdict_line(brief),
-            "",
-            *picture,
-            (brief.get("description") or "").strip(),
-            "",
-            f"**Question.** {question}",
-            "",
-            *[line.replace("## Headline", "### Headline") for line in headline_lines],
-            "",
-            sanity,
-            "",
-            *(
-                [
-                    f"Pairs on different hosts: {'; '.join(brief['pairs_mixing_hosts'][:3])}"
-                    + (" ..." if len(brief["pairs_mixing_hosts"]) > 3 else "")
-                    + " (the pairing cancels less across machines).",
-                    "",
-                ]
-                if brief.get("pairs_mixing_hosts")
-                else []
-            ),
-            partial,
-            "",
-            HOW_TO_READ,
-        ]
-    )
-    head = f"{title}\n{'=' * len(title)}\n\n"
-    return _jinja_raw(head + _rst_raw_html(markdown_html(md)))
-
-
 # ----------------------------------------------------------------------------- figure captions
-
-
-def _fmt(v: float) -> str:
-    if v is None or not math.isfinite(v):
-        return "NA"
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-
-
-def arm_numbers(summary: pd.DataFrame, metric: str | None) -> str:
-    """`sum median 0.53 (0.43 to 0.56, 6 cells); matched_mean ...` for one summary column."""
-    if metric is None or summary.empty or metric not in summary.columns:
-        return ""
-    parts = []
-    for arm, g in summary.groupby("arm", sort=False):
-        v = pd.to_numeric(g[metric], errors="coerce").dropna()
-        if len(v):
-            parts.append(f"``{arm}`` median {_fmt(v.median())} ({_fmt(v.min())} to {_fmt(v.max())}, {len(v)} cells)")
-    return f"In this collection, {label(metric)} at the end of training: " + "; ".join(parts) + "." if parts else ""
 
 
 def dominance_numbers(t: dict) -> str:
@@ -246,15 +123,17 @@ def forest_numbers(t: dict) -> str:
 
 def figure_caption(t: dict, name: str) -> str:
     """A figure's caption as Markdown: what it shows, then this collection's numbers, each computed
-    from the table the figure draws (`forest_numbers`, `dominance_numbers`, `arm_numbers`)."""
+    from the frame the figure draws (`forest_numbers`, `dominance_numbers`, `frames.heatmap_numbers`,
+    `frames.arm_numbers`)."""
     note = FIGURE_NOTES[name]
-    summary = t.get("summary", pd.DataFrame())
     if name == "primary_contrast":
         numbers = forest_numbers(t)
     elif name == "token_count_dominance":
         numbers = dominance_numbers(t)
+    elif name == "objective_scale_heatmap":
+        numbers = heatmap_numbers(t)
     else:
-        numbers = arm_numbers(summary, note.metric)
+        numbers = arm_numbers(t, note.frame, note.metric)
     return " ".join(x for x in (note.text, numbers.replace("``", "`")) if x)
 
 
@@ -315,16 +194,36 @@ def write_pages(t: dict, out_dir: Path) -> list[str]:
     for stem, (title, table, what) in TABLE_PAGES.items():
         df = t.get(table, pd.DataFrame())
         body = f"<h2>{_html.escape(title)}</h2><p>{_html.escape(what)}.</p>"
-        body += df.to_html(index=False, na_rep="NA", float_format=lambda v: f"{v:.4g}") if len(df) else "<p>(empty)</p>"
+        body += markdown_html(md_table(df)) if len(df) else "<p>(empty)</p>"
         write_text(page(title, body), html_dir / f"{stem}.html")
         written.append(f"{stem}.html")
     return written
 
 
-def write_html_report(t: dict, brief: dict, headline_lines: list[str], made, out_dir, meta: dict) -> None:
-    """landing.rst, captions.rst and html/ into out_dir (the report folder)."""
+def write_figure_pages(t: dict, made: list[tuple[str, str]], out_dir: Path) -> list[str]:
+    """figure_pages/<figure>.html: each figure with its caption under it (what the report's
+    Figures section shows; the PNG travels inside the page)."""
+    pages_dir = Path(out_dir) / FIGURE_PAGES
+    pages_dir.mkdir(parents=True, exist_ok=True)
+    for name, title in made:
+        note = FIGURE_NOTES[name]
+        png = _data_uri(Path(out_dir) / "figures" / f"{name}.png")
+        body = (
+            f"<h2>{_html.escape(title)}</h2><p><em>{_html.escape(QUESTIONS[note.question])}</em></p>"
+            f'<figure><img src="{png}" alt="{_html.escape(title)}">'
+            f"<figcaption>{markdown_html(figure_caption(t, name))}</figcaption></figure>"
+        )
+        write_text(page(title, body), pages_dir / f"{name}.html")
+    return [f"{name}.html" for name, _ in made]
+
+
+def write_html_report(t: dict, brief: dict, made, out_dir, meta: dict) -> None:
+    """landing.rst, captions.rst, html/ and the figure pages into out_dir (the report folder)."""
     out_dir = Path(out_dir)
     write_pages(t, out_dir)
+    write_figure_pages(t, made, out_dir)
     write_text(captions_rst(t, made), out_dir / "captions.rst")
-    forest = (out_dir / "figures" / "primary_contrast.png").is_file()
-    write_text(landing_rst(brief, headline_lines, meta, forest), out_dir / "landing.rst")
+    pages = {title: str(out_dir / "html" / f"{stem}.html") for stem, title in PAGES.items()}
+    followup = (meta.get("followup") or {}).get("path")
+    landing = landing_rst(brief, t.get("summary", pd.DataFrame()), meta.get("setup") or {}, pages, followup)
+    write_text(landing, out_dir / "landing.rst")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from latentstrat.families import family_label, parse_family
+from latentstrat.metrics import DIAGNOSTICS, METRICS, label
 
 TABLES = [
     "summary",
@@ -77,15 +78,84 @@ def fmt(v) -> str:
     return s if s != "-0" else "0"
 
 
+# column names that read better as words than as their label
+HEADERS = {
+    "reconstruction_loss_family_label": "family",
+    "family_label": "family",
+    "beta_label": "beta",
+    "cell_id": "cell",
+    "n": "n",
+}
+SUFFIXES = {"_ci_low": "CI low", "_ci_high": "CI high", "_std": "SD", "_se_test": "SE (test)", "_n_seeds": "seeds"}
+MAX_COLUMNS = 9  # a wider table is split into parts that repeat its key columns
+
+
+def header(col: str) -> str:
+    """A column's header: its metric label, with the interval or spread it is (`CI low`)."""
+    if col in HEADERS:
+        return HEADERS[col]
+    if col in METRICS or col in DIAGNOSTICS:
+        return label(col)
+    for suffix, word in SUFFIXES.items():
+        if col.endswith(suffix) and (col[: -len(suffix)] in METRICS or col[: -len(suffix)].startswith("delta_")):
+            return f"{header(col[: -len(suffix)])}: {word}"
+    if col.startswith("delta_") and col[len("delta_") :] in METRICS:
+        return "delta " + label(col[len("delta_") :])
+    return col.replace("_", " ")
+
+
+def column_decimals(values: pd.Series) -> int | None:
+    """One precision for a column of floats: three significant digits of its typical size (0 to
+    4 decimals); None for a column that is not all numbers (or is whole numbers)."""
+    v = pd.to_numeric(values, errors="coerce")
+    if v.isna().all() or values.map(lambda x: isinstance(x, (bool, str))).any():
+        return None
+    v = v.dropna()
+    if (v == v.round()).all():
+        return 0 if v.abs().max() < 1e15 else None
+    size = v.abs()[v != 0].median() if (v != 0).any() else 1.0
+    return int(min(4, max(0, 2 - math.floor(math.log10(size)))))
+
+
+def _cell(v, decimals: int | None) -> str:
+    if decimals is None or isinstance(v, (bool, str)) or v is None:
+        return fmt(v)
+    f = float(v)
+    if math.isnan(f):
+        return "NA"
+    return f"{f:,.{decimals}f}" if abs(f) >= 10_000 else f"{f:.{decimals}f}"
+
+
+def key_columns(df: pd.DataFrame, cols: list[str]) -> list[str]:
+    """The leading columns that name a row (not numbers): repeated in each part of a split table."""
+    keys = []
+    for c in cols:
+        if column_decimals(df[c]) is not None or len(keys) == 3:
+            break
+        keys.append(c)
+    return keys
+
+
 def md_table(df: pd.DataFrame, columns: list[str] | None = None, max_rows: int | None = None) -> str:
+    """A Markdown table: headers as words, one precision per column, and a table wider than
+    MAX_COLUMNS split into parts that each repeat its key columns."""
     if df is None or df.empty:
         return "_(no rows)_\n"
     cols = [c for c in (columns or list(df.columns)) if c in df.columns]
     rows = df[cols].head(max_rows) if max_rows else df[cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in rows.iterrows():
-        lines.append("| " + " | ".join(fmt(r[c]).replace("|", "/") for c in cols) + " |")
-    return "\n".join(lines) + "\n"
+    keys = key_columns(rows, cols)
+    rest = [c for c in cols if c not in keys]
+    width = max(1, MAX_COLUMNS - len(keys))
+    parts = [rest[i : i + width] for i in range(0, len(rest), width)] or [[]]
+    decimals = {c: column_decimals(rows[c]) for c in cols}
+    out = []
+    for part in parts:
+        shown = keys + part
+        lines = ["| " + " | ".join(header(c) for c in shown) + " |", "|" + "---|" * len(shown)]
+        for _, r in rows.iterrows():
+            lines.append("| " + " | ".join(_cell(r[c], decimals[c]).replace("|", "/") for c in shown) + " |")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

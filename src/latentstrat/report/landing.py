@@ -1,0 +1,193 @@
+"""The landing page of `snakemake --report report.html`: a researcher's first screen.
+
+Snakemake draws the landing page beside the workflow's rule graph in a box centred in the
+window, so text taller than the window is pushed above its top where no scrolling reaches it.
+The page therefore holds only what decides: the title, the verdict with the per-arm values, the
+delta, its interval and the detectable difference, the setup, the next step and links to the
+sections. The headline's qualifiers live on the Analysis page (analysis.md), one link away.
+"""
+
+from __future__ import annotations
+
+import html as _html
+
+import pandas as pd
+
+from latentstrat.metrics import label, unit
+from latentstrat.report.frames import fmt
+
+# the report's menu sections (report.smk's categories) and the pages the landing page links to
+FINDING, FIGURES, TABLES = "1. Finding", "2. Figures", "3. Tables"
+
+
+def _code(text) -> str:
+    """A name or command in a monospace font (not <code>: the report's stylesheet draws literal
+    backticks around it)."""
+    return f'<span style="font-family:monospace">{_html.escape(str(text))}</span>'
+
+
+# compact tables: the report's stylesheet pads table cells for prose
+_TABLE = ' style="margin:0.4em 0;font-size:0.85em;line-height:1.3"'
+_CELL = ' style="padding:1px 8px 1px 0"'
+
+
+def _inline(text: str) -> str:
+    """Prose with `name` spans (the headline's reasons) as HTML: escaped, names in monospace."""
+    return "".join(_code(p) if i % 2 else _html.escape(p) for i, p in enumerate(text.split("`")))
+
+
+def verdict_html(brief: dict) -> str:
+    """The verdict, first on the page: the primary minus the comparison arm on the endpoint, with
+    its interval and the smallest difference the collection could detect."""
+    verdict = _html.escape(str(brief.get("verdict", "cannot tell")))
+    if brief.get("delta") is None:
+        return f"<p><strong>Verdict: {verdict}</strong> ({_inline(brief.get('why') or 'no contrast')}).</p>"
+    arms = brief.get("primary_contrast") or {}
+    metric = brief.get("primary_endpoint") or ""
+    level = f"{100 * (1 - float(brief.get('alpha') or 0.05)):.4g}%"
+    why = f" ({_inline(brief['why'])})" if brief.get("why") else ""
+    return (
+        f"<p><strong>Verdict: {verdict}</strong>{why}. {_code(arms.get('primary_arm'))} minus "
+        f"{_code(arms.get('comparison_arm'))} in {_html.escape(label(metric))}{_unit(metric)}: "
+        f"<strong>{fmt(brief['delta'])}</strong>, {level} interval {fmt(brief['ci_low'])} to "
+        f"{fmt(brief['ci_high'])}; the smallest difference this collection could detect: "
+        f"{fmt(brief.get('detectable_delta'))}.</p>"
+    )
+
+
+def _unit(metric: str) -> str:
+    u = unit(metric)
+    return f" ({u})" if u else ""
+
+
+def arm_rows(summary: pd.DataFrame, brief: dict) -> list[tuple[str, str, str, str]]:
+    """Per arm of the primary contrast: its cells, the endpoint's mean over them (with the
+    range) and their states."""
+    arms = brief.get("primary_contrast") or {}
+    metric = brief.get("primary_endpoint") or ""
+    states = brief.get("cell_states") or {}
+    rows = []
+    for arm in (arms.get("primary_arm"), arms.get("comparison_arm")):
+        if arm is None or summary.empty or metric not in summary.columns:
+            continue
+        v = pd.to_numeric(summary.loc[summary.arm == arm, metric], errors="coerce").dropna()
+        value = f"{fmt(v.mean())} ({fmt(v.min())} to {fmt(v.max())})" if len(v) else "NA"
+        state = ", ".join(f"{n} {s}" for s, n in (states.get(arm) or {}).items())
+        rows.append((str(arm), str(len(v)), value, state))
+    return rows
+
+
+def _table(head: list[str] | None, rows, first_code: bool = False, caption: str = "") -> str:
+    th = "<thead><tr>" + "".join(f"<th{_CELL}>{_html.escape(h)}</th>" for h in head) + "</tr></thead>" if head else ""
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td{_CELL}>{_code(c) if (first_code and i == 0) else _html.escape(str(c))}</td>"
+            for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    cap = f'<caption style="text-align:left;font-weight:600">{_html.escape(caption)}</caption>' if caption else ""
+    return f"<table{_TABLE}>{cap}{th}<tbody>{body}</tbody></table>"
+
+
+def _counts(col: pd.Series) -> str:
+    v = col.dropna().astype(str)
+    return ", ".join(f"{name} ({n})" for name, n in v.value_counts().items()) if len(v) else "not recorded"
+
+
+def setup_rows(summary: pd.DataFrame, setup: dict) -> list[tuple[str, str]]:
+    """What the cells ran on: model, training, tasks, data (aggregate meta `setup`), then from the
+    cells' own records the seeds, the code, the dates and the hardware (`not recorded` where
+    the cells do not say)."""
+    rows = [(k, str(setup.get(k) or "not recorded")) for k in ("model", "training", "tasks", "data per task")]
+
+    def col(name) -> pd.Series:
+        return summary[name] if name in summary.columns else pd.Series(dtype=object)
+
+    seeds = "not recorded"
+    if not summary.empty and "seed" in summary.columns:
+        n = summary.groupby([c for c in ("arm", "family_label", "beta_label") if c in summary.columns]).seed.nunique()
+        seeds = f"{n.min()}-{n.max()} per setting" if n.min() != n.max() else f"{n.min()} per setting"
+    commit = col("train_code_commit").dropna().astype(str).str[:10]
+    code = _counts(col("train_code_version")) + (f"; commit {', '.join(sorted(set(commit)))}" if len(commit) else "")
+    start, end = col("train_started_at").dropna(), col("train_finished_at").dropna()
+    when = (
+        f"{str(start.min())[:16].replace('T', ' ')} to {str(end.max())[:16].replace('T', ' ')} UTC"
+        if len(start) and len(end)
+        else "not recorded"
+    )
+    hardware = f"device {_counts(col('train_device'))}; CPU {_counts(col('train_cpu'))}"
+    return [*rows, ("seeds", seeds), ("code", code), ("trained", when), ("hardware", hardware)]
+
+
+def _link(text: str, onclick: str) -> str:
+    return f'<a href="#" onclick="{_html.escape(onclick)}; return false;">{_html.escape(text)}</a>'
+
+
+def links(pages: dict[str, str]) -> str:
+    """Links to the report's sections: a page opens in the report (Snakemake's `app.setView` on
+    the page's entry in `results`), a section opens its menu."""
+    out = [
+        _link(title, f"app.setView({{content: 'html', contentPath: results['{path}'].data_uri, resultPath: '{path}'}})")
+        for title, path in pages.items()
+    ]
+    out += [_link(s[3:], f"app.showCategory('{s}')") for s in (FIGURES, TABLES)]
+    return "<p>Read on: " + " · ".join(out) + ".</p>"
+
+
+def next_step(brief: dict, followup_path: str | None) -> str:
+    """The next step in one line: the follow-up's command, or why there is none."""
+    if brief.get("followup") and followup_path:
+        cmd = f"snakemake --profile slurm --configfile {followup_path}"
+        return f"<p><strong>Next:</strong> {_code(cmd)} (its first lines say which seeds it adds and why).</p>"
+    if brief.get("verdict") == "cannot tell":
+        return "<p><strong>Next:</strong> no follow-up planned; the Analysis page says what limits the verdict.</p>"
+    return "<p><strong>Next:</strong> none needed: the interval decides.</p>"
+
+
+def sanity_line(brief: dict) -> str:
+    """The cell sanity check in one line."""
+    complete = (brief.get("cells") or {}).get("complete", 0)
+    expected = (brief.get("cells") or {}).get("expected", 0)
+    done = f"{complete} of {expected} cells complete" + ("" if complete == expected else " (partial)")
+    failing, unchecked = brief.get("failing_cells") or [], brief.get("unchecked_cells") or []
+    passed = brief.get("cell_checks_passed")
+    if passed:
+        check = "every complete cell passes the sanity check"
+    elif failing:
+        check = f"<strong>{len(failing)} failing the sanity check</strong> (Tables: Cell sanity)"
+    elif unchecked:
+        check = f"<strong>{len(unchecked)} not fully checked</strong> (Tables: Cell sanity)"
+    else:
+        check = "nothing checked yet"
+    mixed = brief.get("pairs_mixing_hosts") or []
+    hosts = f"; {len(mixed)} pair(s) mix hosts" if mixed else ""
+    return f"<p>{done}; {check}{hosts}.</p>"
+
+
+def landing_html(brief: dict, summary: pd.DataFrame, setup: dict, pages: dict, followup_path: str | None) -> str:
+    """The landing page's body (HTML): verdict, arms, next step, setup, links."""
+    metric = brief.get("primary_endpoint") or ""
+    head = ["arm", "cells", f"{label(metric)}{_unit(metric)}: mean (range)", "cell states"]
+    arms = _table(head, arm_rows(summary, brief), True)
+    return "\n".join(
+        [
+            verdict_html(brief),
+            arms,
+            next_step(brief, followup_path),
+            sanity_line(brief),
+            _table(None, setup_rows(summary, setup), caption="Setup"),
+            links(pages),
+        ]
+    )
+
+
+def landing_rst(brief: dict, summary: pd.DataFrame, setup: dict, pages: dict, followup_path: str | None) -> str:
+    """The landing page as Snakemake reads it: reStructuredText (a title, then the body as a raw
+    HTML block), wrapped so its Jinja pass leaves it alone."""
+    title = f"latentstrat: {brief.get('collection') or 'collection'}"
+    body = landing_html(brief, summary, setup, pages, followup_path)
+    raw = ".. raw:: html\n\n" + "\n".join("   " + line for line in body.splitlines()) + "\n"
+    return "{% raw %}" + f"{title}\n{'=' * len(title)}\n\n" + raw + "{% endraw %}"
