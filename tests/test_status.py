@@ -2,6 +2,7 @@
 tests/test_slurm.py runs it against a real cluster)."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -247,3 +248,30 @@ def test_the_status_command_exits_non_zero_on_an_error(tmp_path):
         timeout=120,
     )
     assert none.returncode == 2 and "no benchmark file" in none.stderr
+
+
+def test_a_job_killed_for_memory_says_so_with_the_peak_and_the_request(tmp_path):
+    """Slurm's OUT_OF_MEMORY: the cell's stage reads failed, killed for memory, with the peak the
+    rule's finished jobs reached (their benchmark files) and the mem_mb to set (peak x 1.5)."""
+    from latentstrat.status import memory_detail, sizing
+
+    cfg = load_config(ROOT / "config" / "smoke.yaml", overrides={"results_dir": str(tmp_path / "results")})
+    p = Paths.from_config(cfg)
+    cells = [c.cell_id for c in expand_cells(cfg)]
+    bench = p.bench_path("train", cells[1])
+    bench.parent.mkdir(parents=True, exist_ok=True)
+    bench.write_text("s\th:m:s\tmax_rss\n61.2\t0:01:01\t2301.5\n")
+    jobs = [{"id": "103", "state": "OUT_OF_MEMORY", "comment": f"rule_train_wildcards_{cells[0]}"}]
+    st = collection_status(cfg, jobs=jobs)
+    train = next(c for c in st["cells"] if c["cell_id"] == cells[0])["stages"]["train"]
+    assert train["state"] == "failed" and train["detail"].startswith("killed for memory by Slurm (OUT_OF_MEMORY)")
+    assert "finished train jobs peaked at 2302 MB" in train["detail"]
+    assert "set `set-resources: train: mem_mb: 3500`" in train["detail"]  # 2301.5 x 1.5 -> 3500 (to 100 MB)
+    assert "1 failed (1 killed for memory)" in st["summary"] and "killed for memory" in render(st)
+    # the job's own peak (sacct) counts when larger; nothing measured: the advice still names the rule
+    table = sizing.measured(p)
+    assert "mem_mb: 6000" in memory_detail("train", "103", table, peak_of=lambda job: 4000.0)
+    empty = table.iloc[0:0]
+    assert "raise `set-resources: evaluate: mem_mb`" in memory_detail(
+        "evaluate", None, empty, peak_of=lambda j: math.nan
+    )

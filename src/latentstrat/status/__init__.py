@@ -88,6 +88,39 @@ def _slurm_state(jobs, stage: str, cid: str):
     return j["state"], j["id"]
 
 
+def slurm_peak_mb(job: str | None) -> float:
+    """A finished Slurm job's peak memory (sacct MaxRSS, MB); NaN where sacct has none."""
+    if not job or shutil.which("sacct") is None:
+        return math.nan
+    try:
+        out = subprocess.run(
+            ["sacct", "-n", "-P", "-j", str(job), "-o", "MaxRSS"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return math.nan
+    scale = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}
+    peaks = [
+        float(v[:-1]) * scale[v[-1]] for v in out.split() if v and v[-1] in scale and v[:-1].replace(".", "").isdigit()
+    ]
+    return max(peaks, default=math.nan)
+
+
+def memory_detail(rule: str, job: str | None, measured, peak_of=slurm_peak_mb) -> str:
+    """A job Slurm killed for memory: its own peak (sacct), the largest peak measured for the rule
+    (its benchmark files), and the request to set (the larger one times 1.5)."""
+    own = peak_of(job)
+    row = measured[measured.rule == rule] if len(measured) else measured
+    bench = float(row.max_rss_mb.iloc[0]) if len(row) and not math.isnan(row.max_rss_mb.iloc[0]) else math.nan
+    peaks = [x for x in (own, bench) if not math.isnan(x)]
+    said = [f"this job reached {own:.0f} MB" if not math.isnan(own) else "",
+            f"finished {rule} jobs peaked at {bench:.0f} MB" if not math.isnan(bench) else ""]  # fmt: skip
+    text = "killed for memory by Slurm (OUT_OF_MEMORY)" + "".join(f"; {x}" for x in said if x)
+    if peaks:
+        mem = 100 * math.ceil(max(peaks) * 1.5 / 100)
+        return text + f"; set `set-resources: {rule}: mem_mb: {mem}` in the Slurm profile (peak x 1.5)"
+    return text + f"; raise `set-resources: {rule}: mem_mb` in the Slurm profile (no peak measured yet)"
+
+
 def _last_line(path: Path) -> str:
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -153,6 +186,8 @@ def stage_state(
         return {"state": "running", "job": job, "detail": ""}
     if state in ("PENDING", "REQUEUED", "SUSPENDED"):
         return {"state": "pending", "job": job, "detail": ""}
+    if state == "OUT_OF_MEMORY":
+        return {"state": "failed", "job": job, "detail": "killed for memory by Slurm (OUT_OF_MEMORY)", "oom": True}
     if state in FAILED_STATES or (state is None and log.exists() and _log_failed(log)):
         return {"state": "failed", "job": job, "detail": _last_line(log) or f"Slurm state {state}"}
     if state is None and _recently_written([log] + ([checkpoint] if checkpoint else [])):
@@ -197,6 +232,12 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
                     st = {**st, "state": "stale", "detail": f"trained with {code}, working tree is {now_code}"}
             stages[stage] = st
         cells.append({"cell_id": cid, "arm": c.arm, "stages": stages})
+    killed = [(rule.partition(":")[0], v) for rule, v in base.items() if v.get("oom")]
+    killed += [(s, v) for c in cells for s, v in c["stages"].items() if v.get("oom")]
+    if killed:  # the peaks measured so far and the request each rule should make
+        table = sizing.measured(p)
+        for rule, v in killed:
+            v["detail"] = memory_detail(rule, v["job"], table)
     done = sum(all(s["state"] in ("done", "stale") for s in c["stages"].values()) for c in cells)
     running = sum(any(s["state"] == "running" for s in c["stages"].values()) for c in cells)
     failed = sum(any(s["state"] == "failed" for s in c["stages"].values()) for c in cells)
@@ -211,6 +252,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     )
     summary = (
         f"base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), {running} running, {failed} failed"
+        + (f" ({len(killed)} killed for memory)" if killed else "")
         + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
         + (f", {stale} stale" if stale else "")
     )
