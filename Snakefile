@@ -12,6 +12,8 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+
+
 # one rule file per stage, in pipeline order (latentstrat.stages declares them)
 for _stage in STAGES:
 

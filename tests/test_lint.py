@@ -1,5 +1,5 @@
 """The code passes ruff (pyproject.toml: line length 120, pycodestyle, pyflakes, import order, at
-most 8 parameters a function, McCabe complexity at most 10)."""
+most 8 parameters a function, McCabe complexity at most 10) and the workflow passes `snakefmt --check`."""
 
 import shutil
 import subprocess
@@ -17,3 +17,12 @@ def test_ruff_check_is_clean():
         pytest.fail("ruff is not installed (it is in the test extras: pip install -e '.[test]')")
     r = subprocess.run([ruff, "check", "src", "tests", "workflow"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_the_workflow_passes_snakefmt_check():
+    """The Snakefile and every rule file are as snakefmt writes them (pyproject.toml: line length 120)."""
+    snakefmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent)) or shutil.which("snakefmt")
+    if snakefmt is None:
+        pytest.fail("snakefmt is not installed (it is in the test extras: pip install -e '.[test]')")
+    r = subprocess.run([snakefmt, "--check", "Snakefile", "workflow"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

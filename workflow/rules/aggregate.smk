@@ -24,6 +24,8 @@ rule aggregate:
         f"{COLLECTION}/logs/aggregate.log",
     benchmark:
         f"{COLLECTION}/benchmarks/aggregate.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),
@@ -32,7 +34,5 @@ rule aggregate:
         cells=list(CELLS),
         bench_dir=str(P.bench_dir),
         configfile=CONFIG_FILE,
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -110,7 +110,9 @@ def cell_json(wildcards):
 def init_json(wildcards):
     """The settings of a model as built (the step-0 validation's params)."""
     if wildcards.init not in INITS:
-        raise WorkflowError(f"unknown init {wildcards.init!r}: no cell of collection {CFG['collection']!r} starts from it")
+        raise WorkflowError(
+            f"unknown init {wildcards.init!r}: no cell of collection {CFG['collection']!r} starts from it"
+        )
     return INITS[wildcards.init]
 
 
@@ -132,8 +134,12 @@ def job_resources(kind, mem_mb, runtime):
     `resources.slurm.<kind>` (else `resources.slurm_partition` / `slurm_account`); memory and
     runtime grow with each retry."""
     s = RES["slurm"][kind]
-    out = {"slurm_partition": s["partition"] or RES["slurm_partition"],
-           "slurm_account": s["account"] or RES["slurm_account"], "qos": s["qos"], "constraint": s["constraint"]}
+    out = {
+        "slurm_partition": s["partition"] or RES["slurm_partition"],
+        "slurm_account": s["account"] or RES["slurm_account"],
+        "qos": s["qos"],
+        "constraint": s["constraint"],
+    }
     out = {k: v for k, v in out.items() if v}
     if kind == "gpu" and s.get("gres"):  # a share of a GPU (e.g. shard:1): several cells per GPU
         out["gres"] = s["gres"]
@@ -172,8 +178,12 @@ def check_layout(rules):
         "probes": dict(enumerate(P.probe_files("{cell}", TASKS))),
         "tabulate": {"row": str(P.row_path("{cell}")), "bootstrap": str(P.bootstrap_path("{cell}"))},
         "aggregate": {0: str(P.aggregate_dir)},
-        "report": {**P.report_files(), "figures": str(P.report_dir / "figures"),
-                   "figure_pages": str(P.report_dir / "figure_pages"), "pages": str(P.report_dir / "html")},
+        "report": {
+            **P.report_files(),
+            "figures": str(P.report_dir / "figures"),
+            "figure_pages": str(P.report_dir / "figure_pages"),
+            "pages": str(P.report_dir / "html"),
+        },
     }
     for stage in STAGES:
         declared = getattr(rules, stage.name)
@@ -185,8 +195,11 @@ def check_layout(rules):
             log = (P.base_logs_dir if stage.level == "base" else P.logs_dir) / f"{stage.name}.log"
         have["log"], want_log = str(declared.log[0]), str(log)
         have["benchmark"] = str(declared.benchmark)
-        expected = {**want.get(stage.name, have), "log": want_log,
-                    "benchmark": str(P.bench_path(stage.name, key.get(stage.level, "")))}
+        expected = {
+            **want.get(stage.name, have),
+            "log": want_log,
+            "benchmark": str(P.bench_path(stage.name, key.get(stage.level, ""))),
+        }
         for name in sorted(set(have) | set(expected), key=str):
             if have.get(name) != expected.get(name):
                 raise WorkflowError(
@@ -240,8 +253,12 @@ BASE_STAGE_FILES = {
     "step0": [f for iid in INITS for f in P.step0_files(iid).values()],
 }
 # the base stages each stage reads ("cell": every job after the base)
-UPSTREAM = {"entangle": ("data",), "reference": ("data", "entangle"), "step0": ("data", "entangle"),
-            "cell": tuple(BASE_STAGE_FILES)}
+UPSTREAM = {
+    "entangle": ("data",),
+    "reference": ("data", "entangle"),
+    "step0": ("data", "entangle"),
+    "cell": tuple(BASE_STAGE_FILES),
+}
 
 
 def lost_base_stages():
@@ -257,10 +274,14 @@ def lost_base_stages():
 
     def lost(s):
         if s == "step0":
-            return any(any(not Path(f).exists() for f in P.step0_files(init_id(c.settings)).values())
-                       and Path(trained[cid]).exists() for cid, c in CELLS.items())
-        return (any(not Path(f).exists() for f in BASE_STAGE_FILES[s])
-                and any(Path(f).exists() for f in later[s] + list(trained.values())))
+            return any(
+                any(not Path(f).exists() for f in P.step0_files(init_id(c.settings)).values())
+                and Path(trained[cid]).exists()
+                for cid, c in CELLS.items()
+            )
+        return any(not Path(f).exists() for f in BASE_STAGE_FILES[s]) and any(
+            Path(f).exists() for f in later[s] + list(trained.values())
+        )
 
     return [s for s in stages if lost(s)]
 
@@ -306,8 +327,11 @@ def code_files(*relpaths):
     """Existing package sources under src/latentstrat (files, or folders of *.py): inputs of
     the aggregate and report rules only, so editing them reruns those and never trains."""
     src = Path(workflow.basedir) / "src" / "latentstrat"
-    return [str(f) for rel in relpaths for f in (sorted((src / rel).glob("*.py")) if (src / rel).is_dir()
-                                                else [src / rel] * (src / rel).exists())]
+    return [
+        str(f)
+        for rel in relpaths
+        for f in (sorted((src / rel).glob("*.py")) if (src / rel).is_dir() else [src / rel] * (src / rel).exists())
+    ]
 
 
 def comparison_tables():
@@ -323,8 +347,12 @@ def all_targets():
     and everything downstream of it, and nothing else."""
     files = [f for stage_files in BASE_STAGE_FILES.values() for f in stage_files]
     for cid in CELLS:
-        files += [*P.train_files(cid).values(), str(P.records_path(cid)), *P.probe_files(cid, TASKS),
-                  str(P.row_path(cid))]
+        files += [
+            *P.train_files(cid).values(),
+            str(P.records_path(cid)),
+            *P.probe_files(cid, TASKS),
+            str(P.row_path(cid)),
+        ]
     return files + [*P.report_files().values()]
 
 

@@ -14,12 +14,12 @@ checkpoint data:
         f"{BASE}/logs/data.log",
     benchmark:
         f"{BASE}/benchmarks/data.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),
     params:
         settings=sections(*BASE_SECTIONS),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -6,24 +6,24 @@ checkpoint entangle:
     input:
         unpack(after_base("entangle", lambda w: {**P.data_files(), **shipped_files()})),
     output:
-        quality=f"{BASE}/entangle/quality.json",
-        entangle_history=f"{BASE}/entangle/history.parquet",
-        # the model, unless `entangle.mode: skip`; with `shipped`, the reference table shipped with it
         **entangled_model_outputs(
             entangle_config=f"{BASE}/entangle/model/config.json",
             entangle_weights=f"{BASE}/entangle/model/model.safetensors",
             shipped_reference=f"{BASE}/entangle/reference_tokens.parquet",
         ),
+        quality=f"{BASE}/entangle/quality.json",
+        entangle_history=f"{BASE}/entangle/history.parquet",
+        # the model, unless `entangle.mode: skip`; with `shipped`, the reference table shipped with it
     log:
         f"{BASE}/logs/entangle.log",
     benchmark:
         f"{BASE}/benchmarks/entangle.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),
     params:
         settings=sections(*BASE_SECTIONS),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -11,6 +11,8 @@ rule evaluate:
         f"{COLLECTION}/logs/evaluate/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/evaluate/{{cell}}.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
@@ -18,7 +20,5 @@ rule evaluate:
         cell=cell_work_json,
         entangle_dir=entangle_dir,
         settings=sections(*EVALUATE_SECTIONS),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

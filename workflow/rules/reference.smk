@@ -12,13 +12,13 @@ checkpoint reference:
         f"{BASE}/logs/reference.log",
     benchmark:
         f"{BASE}/benchmarks/reference.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: THREADS_BASE
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         entangle_dir=entangle_dir,
         settings=sections(*BASE_SECTIONS),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -47,10 +47,10 @@ rule report:
         f"{COLLECTION}/logs/report.log",
     benchmark:
         f"{COLLECTION}/benchmarks/report.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: 1
     resources:
         **job_resources("cpu", 4000, 15),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -12,6 +12,8 @@ checkpoint step0:
         f"{COLLECTION}/logs/step0/{{init}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/step0/{{init}}.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
@@ -19,7 +21,5 @@ checkpoint step0:
         init=init_json,
         entangle_dir=entangle_dir,
         settings=sections(*EVALUATE_SECTIONS, "probes"),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"

@@ -15,6 +15,8 @@ rule train:
         f"{COLLECTION}/logs/train/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/train/{{cell}}.tsv"
+    conda:
+        "../../envs/latentstrat.yaml"
     threads: RES["threads"]
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),
@@ -22,7 +24,5 @@ rule train:
         cell=cell_work_json,
         entangle_dir=entangle_dir,
         settings=sections(*TRAIN_SECTIONS),
-    conda:
-        "../../envs/latentstrat.yaml"
     script:
         "../scripts/stage.py"
