@@ -380,6 +380,13 @@ def test_a_replicate_group_that_matches_no_cell_is_an_error_naming_it():
 
 def test_the_primary_metric_is_one_the_arms_are_compared_on():
     raw = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
-    with pytest.raises(C.ConfigError, match=r"report.primary_metric: 'router_informaton' is not a metric"):
+    from latentstrat.metrics import CONTRAST_METRICS, ENDPOINT
+
+    with pytest.raises(C.ConfigError, match=r"report.primary_metric: 'router_informaton' is not one of \['router_inf"):
         C.check_config({**raw, "report": {"primary_metric": "router_informaton"}})
+    # the default and the choices come from the metric registry (metrics.ENDPOINT, CONTRAST_METRICS)
+    assert C.check_config(raw)["report"]["primary_metric"] == ENDPOINT
+    from latentstrat.schema import load_schema
+
+    assert load_schema()["properties"]["report"]["properties"]["primary_metric"]["enum"] == list(CONTRAST_METRICS)
     assert C.check_config({**raw, "report": {"primary_metric": "matched_router_score"}})["report"]["primary_metric"]

@@ -83,13 +83,6 @@ def _check_semantics(cfg: dict) -> None:
             f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
             f"(comparison arms: {', '.join(names[1:]) or 'none'})"
         )
-    from latentstrat.metrics import CONTRAST_METRICS
-
-    if cfg["report"]["primary_metric"] not in CONTRAST_METRICS:
-        raise ConfigError(
-            f"config key report.primary_metric: {cfg['report']['primary_metric']!r} is not a metric the arms are "
-            f"compared on ({', '.join(CONTRAST_METRICS)})"
-        )
     levels = cfg["report"]["alpha_by_look"]
     if sum(levels) > 0.05 + 1e-12:
         raise ConfigError(

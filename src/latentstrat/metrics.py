@@ -266,6 +266,10 @@ CONTRAST_METRICS = (
     M.final_answer_accuracy,
     M.active_reconstruction_objective,
 )
+# the primary endpoint unless `report.primary_metric` declares another (one of CONTRAST_METRICS),
+# and the metric a ranking falls back to where rows (an external table) lack the endpoint
+ENDPOINT = M.router_information
+ENDPOINT_FALLBACK = M.matched_router_score
 # metrics a metrics row written before them (or an external table) lacks: NaN there (`derive`)
 LATER_METRICS = (
     M.router_mu_information,

@@ -36,11 +36,14 @@ def parsed_schema() -> dict:
     from latentstrat import schedules
     from latentstrat.aggregations import AGGREGATIONS
     from latentstrat.families import name_pattern
+    from latentstrat.metrics import CONTRAST_METRICS, ENDPOINT
 
     schema = _parsed()
     schema["$defs"]["family"]["pattern"] = name_pattern()
     schema["$defs"]["schedule"]["pattern"] = schedules.name_pattern()
     schema["$defs"]["aggregation"]["enum"] = list(AGGREGATIONS)
+    endpoint = schema["properties"]["report"]["properties"]["primary_metric"]
+    endpoint["default"], endpoint["enum"] = ENDPOINT, list(CONTRAST_METRICS)
     return schema
 
 
@@ -135,7 +138,7 @@ def _rows(node: dict, root: dict, prefix: str) -> list[tuple[str, str, str, str]
 
 def reference_markdown() -> str:
     """docs/config.md: every config key with its type, default and description, from the schema."""
-    root = _parsed()
+    root = parsed_schema()
     settings = root["$defs"]["cell_settings"]
     cell_defaults = root["properties"]["cell"]["properties"]
     out = [
@@ -170,7 +173,7 @@ def reference_markdown() -> str:
 
 def undescribed_keys() -> list[str]:
     """Config keys (and cell settings) the schema gives no description."""
-    root = _parsed()
+    root = parsed_schema()
     missing = [f"cell.{k}" for k, v in root["$defs"]["cell_settings"]["properties"].items() if not v.get("description")]
     return missing + [k for k, _, _, d in _rows(root, root, "") if not d and not k.startswith("cell.")]
 

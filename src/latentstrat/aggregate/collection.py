@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from latentstrat.aggregate.columns import FAMILY_COL, ROUTER_METRIC
+from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.contrasts import arm_contrasts, common_cells, family_contrasts
 from latentstrat.aggregate.dynamics import history_tables
 from latentstrat.aggregate.fairness import (
@@ -52,7 +52,7 @@ from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, external_arms, format_value
 from latentstrat.families import family_label, parse_family
 from latentstrat.io import write_parquet, write_text
-from latentstrat.metrics import BOOTSTRAP_FILE, HISTORY_COLUMNS, M
+from latentstrat.metrics import BOOTSTRAP_FILE, ENDPOINT, HISTORY_COLUMNS
 from latentstrat.runtime import host
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def contrast_tables(
     contrast per family is over the report settings' `primary_metric`, every contrast at the
     look's level (`look_alpha`, else the first look's). `descriptive=False` leaves out the tables
     no verdict reads (the contrast per family, the reference scale)."""
-    primary_metric = settings.get("primary_metric") or ROUTER_METRIC
+    primary_metric = settings.get("primary_metric") or ENDPOINT
     alpha = settings.get("look_alpha") or look_alpha(settings, followup=False)
     commons, unmatched = {}, {}
     state_of = dict(zip(states.cell_id, states.state)) if len(states) else None
@@ -233,7 +233,7 @@ def aggregate_tables(
     data: CollectionData,
     out_dir: str | Path,
     top_k: int = 5,
-    primary_metric: str = M.router_information,
+    primary_metric: str = ENDPOINT,
     meta: dict | None = None,
 ) -> dict:
     """All aggregate tables from a collection's data; writes parquet + CSV under out_dir.
@@ -351,7 +351,7 @@ def aggregate_from_tables(
     history_path=None,
     out_dir=".",
     top_k: int = 5,
-    primary_metric: str = M.router_information,
+    primary_metric: str = ENDPOINT,
     config_path=None,
 ) -> dict:
     """Aggregate tables from a summary table (+ comparison tables, + long history) alone.

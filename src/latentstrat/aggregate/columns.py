@@ -1,4 +1,4 @@
-from latentstrat.metrics import CONTRAST_METRICS, M
+from latentstrat.metrics import CONTRAST_METRICS, ENDPOINT_FALLBACK
 
 """The names the aggregate tables and the report share: column names and the metric lists the
 tables are built over, so the report reads the words the aggregate writes."""
@@ -7,6 +7,5 @@ FAMILY_COL = "reconstruction_loss_family_label"
 CELL_CHECK_COL = "cell_check"  # "ok" / "FAIL" / "" (not checked) in every table that names cells
 # metrics compared between the primary arm and each comparison arm (common cells, arm contrasts)
 DELTA_METRICS = list(CONTRAST_METRICS)
-ROUTER_METRIC = M.router_information  # the primary endpoint by default: the heterogeneity table is over it
-FALLBACK_METRIC = M.matched_router_score  # for external summary tables that have no router information
+FALLBACK_METRIC = ENDPOINT_FALLBACK  # for external summary tables that have no router information
 SHARE_METRICS = ["example_share", "token_share", "loss_share", "grad_norm_share"]

@@ -19,9 +19,11 @@ from latentstrat.metrics import M, history_label, label  # noqa: E402
 from latentstrat.report.forest import primary_contrast_forest  # noqa: E402
 from latentstrat.report.frames import (  # noqa: E402
     BETA,
+    ENDPOINT_NOTE,
     FAM,
     FRAMES,
     contrast_arms,
+    endpoint,
     heatmap_frame,
     history_rows,
     primary_rows,
@@ -325,11 +327,12 @@ def token_dominance(t):
     return fig
 
 
-def router_information_by_cell(t):
-    """The primary endpoint per cell: one panel per beta, families along x, arms side by side,
-    95% intervals (test inputs), the marker naming the cell's state."""
+def endpoint_by_cell(t):
+    """The primary endpoint (the declared metric) per cell: one panel per beta, families along x,
+    arms side by side, 95% intervals (test inputs), the marker naming the cell's state."""
+    m = endpoint(t)
     s, st = t.get("summary", pd.DataFrame()), t.get("cell_states", pd.DataFrame())
-    if not _need(s, M.router_information) or "arm" not in s.columns:
+    if not _need(s, m) or "arm" not in s.columns:
         return None
     df = s.merge(st[["cell_id", "state"]], on="cell_id", how="left") if not st.empty else s.assign(state="unknown")
     betas = list(dict.fromkeys(df.beta_label))
@@ -344,20 +347,19 @@ def router_information_by_cell(t):
             a = g[g.arm == arm]
             x = np.array([fams.index(f) for f in a.family_label]) + (j - (len(arms) - 1) / 2) * 0.25
             x = x + 0.04 * a.groupby("family_label").cumcount().to_numpy()  # seeds side by side
-            err = _err(a, M.router_information)
-            ax.errorbar(x, a.router_information, yerr=err, fmt="none", ecolor=colors[arm], elinewidth=0.8, capsize=2)
-            for state, m in markers.items():
+            ax.errorbar(x, a[m], yerr=_err(a, m), fmt="none", ecolor=colors[arm], elinewidth=0.8, capsize=2)
+            for state, marker in markers.items():
                 sel = (a.state == state).to_numpy()
                 if sel.any():
-                    ax.scatter(x[sel], a.router_information[sel], marker=m, color=colors[arm], s=36)
+                    ax.scatter(x[sel], a[m][sel], marker=marker, color=colors[arm], s=36)
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set_xticks(range(len(fams)), fams, rotation=30, ha="right", fontsize=8)
         ax.set(title=beta, xlabel="", xlim=(-0.6, len(fams) - 0.4))
-    axes[0][0].set_ylabel(label(M.router_information))
+    axes[0][0].set_ylabel(label(m))
     handles = [plt.Line2D([], [], color=colors[a], marker="o", ls="", label=a) for a in arms]
-    handles += [plt.Line2D([], [], color="0.3", marker=m, ls="", label=s) for s, m in markers.items()]
+    handles += [plt.Line2D([], [], color="0.3", marker=marker, ls="", label=s) for s, marker in markers.items()]
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    fig.suptitle("Router information per cell (primary endpoint; 95% intervals over test inputs)")
+    fig.suptitle(f"{label(m)} per cell (the primary endpoint; 95% intervals over test inputs)")
     fig.tight_layout(rect=(0, 0, 0.86, 1))
     return fig
 
@@ -365,7 +367,7 @@ def router_information_by_cell(t):
 # file name -> (title, maker)
 FIGURES = {
     "primary_contrast": ("The primary contrast", primary_contrast_forest),
-    "router_information_by_cell": ("Router information per cell (primary endpoint)", router_information_by_cell),
+    "endpoint_by_cell": ("The primary endpoint per cell", endpoint_by_cell),
     "objective_scale_heatmap": ("Mean-versus-sum objective scale", objective_scale_heatmap),
     "kl_vs_reconstruction": ("KL-to-reconstruction trade-off", kl_vs_reconstruction),
     "kl_reconstruction_ratio": ("KL/reconstruction ratio", kl_recon_ratio),
@@ -429,13 +431,13 @@ FIGURE_NOTES = {
         "interval clear of 0 is the verdict; settings on both sides of 0 are what its interval weighs.",
         None,
     ),
-    "router_information_by_cell": FigureNote(
+    "endpoint_by_cell": FigureNote(
         0,
-        "The primary endpoint per cell: bits of strategy information the router's z carries about which strategy "
-        "a generation follows (out-of-fold probe), with its 95% interval over test inputs, one panel per arm. "
-        "Above 0 with the interval: the router carries the strategy; the router-mean probe (what x alone tells) "
-        "is the floor a `strategy` cell must clear.",
-        M.router_information,
+        "The primary endpoint (`report.primary_metric`) per cell, with its 95% interval over test inputs, one "
+        "panel per beta, the arms side by side, the marker naming the cell's state. For router information "
+        "(the default): the share of the strategy's entropy the router's z tells about which strategy a "
+        "generation follows (out-of-fold probe); above 0 with the interval, the router carries the strategy.",
+        ENDPOINT_NOTE,
         "cells",
     ),
     "base_relative_vs_router": FigureNote(

@@ -16,7 +16,7 @@ import math
 import pandas as pd
 
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
-from latentstrat.metrics import history_label, label
+from latentstrat.metrics import ENDPOINT, history_label, label
 from latentstrat.report.tables import plural
 
 FAM, BETA = "family", "beta"
@@ -27,6 +27,15 @@ def fmt(v) -> str:
     if v is None or not math.isfinite(float(v)):
         return "NA"
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+ENDPOINT_NOTE = "endpoint"  # a figure note's metric that stands for the collection's primary endpoint
+
+
+def endpoint(t: dict) -> str:
+    """The collection's primary endpoint: the declared primary contrast's metric."""
+    pc = t.get("primary_contrast", pd.DataFrame())
+    return str(pc.metric.iloc[0]) if not pc.empty and "metric" in pc.columns else ENDPOINT
 
 
 def setting_rows(t: dict, table: str = "summary_by_setting") -> pd.DataFrame:
@@ -81,6 +90,7 @@ FRAMES = ("cells", "settings", "primary_settings", "history", "history_per_task"
 
 def caption_frame(t: dict, frame: str, metric: str) -> tuple[pd.DataFrame, str, str, str]:
     """(rows, value column, what one row is, when) of a caption's numbers."""
+    metric = endpoint(t) if metric == ENDPOINT_NOTE else metric
     if frame == "cells":
         return t.get("summary", pd.DataFrame()), metric, "cell", "at the end of training"
     if frame in ("settings", "primary_settings"):
@@ -96,6 +106,7 @@ def arm_numbers(t: dict, frame: str | None, metric: str | None) -> str:
     from the frame the figure draws."""
     if frame is None or metric is None:
         return ""
+    metric = endpoint(t) if metric == ENDPOINT_NOTE else metric
     rows, col, what, when = caption_frame(t, frame, metric)
     if rows.empty or col not in rows.columns or "arm" not in rows.columns:
         return ""

@@ -14,7 +14,7 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
-from latentstrat.metrics import M, label
+from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.tables import fmt, md_table, normalized_labels, plural
 
 SECONDARY = M.matched_router_score  # the original study's router score, kept in every table
@@ -65,7 +65,7 @@ def _attribution(t: dict, arm: str | None) -> tuple[str | None, str]:
 
 def headline(t: dict, meta: dict) -> dict:
     """brief.yaml's headline keys (and what analysis.md says about them)."""
-    metric = meta.get("primary_metric") or M.router_information
+    metric = meta.get("primary_metric") or ENDPOINT
     arm = primary_contrast_arm(t, meta)
     r = _contrast(t, arm, metric)
     fresh = _contrast(t, arm, metric, "headline_contrasts")

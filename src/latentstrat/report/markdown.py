@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
-from latentstrat.metrics import M, label
+from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.html import figure_caption
@@ -104,7 +104,7 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
 
 def results_md(t: dict, meta: dict, made, skipped, thr: dict) -> str:
     title = meta.get("title") or meta.get("collection", "collection")
-    metric = meta.get("primary_metric", M.router_information)
+    metric = meta.get("primary_metric") or ENDPOINT
     out = [f"# {title}: Results\n", "> This file is observational. Interpretive claims belong in analysis.md.\n"]
     if meta.get("description"):
         out.append(meta["description"].strip() + "\n")
