@@ -1,7 +1,7 @@
 """Every metric is declared once (latentstrat.metrics): a registered metric name spelled as a string
 anywhere else in the package or the workflow fails here, so a rename or a new metric touches the
 declaration and the code that computes it, nothing else. Docstrings and comments may name metrics
-in prose; code refers to `M.<name>`."""
+in prose; code refers to `M.<name>` (`row[M.name]`, not `row.name`)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,22 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def spelled_in_python(text: str) -> list[tuple[int, str]]:
-    """(line, string) of every string constant, f-string part included, that names a registered
-    metric, docstrings aside."""
+    """(line, spelling) of every string constant (f-string parts included, docstrings aside), every
+    attribute (`row.router_information`, not `M.router_information`) and every keyword argument
+    (`assign(kl_prior_loss=...)`) that names a registered metric."""
     tree = ast.parse(text)
     skip = _docstrings(tree)
-    return [
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
-        if NAME.search(node.value)
-    ]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            if NAME.search(node.value):
+                out.append((node.lineno, node.value))
+        elif isinstance(node, ast.Attribute) and node.attr in METRICS:
+            if not (isinstance(node.value, ast.Name) and node.value.id == "M"):
+                out.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.keyword) and node.arg in METRICS:
+            out.append((node.value.lineno, f"{node.arg}="))
+    return out
 
 
 def spelled_in_snakemake(text: str) -> list[tuple[int, str]]:
@@ -75,8 +81,10 @@ row = {"final_answer_accuracy": 1}  # base_relative_reconstruction in a comment
 x = f"{row['kl_prior_loss']:.3f}"
 msg = "summary lacks active_units"
 ok = row[M.final_answer_accuracy], "final_answer_accuracy_ci_low", "router_information2"
+v = df.router_information.mean() + df.router_information2.sum()
+w = df.assign(kl_prior_loss=1, kl_prior_loss_ci_low=2)
 '''
-    assert sorted(line for line, _ in spelled_in_python(code)) == [2, 3, 4]
+    assert sorted(line for line, _ in spelled_in_python(code)) == [2, 3, 4, 6, 7]
     assert [line for line, _ in spelled_in_snakemake('rule a:\n    params: m="posterior_probe"\n')] == [2]
 
 

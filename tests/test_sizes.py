@@ -35,3 +35,13 @@ def test_the_check_finds_a_long_function_and_a_long_module():
     assert oversized(long_function, "m.py") == ["m.py:1 f: 81 lines (at most 80)"]
     assert oversized("def f():\n" + "\n".join(body.splitlines()[:79]) + "\n", "m.py") == []
     assert oversized("x = 1\n" * 601, "m.py") == ["m.py: 601 lines (at most 600)"]
+
+
+MAX_GLUE_LINES = 180  # workflow/rules/common.smk: input functions and final targets, no checks
+
+
+def test_the_workflow_glue_stays_glue():
+    """common.smk holds the workflow's input functions, params and final targets; what it checks
+    and how lives in the package (tested there), so the file stays short."""
+    n = len((ROOT / "workflow" / "rules" / "common.smk").read_text().splitlines())
+    assert n <= MAX_GLUE_LINES, f"workflow/rules/common.smk: {n} lines (at most {MAX_GLUE_LINES})"

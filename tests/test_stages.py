@@ -63,7 +63,7 @@ rule vocabulary:
     benchmark:
         f"{BASE}/benchmarks/vocabulary.tsv"
     params:
-        settings=sections("data"),
+        settings=settings("vocabulary"),
     script:
         "../scripts/stage.py"
 """
@@ -92,13 +92,13 @@ def test_a_stage_added_in_three_places_runs(tmp_path):
     # 1. the declaration
     decl = wd / "src" / "latentstrat" / "stages.py"
     text = decl.read_text()
-    anchor = '    Stage("entangle", "base",'
+    anchor = '    Stage(\n        "entangle",\n'
     assert anchor in text
     decl.write_text(
         text.replace(
             anchor,
-            '    Stage("vocabulary", "base", "vocabulary", "vocabulary", '
-            '"latentstrat.base.vocabulary:run"),\n' + anchor,
+            '    Stage("vocabulary", "base", "vocabulary", {"size": "size.json"}, "vocabulary", '
+            '"latentstrat.base.vocabulary:run", sections=("data",)),\n' + anchor,
         )
     )
     # 2. the rule file; 3. the entry
@@ -109,6 +109,11 @@ def test_a_stage_added_in_three_places_runs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(wd / "src")}
     base = yaml.safe_load((wd / "config" / "smoke.yaml").read_text())["base"]
     target = wd / "results" / "base" / base / "vocabulary" / "size.json"
+    # the workflow's final targets come from the declarations: a dry run of the collection plans it
+    dry = subprocess.run(
+        [SNAKEMAKE, "--configfile", str(cfg), "-n"], cwd=wd, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert dry.returncode == 0 and re.search(r"^vocabulary\s+1$", dry.stdout, re.M), (dry.stdout + dry.stderr)[-3000:]
     out = subprocess.run(
         [SNAKEMAKE, "--configfile", str(cfg), "--cores", "1", str(target)],
         cwd=wd,

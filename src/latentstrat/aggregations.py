@@ -15,13 +15,17 @@ value (tests/test_aggregations.py trains a cell on a toy one).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from latentstrat.named_kinds import Kinds
 
 
 @dataclass(frozen=True)
 class Aggregation:
-    """The declaration of one token aggregation.
+    """The declaration of one token aggregation (a kind of the shared `named_kinds.Kinds` whose
+    name is its only spelling).
 
     name            the setting's value (`sum`)
     divisor         (n_i, n_bar) -> d_i, so that A_i(v) = sum_t v_it / d_i (n_i a tensor or array
@@ -34,16 +38,17 @@ class Aggregation:
     divisor: Callable[[Any, float | None], Any]
     length_weighted: bool
 
+    @property
+    def syntax(self) -> str:
+        return self.name
 
-AGGREGATIONS: dict[str, Aggregation] = {}
+    @property
+    def pattern(self) -> str:
+        return re.escape(self.name)
 
 
-def declare(aggregation: Aggregation) -> Aggregation:
-    """Add a token aggregation (its name unique). Returns it."""
-    if aggregation.name in AGGREGATIONS:
-        raise ValueError(f"token aggregation {aggregation.name!r} is declared twice")
-    AGGREGATIONS[aggregation.name] = aggregation
-    return aggregation
+AGGREGATIONS = Kinds("token aggregation")
+declare = AGGREGATIONS.declare  # add a token aggregation (its name unique)
 
 
 def aggregation(name: str) -> Aggregation:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from latentstrat import named_kinds
 from latentstrat.metrics import LOSS_METRIC_OF
 from latentstrat.named_kinds import Kinds
 
@@ -32,12 +33,10 @@ TERMS = {t: m for t, m in LOSS_METRIC_OF.items() if t not in ("kl", "active")}
 
 
 @dataclass(frozen=True)
-class Kind:
-    """The declaration of one family of reconstruction objectives.
+class Kind(named_kinds.Kind):
+    """The declaration of one family of reconstruction objectives: its name, syntax and pattern
+    (named_kinds.Kind; parameters are numbers), and
 
-    name     the kind (`tokcc`)
-    syntax   the names as a user writes them (`tokcc_a<alpha>`), for error messages
-    pattern  a regular expression over the whole name, one named group per parameter (numbers)
     label    Family -> the label tables and figures print (`tokcc a.25`)
     active   (Family, terms) -> the per-example objective from the per-example TERMS
     zfree    (Family, scales) -> its value for the z-free model on the validation split, where
@@ -47,9 +46,6 @@ class Kind:
              effect apart from raw's, whose scale the aggregation sets
     """
 
-    name: str
-    syntax: str
-    pattern: str
     label: Callable[["Family"], str]
     active: Callable[["Family", dict], Any]
     zfree: Callable[["Family", dict], float]
@@ -57,24 +53,13 @@ class Kind:
 
 
 @dataclass(frozen=True)
-class Family:
+class Family(named_kinds.Named):
     """A parsed family name: its kind and parameters (`alpha` always set: the tokcc term and its
     T_ref use it in every cell)."""
-
-    name: str
-    kind: str
-    params: tuple[tuple[str, float], ...] = ()
-
-    def __getitem__(self, key: str) -> float:
-        return dict(self.params)[key]
 
     @property
     def alpha(self) -> float:
         return dict(self.params).get("alpha", DEFAULT_ALPHA)
-
-    @property
-    def declaration(self) -> Kind:
-        return KINDS[self.kind]
 
     @property
     def normalized(self) -> bool:
@@ -93,7 +78,7 @@ class Family:
         return float(self.declaration.zfree(self, scales))
 
 
-KINDS = Kinds("reconstruction family")
+KINDS = Family.kinds = Kinds("reconstruction family")
 declare = KINDS.declare  # add a family kind (its name unique)
 accepted_names = KINDS.accepted_names  # the names every declared family accepts
 # one regular expression accepting every declared family's names (the config schema's

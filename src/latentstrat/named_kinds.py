@@ -1,13 +1,47 @@
-"""Settings whose values are names with parameters (`tokcc_a0.25`, `lin300`), each kind declared
-once: the table of declared kinds of one setting, its one regular expression (the config schema's
-pattern), the accepted names for error messages, and a name's parse into its kind and numbers.
-Reconstruction families (latentstrat.families) and KL weight schedules (latentstrat.schedules)
-are the two such settings."""
+"""Settings whose values are declared names, some with parameters (`tokcc_a0.25`, `lin300`,
+`sum`), each kind declared once: what every declaration has (`Kind`), the table of declared kinds
+of one setting (`Kinds`: its one regular expression, the config schema's pattern, the accepted
+names for error messages, a name's parse into its kind and numbers) and a parsed name (`Named`).
+Reconstruction families (latentstrat.families), KL weight schedules (latentstrat.schedules) and
+token aggregations (latentstrat.aggregations) are the three such settings."""
 
 from __future__ import annotations
 
 import re
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What every declared kind has.
+
+    name     the kind (`tokcc`)
+    syntax   the names as a user writes them (`tokcc_a<alpha>`), for error messages
+    pattern  a regular expression over the whole name, one named group per parameter
+    """
+
+    name: str
+    syntax: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Named:
+    """A parsed name: the name, its kind and its parameters as (group, number) pairs; a subclass
+    sets `kinds`, the table its kinds are declared in."""
+
+    kinds: ClassVar[dict]
+    name: str
+    kind: str
+    params: tuple = ()
+
+    def __getitem__(self, key: str):
+        return dict(self.params)[key]
+
+    @property
+    def declaration(self):
+        return self.kinds[self.kind]
 
 
 class Kinds(dict):

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from latentstrat.stages import STAGES
+from latentstrat.stages import BY_NAME, STAGES
 from latentstrat.stages import names as stage_names
 
 # Config sections that, with a cell's own settings and the base, decide what its train,
@@ -34,41 +34,19 @@ def work_key(cfg: dict) -> str:
     return "w" + hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-# The file names inside a stage's folder: Paths joins them for the rules and the status
-# command, and the stages write and read them by these names.
-# the data stage: one parquet per split (encoding.SPLITS), the tokenizer and what the data stage
-# added to it, the data card, and the settings the base was built with (its guard)
-DATA_FILES = {
-    "train": "train.parquet",
-    "validation": "validation.parquet",
-    "test": "test.parquet",
-    "tokenizer": "tokenizer.json",
-    "tokenizer_info": "tokenizer_info.json",
-}
-DATA_CARD_FILE = "data_card.parquet"
-BASE_CONFIG_FILE = "base_config.json"
-ENTANGLE_FILES = {"quality": "quality.json", "entangle_history": "history.parquet"}
-
-
-# with entangle.mode shipped, the reference table shipped with the base, installed beside the model
-SHIPPED_REFERENCE_FILE = "reference_tokens.parquet"
-
-
-REFERENCE_FILES = {"tokens": "tokens.parquet", "scales": "scales.json", "token_counts": "token_counts.parquet"}
-
-
-STEP0_FILES = {"passes": "passes.parquet", "measured": "measured.json"}
-
-
+# The file names inside a stage's folder, as its declaration (latentstrat.stages) names them:
+# the stages write and read them by these names.
+DATA_FILES = BY_NAME["data"].files
+ENTANGLE_FILES = BY_NAME["entangle"].files
+REFERENCE_FILES = BY_NAME["reference"].files
+STEP0_FILES = BY_NAME["step0"].files
 # a trained cell (model.LatentStrategyModel.save_trained): the heads, written last, mark it
 # complete; beside them its peft adapters (adapters/<name>/) or full copies (backbones/<name>/)
-TRAIN_FILES = {
-    "heads": "heads/heads.safetensors",
-    "heads_config": "heads/config.json",
-    "history": "history.parquet",
-    "summary": "summary.json",
-}
-# beside them while the cell trains: its step, total and ETA (progress.Progress), read by status
+TRAIN_FILES = BY_NAME["train"].files
+SHIPPED_REFERENCE_FILE = ENTANGLE_FILES["shipped_reference"]
+# what a model job reads of the data stage (not the data card, not the base's guard)
+MODEL_DATA = ("train", "validation", "test", "tokenizer", "tokenizer_info")
+# beside a training cell's outputs: its step, total and ETA (progress.Progress), read by status
 PROGRESS_FILE = "progress.json"
 
 
@@ -104,6 +82,18 @@ class Paths:
     def from_config(cls, cfg: dict) -> "Paths":
         return cls(Path(cfg["results_dir"]), cfg["collection"], cfg["base"], work_key(cfg))
 
+    def stage_dir(self, stage: str, key: str = "") -> Path:
+        """A stage's folder (its declaration's layout under its anchor); `key`: the cell or init
+        id of one job, or a wildcard ("{cell}")."""
+        s = BY_NAME[stage]
+        anchor = self.base_dir if s.anchor == "base" else self.collection_dir
+        return anchor / s.layout.format(work=self.work_key, key=key)
+
+    def stage_files(self, stage: str, key: str = "", mode: str = "train", tasks=()) -> dict[str, str]:
+        """Output name -> path of one job of a stage (folders without a trailing slash)."""
+        d = self.stage_dir(stage, key)
+        return {name: str(d / rel) for name, rel in BY_NAME[stage].outputs(mode, tasks).items()}
+
     # base-level (shared by collections with the same `base`)
     @property
     def base_dir(self) -> Path:
@@ -111,23 +101,23 @@ class Paths:
 
     @property
     def data_dir(self) -> Path:
-        return self.base_dir / "data"
+        return self.stage_dir("data")
 
     @property
     def base_config(self) -> Path:
-        return self.data_dir / BASE_CONFIG_FILE
+        return Path(self.stage_files("data")["base_config"])
 
     @property
     def data_card(self) -> Path:
-        return self.data_dir / DATA_CARD_FILE
+        return Path(self.stage_files("data")["card"])
 
     @property
     def entangle_dir(self) -> Path:
-        return self.base_dir / "entangle"
+        return self.stage_dir("entangle")
 
     @property
     def reference_dir(self) -> Path:
-        return self.base_dir / "reference"
+        return self.stage_dir("reference")
 
     @property
     def base_logs_dir(self) -> Path:
@@ -142,21 +132,13 @@ class Paths:
         return BaseFolders(self.data_dir, self.entangle_dir, self.reference_dir)
 
     def data_files(self) -> dict[str, str]:
-        return {k: str(self.data_dir / name) for k, name in DATA_FILES.items()}
+        """The data a model job reads (MODEL_DATA)."""
+        return {k: v for k, v in self.stage_files("data").items() if k in MODEL_DATA}
 
     def entangle_files(self, mode: str = "train") -> dict[str, str]:
         """The entangle stage's outputs; with `entangle.mode: skip` (cells with init: direct use
         the backbone as is) only the quality record and an empty history."""
-        d = self.entangle_dir
-        files = {k: str(d / name) for k, name in ENTANGLE_FILES.items()}
-        if mode != "skip":
-            files.update(
-                entangle_config=str(d / "model" / "config.json"),
-                entangle_weights=str(d / "model" / "model.safetensors"),
-            )
-        if mode == "shipped":
-            files["shipped_reference"] = str(d / SHIPPED_REFERENCE_FILE)
-        return files
+        return self.stage_files("entangle", mode=mode)
 
     def entangled_model_files(self, mode: str = "train") -> dict[str, str]:
         """The entangle outputs a model job reads: the model's config and weights (and with
@@ -169,26 +151,26 @@ class Paths:
         return {k: v for k, v in files.items() if k in keep}
 
     def reference_files(self) -> dict[str, str]:
-        return {k: str(self.reference_dir / name) for k, name in REFERENCE_FILES.items()}
+        return self.stage_files("reference")
 
     # a cell's work (train, evaluate, probes): shared by collections with the same base and
     # WORK_KEY_SECTIONS, keyed by the cell id (its settings)
     def cell_dir(self, cid: str) -> Path:
-        return self.base_dir / "cells" / self.work_key / cid
+        return self.stage_dir("train", cid).parent
 
     def train_dir(self, cid: str) -> Path:
-        return self.cell_dir(cid) / "train"
+        return self.stage_dir("train", cid)
 
     # the step-0 validation shared by the cells that start from one model (cells.init_id: the two
     # arms of a pair)
     def step0_dir(self, iid: str) -> Path:
-        return self.base_dir / "step0" / self.work_key / iid
+        return self.stage_dir("step0", iid)
 
     def step0_files(self, iid: str) -> dict[str, str]:
-        return {k: str(self.step0_dir(iid) / name) for k, name in STEP0_FILES.items()}
+        return self.stage_files("step0", iid)
 
     def train_files(self, cid: str) -> dict[str, str]:
-        return {k: str(self.train_dir(cid) / name) for k, name in TRAIN_FILES.items()}
+        return self.stage_files("train", cid)
 
     def progress_path(self, cid: str) -> Path:
         return self.train_dir(cid) / PROGRESS_FILE
@@ -199,14 +181,11 @@ class Paths:
         return sorted([*d.glob("adapters/*/adapter_model.safetensors"), *d.glob("backbones/*/model.safetensors")])
 
     def records_path(self, cid: str) -> Path:
-        return self.cell_dir(cid) / "evaluate" / "records.parquet"
-
-    def probe_path(self, cid: str, task: str) -> Path:
-        return self.cell_dir(cid) / "probes" / f"{task}.parquet"
+        return Path(self.stage_files("evaluate", cid)["records"])
 
     def probe_files(self, cid: str, tasks) -> list[str]:
         """Per-task probes, then the global one."""
-        return [str(self.probe_path(cid, t)) for t in [*tasks, "global"]]
+        return list(self.stage_files("probes", cid, tasks=tasks).values())
 
     # collection-level: the cell's row in this collection (its arm and role), tables, report
     @property
@@ -214,10 +193,10 @@ class Paths:
         return self.results / self.collection
 
     def row_path(self, cid: str) -> Path:
-        return self.collection_dir / "cells" / cid / "row.parquet"
+        return Path(self.stage_files("tabulate", cid)["row"])
 
     def bootstrap_path(self, cid: str) -> Path:
-        return self.collection_dir / "cells" / cid / "bootstrap.parquet"
+        return Path(self.stage_files("tabulate", cid)["bootstrap"])
 
     @property
     def logs_dir(self) -> Path:
@@ -227,9 +206,15 @@ class Paths:
     def bench_dir(self) -> Path:
         return self.collection_dir / "benchmarks"
 
-    def log_path(self, stage: str, cid: str) -> Path:
-        """A cell stage's job log (`cid` may be a wildcard, "{cell}")."""
-        return self.logs_dir / CELL_JOB_FOLDER[stage] / f"{cid}.log"
+    def log_path(self, stage: str, key: str = "") -> Path:
+        """A job's log: the base stages' in the base folder, the collection's one per collection,
+        the others one per cell or init (`key` may be a wildcard, "{cell}")."""
+        level = BY_NAME[stage].level
+        if level == "base":
+            return self.base_logs_dir / f"{stage}.log"
+        if level == "collection":
+            return self.logs_dir / f"{stage}.log"
+        return self.logs_dir / CELL_JOB_FOLDER[stage] / f"{key}.log"
 
     def bench_path(self, rule: str, key: str = "") -> Path:
         """The Snakemake benchmark file of one job of `rule` (BENCH_RULES): the base stages' in
@@ -243,7 +228,7 @@ class Paths:
 
     @property
     def aggregate_dir(self) -> Path:
-        return self.collection_dir / "aggregate"
+        return self.stage_dir("aggregate")
 
     @property
     def aggregate_marker(self) -> Path:
@@ -251,16 +236,18 @@ class Paths:
 
     @property
     def report_dir(self) -> Path:
-        return self.collection_dir / "report"
+        return self.stage_dir("report")
 
     def report_files(self) -> dict[str, str]:
-        d = self.report_dir
-        return {
-            "results": str(d / "results.md"),
-            "analysis": str(d / "analysis.md"),
-            "brief": str(d / "brief.yaml"),
-            "findings": str(d / "findings.json"),
-            # for `snakemake --report` (report.html): the landing page and the figures' captions
-            "landing": str(d / "landing.rst"),
-            "captions": str(d / "captions.rst"),
-        }
+        """The report's files (not its folders of figures and pages)."""
+        return {k: v for k, v in self.stage_files("report").items() if not BY_NAME["report"].files[k].endswith("/")}
+
+    def job_files(self, stage: str, keys, mode: str, tasks) -> list[str]:
+        """Every output of a stage's jobs: one job per key at init and cell level (`keys`: the
+        init ids or cell ids), one job otherwise."""
+        level = BY_NAME[stage].level
+        return [
+            f
+            for k in (keys if level in ("init", "cell") else [""])
+            for f in self.stage_files(stage, k, mode, tasks).values()
+        ]

@@ -15,41 +15,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from latentstrat import named_kinds
 from latentstrat.named_kinds import Kinds
 
 
 @dataclass(frozen=True)
-class Kind:
-    """The declaration of one kind of KL weight schedule.
+class Kind(named_kinds.Kind):
+    """The declaration of one kind of KL weight schedule: its name, syntax and pattern
+    (named_kinds.Kind; parameters are integers), and
 
-    name     the kind (`linear`)
-    syntax   the names as a user writes them (`lin<N>`), for error messages
-    pattern  a regular expression over the whole name, one named group per parameter (integers)
     factor   (Schedule, step) -> the fraction of beta in J after `step` optimizer steps, in [0, 1]
     warmup   Schedule -> the first step from which the factor is 1 (0: beta from the start)
     """
 
-    name: str
-    syntax: str
-    pattern: str
     factor: Callable[["Schedule", int], float]
     warmup: Callable[["Schedule"], int]
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(named_kinds.Named):
     """A parsed schedule name: its kind and parameters."""
-
-    name: str
-    kind: str
-    params: tuple[tuple[str, int], ...] = ()
-
-    def __getitem__(self, key: str) -> int:
-        return dict(self.params)[key]
-
-    @property
-    def declaration(self) -> Kind:
-        return KINDS[self.kind]
 
     def factor(self, step: int) -> float:
         return float(self.declaration.factor(self, int(step)))
@@ -59,7 +44,7 @@ class Schedule:
         return int(self.declaration.warmup(self))
 
 
-KINDS = Kinds("beta schedule", joiner=" or ")
+KINDS = Schedule.kinds = Kinds("beta schedule", joiner=" or ")
 declare = KINDS.declare  # add a schedule kind (its name unique)
 accepted_names = KINDS.accepted_names  # the names every declared schedule accepts
 # one regular expression accepting every declared schedule's names (the config schema's

@@ -14,12 +14,12 @@ rule aggregate:
                     "history": [P.train_files(c)["history"] for c in CELLS],
                     "comparison_tables": comparison_tables(),
                     "quality": P.entangle_files(MODE)["quality"],
-                    "code": code_files("aggregate", "metrics.py"),
+                    "code": package_rules.code_files(workflow.basedir, "aggregate", "metrics.py"),
                 },
             )
         ),
     output:
-        directory(f"{COLLECTION}/aggregate"),
+        tables=directory(f"{COLLECTION}/aggregate"),
     log:
         f"{COLLECTION}/logs/aggregate.log",
     benchmark:
@@ -30,7 +30,7 @@ rule aggregate:
     resources:
         **job_resources("cpu", 4000, 15),
     params:
-        settings=COLLECTION_SETTINGS,
+        settings=settings("aggregate"),
         cells=list(CELLS),
         bench_dir=str(P.bench_dir),
         configfile=CONFIG_FILE,

@@ -1,59 +1,50 @@
-# Glue between the collection config and the rules: validate the config (latentstrat.config),
-# input functions, params, resources and the final outputs. The cells come from
-# latentstrat.cells, file names and the layout from latentstrat.paths; the base guard and the
-# partial report live in the package too.
-import json
-import logging
+# Glue between the collection config and the rules: the validated config, the roots of the rules'
+# path templates, input functions, params and resources, and the final targets. What to check
+# and how lives in the package: the config (latentstrat.config), the cells (latentstrat.cells),
+# the stages and their files (latentstrat.stages, latentstrat.paths), the base's guard and a lost
+# base (latentstrat.base.guard), the layout check and resources (latentstrat.rules).
 import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
+from latentstrat.base.guard import base_problem, lost_base_stages, shipped_manifest, upstream
 from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, training_seed
-from latentstrat.config import ConfigError, base_guard, describe, from_snakemake, tokenizer_identity
+from latentstrat.config import ConfigError, from_snakemake
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
-from latentstrat.stages import STAGES
-from latentstrat.status import start_line
-from latentstrat.base.shipped import MANIFEST, bases_root
+from latentstrat import rules as package_rules
+from latentstrat.stages import BY_NAME, STAGES
 
 CONFIG_FILE = (list(workflow.overwrite_configfiles) or ["config/config.yaml"])[-1]
 try:
     CFG = from_snakemake(config, workflow.config_settings.config, CONFIG_FILE)
 except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
+_why = base_problem(CFG, Paths.from_config(CFG), workflow.basedir)  # a base built otherwise is never reused
+if _why:
+    raise WorkflowError(_why)
 
 P = Paths.from_config(CFG)
-# The roots the rules' path templates start from; the file names below them are written out in
-# each rule and held equal to the package's layout (latentstrat.paths, which the stages, the
-# status command and the partial report read) by check_layout when the workflow loads.
+# the roots the rules' path templates start from; check_layout holds the rules' file names equal
+# to the stages' declarations (which the stages, the status command and the partial report read)
 BASE = str(P.base_dir)  # <results_dir>/base/<base>: shared by the collections on one base
 WORK = str(P.cell_dir("{cell}"))  # <BASE>/cells/<work key>/{cell}: a cell's work, shared likewise
 INIT = str(P.step0_dir("{init}"))  # <BASE>/step0/<work key>/{init}: one model as built
 COLLECTION = str(P.collection_dir)  # <results_dir>/<collection>: rows, logs, tables, report
 CELLS = {c.cell_id: c for c in expand_cells(CFG)}
 TASKS = list(CFG["data"]["tasks"])
-# the cells' models as built (cells.INIT_KEYS, the training seed among them): the cells that
-# agree on them, the two arms of a pair, share one step-0 validation
+# the cells' models as built (the training seed among them): the two arms of a pair share one
 INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
-_first, *_arms = describe(CFG)
-if workflow.is_main_process:
-    try:  # cell jobs at once: --cores / threads per cell job locally, --jobs on a cluster
-        _parallel = (workflow._cores or 0) // max(RES["threads"], 1) if workflow.local_exec else workflow.nodes
-    except (TypeError, ValueError):
-        _parallel = None
-    _arms.append(start_line(CFG, _parallel))
-logger.info(
-    "\n".join(
-        [
-            f"{_first}; data stage tokenizer: {tokenizer_identity(CFG['backbone'])}; entangled model: {MODE}",
-            *_arms,
-        ]
-    )
-)
+THREADS_BASE = RES["threads_base"] or RES["threads"]  # entangle and reference run before any cell
+MODEL_JOB = "gpu" if RES["gpu"] > 0 else "cpu"  # entangle, reference, step0, train, evaluate
+ENTANGLE_DIR = str(P.entangle_dir)  # a model job's param: where the entangled model is
+_parallel = package_rules.parallel_cell_jobs(workflow, RES["threads"])
+logger.info(package_rules.start_message(CFG, _parallel, workflow.is_main_process))
+logger.addFilter(package_rules.NoLockNotice(lambda: workflow.execution_settings))
 
 
 wildcard_constraints:
@@ -62,40 +53,29 @@ wildcard_constraints:
     task="|".join(re.escape(t) for t in TASKS),
 
 
-# a base folder built with other settings is never reused
-if P.base_config.exists():
-    try:
-        _why = base_guard(json.loads(P.base_config.read_text()), CFG)
-    except json.JSONDecodeError as e:
-        raise WorkflowError(f"{P.base_config} is not valid JSON ({e}); delete it or the base") from None
-    if _why:
-        raise WorkflowError(f"{_why} (base folder: {P.base_dir})")
-
-# `entangle.mode: shipped`: the base's entangled model shipped in this repository
-SHIPPED = bases_root(workflow.basedir) / CFG["base"]
-if MODE == "shipped" and not (SHIPPED / MANIFEST).is_file():
-    _have = sorted(d.name for d in SHIPPED.parent.glob("*/")) if SHIPPED.parent.is_dir() else []
-    raise WorkflowError(
-        f"entangle.mode is 'shipped' but this repository ships no base {CFG['base']!r} ({SHIPPED} "
-        f"has no {MANIFEST}; shipped bases: {', '.join(_have) or 'none'}). "
-        f"Train it with --config entangle='{{mode: train}}'."
-    )
+def settings(stage):
+    """The config sections a stage reads (its declaration), as its rule's params."""
+    return package_rules.stage_settings(CFG, stage)
 
 
-# ----------------------------------------------------------------------------- params
-# Each rule gets, as params, exactly the config sections its stage reads; Snakemake's `params`
-# rerun trigger then reruns a job only when those change. Base and cell-work params name no
-# collection, so collections on one base share those jobs' outputs.
-BASE_SECTIONS = ("base", "data", "backbone", "entangle")
-TRAIN_SECTIONS = BASE_SECTIONS + ("lora", "train")
-EVALUATE_SECTIONS = TRAIN_SECTIONS + ("evaluate",)
-COLLECTION_SETTINGS = {k: v for k, v in CFG.items() if k != "resources"}
+def job_resources(kind, mem_mb, runtime):
+    """A job's Slurm resources from `resources.slurm.<kind>` (latentstrat.rules)."""
+    return package_rules.job_resources(RES, kind, mem_mb, runtime)
 
 
-def sections(*names):
-    return {k: CFG[k] for k in names}
+def check_layout(rules):
+    """Each stage's rule writes where its declaration lays it out: its outputs, log and benchmark."""
+    declared = {}
+    for stage in STAGES:
+        r = getattr(rules, stage.name, None)
+        if r is not None:
+            declared[stage.name] = (dict(r.output.items()) or dict(enumerate(r.output)), r.log[0], r.benchmark)
+    why = package_rules.layout_problem(P, declared, MODE, TASKS)
+    if why:
+        raise WorkflowError(why)
 
 
+# ----------------------------------------------------------------------------- inputs
 def _cell(wildcards):
     if wildcards.cell not in CELLS:
         raise WorkflowError(f"unknown cell {wildcards.cell!r}: not in the grid of collection {CFG['collection']!r}")
@@ -110,119 +90,24 @@ def cell_json(wildcards):
 def init_json(wildcards):
     """The settings of a model as built (the step-0 validation's params)."""
     if wildcards.init not in INITS:
-        raise WorkflowError(
-            f"unknown init {wildcards.init!r}: no cell of collection {CFG['collection']!r} starts from it"
-        )
+        raise WorkflowError(f"unknown init {wildcards.init!r}: no cell of {CFG['collection']!r} starts from it")
     return INITS[wildcards.init]
 
 
 def cell_work_json(wildcards):
-    """The cell's id, settings and training seed (cells.training_seed; no arm or role): what its
-    shared work depends on."""
+    """The cell's id, settings and training seed (no arm or role): what its shared work depends on."""
     c = _cell(wildcards)
     return {"cell_id": c.cell_id, **c.settings, "training_seed": training_seed(c.settings)}
 
 
-# ----------------------------------------------------------------------------- resources
-# entangle and reference run alone, before any cell: they may take more threads than a cell
-THREADS_BASE = RES["threads_base"] or RES["threads"]
-MODEL_JOB = "gpu" if RES["gpu"] > 0 else "cpu"  # entangle, reference, train, evaluate
-
-
-def job_resources(kind, mem_mb, runtime):
-    """A job's Slurm partition / account / qos / constraint (and GPUs, GPU model) from
-    `resources.slurm.<kind>` (else `resources.slurm_partition` / `slurm_account`); memory and
-    runtime grow with each retry."""
-    s = RES["slurm"][kind]
-    out = {
-        "slurm_partition": s["partition"] or RES["slurm_partition"],
-        "slurm_account": s["account"] or RES["slurm_account"],
-        "qos": s["qos"],
-        "constraint": s["constraint"],
-    }
-    out = {k: v for k, v in out.items() if v}
-    if kind == "gpu" and s.get("gres"):  # a share of a GPU (e.g. shard:1): several cells per GPU
-        out["gres"] = s["gres"]
-    elif kind == "gpu":
-        out["gpu"] = RES["gpu"]
-        if s.get("gpu_model"):
-            out["gpu_model"] = s["gpu_model"]
-    out["mem_mb"] = lambda wildcards, attempt: mem_mb * attempt
-    out["runtime"] = lambda wildcards, attempt: runtime * attempt
-    return out
-
-
-# ----------------------------------------------------------------------------- layout
-
-
-def entangled_model_outputs(entangle_config, entangle_weights, shipped_reference):
-    """The entangle stage's mode-dependent outputs: the model unless `entangle.mode: skip`, and
-    with `shipped` the reference table shipped with it."""
-    files = {} if MODE == "skip" else {"entangle_config": entangle_config, "entangle_weights": entangle_weights}
-    return files | ({"shipped_reference": shipped_reference} if MODE == "shipped" else {})
-
-
-def check_layout(rules):
-    """Each stage's rule writes where latentstrat.paths says: its named outputs (the probes' and
-    the aggregate's in order; a stage the layout does not know, only its rule writes), its log
-    and its benchmark. A rule file and the package that disagree are a WorkflowError naming the
-    rule and the file, before any job runs."""
-    key = {"init": "{init}", "cell": "{cell}"}
-    want = {
-        "data": {**P.data_files(), "card": str(P.data_card), "base_config": str(P.base_config)},
-        "entangle": P.entangle_files(MODE),
-        "reference": P.reference_files(),
-        "step0": P.step0_files("{init}"),
-        "train": P.train_files("{cell}"),
-        "evaluate": {"records": str(P.records_path("{cell}"))},
-        "probes": dict(enumerate(P.probe_files("{cell}", TASKS))),
-        "tabulate": {"row": str(P.row_path("{cell}")), "bootstrap": str(P.bootstrap_path("{cell}"))},
-        "aggregate": {0: str(P.aggregate_dir)},
-        "report": {
-            **P.report_files(),
-            "figures": str(P.report_dir / "figures"),
-            "figure_pages": str(P.report_dir / "figure_pages"),
-            "pages": str(P.report_dir / "html"),
-        },
-    }
-    for stage in STAGES:
-        declared = getattr(rules, stage.name)
-        named = dict(declared.output.items()) or dict(enumerate(declared.output))
-        have = {k: str(v) for k, v in named.items()}
-        if stage.level in key:
-            log = P.log_path(stage.name, key[stage.level])
-        else:
-            log = (P.base_logs_dir if stage.level == "base" else P.logs_dir) / f"{stage.name}.log"
-        have["log"], want_log = str(declared.log[0]), str(log)
-        have["benchmark"] = str(declared.benchmark)
-        expected = {
-            **want.get(stage.name, have),
-            "log": want_log,
-            "benchmark": str(P.bench_path(stage.name, key.get(stage.level, ""))),
-        }
-        for name in sorted(set(have) | set(expected), key=str):
-            if have.get(name) != expected.get(name):
-                raise WorkflowError(
-                    f"rule {stage.name} (workflow/rules/{stage.name}.smk): its {name} is {have.get(name)!r} "
-                    f"but latentstrat.paths lays it out as {expected.get(name)!r}; edit both together"
-                )
-
-
-# ----------------------------------------------------------------------------- inputs
+def entangled_model_outputs(**files):
+    """The entangle stage's outputs in this `entangle.mode` (its declaration's `only`)."""
+    return {k: v for k, v in files.items() if k in BY_NAME["entangle"].outputs(MODE)}
 
 
 def shipped_files():
     """The entangle stage's input with `entangle.mode: shipped`: the shipped base's manifest."""
-    return {"shipped": str(SHIPPED / MANIFEST)} if MODE == "shipped" else {}
-
-
-def entangle_dir(wildcards):
-    """The entangle stage's folder, from the model files a job reads (with `entangle.mode: skip`,
-    from the quality record standing for the backbone)."""
-    files = P.entangled_model_files(MODE)
-    if "entangle_config" in files:
-        return str(Path(files["entangle_config"]).parent.parent)
-    return str(Path(files["quality"]).parent)
+    return {"shipped": str(shipped_manifest(CFG, workflow.basedir))} if MODE == "shipped" else {}
 
 
 def base_files():
@@ -230,78 +115,21 @@ def base_files():
     return {**P.data_files(), **P.entangled_model_files(MODE), **P.reference_files()}
 
 
-def step0_files(cid):
-    """A cell's shared step-0 validation (its init's), as inputs named step0_*."""
-    return {f"step0_{k}": v for k, v in P.step0_files(init_id(CELLS[cid].settings)).items()}
-
-
 def train_inputs(wildcards):
-    """What a cell's train job reads: the base and its init's step-0 validation."""
-    return {**base_files(), **step0_files(_cell(wildcards).cell_id)}
+    """What a cell's train job reads: the base and its init's step-0 validation (step0_*)."""
+    step0 = P.step0_files(init_id(_cell(wildcards).settings))
+    return {**base_files(), **{f"step0_{k}": v for k, v in step0.items()}}
 
 
-# ----------------------------------------------------------------------------- a lost base
-# The base stages (data, entangle, reference, step0) are checkpoints. When one of their folders
-# is lost while work downstream of it exists, every later job asks for its inputs only once the
-# base stages are back: Snakemake then decides again which jobs need to run, and inputs that
-# came back with the same bytes rerun nothing (docs/rerun-policy.md). Otherwise (a fresh or an
-# intact base) the whole DAG is built at once and `snakemake -n` shows every job.
-BASE_STAGE_FILES = {
-    "data": [*P.data_files().values(), str(P.data_card), str(P.base_config)],
-    "entangle": list(P.entangle_files(MODE).values()),
-    "reference": list(P.reference_files().values()),
-    "step0": [f for iid in INITS for f in P.step0_files(iid).values()],
-}
-# the base stages each stage reads ("cell": every job after the base)
-UPSTREAM = {
-    "entangle": ("data",),
-    "reference": ("data", "entangle"),
-    "step0": ("data", "entangle"),
-    "cell": tuple(BASE_STAGE_FILES),
-}
+def comparison_tables():
+    """External summary tables a comparison arm reads (the aggregate's inputs)."""
+    return [arm["table"] for arm in external_arms(CFG)]
 
 
-def lost_base_stages():
-    """The base stages with a missing output while a later stage's output (or a cell's trained
-    model) exists: a lost base folder, not a base still to be built. A step-0 validation is lost
-    only when a cell that starts from its model was trained: a new setting's (its own training
-    seed, its own model) is still to be built."""
-    stages = list(BASE_STAGE_FILES)
-    # what reads a stage's outputs (UPSTREAM), not what comes after it in order: step0 does not
-    # read the reference, so a reference still to run beside a finished step0 is not lost
-    later = {s: [f for t in stages if s in UPSTREAM.get(t, ()) for f in BASE_STAGE_FILES[t]] for s in stages}
-    trained = {cid: P.train_files(cid)["summary"] for cid in CELLS}
-
-    def lost(s):
-        if s == "step0":
-            return any(
-                any(not Path(f).exists() for f in P.step0_files(init_id(c.settings)).values())
-                and Path(trained[cid]).exists()
-                for cid, c in CELLS.items()
-            )
-        return any(not Path(f).exists() for f in BASE_STAGE_FILES[s]) and any(
-            Path(f).exists() for f in later[s] + list(trained.values())
-        )
-
-    return [s for s in stages if lost(s)]
-
-
-class _NoLockNotice(logging.Filter):
-    """`--nolock` (a dry run beside a running collection): Snakemake 9 still prints its lock
-    notice in a dry run ("Error: Directory cannot be locked": its warn-only locking overrides
-    --nolock); the user asked for no lock, so the notice is dropped. The execution settings
-    reach the workflow after this file is read, so they are read when a record is logged."""
-
-    def filter(self, record):
-        settings = workflow.execution_settings
-        nolock = settings is not None and not settings.lock
-        return not (nolock and "Directory cannot be locked" in record.getMessage())
-
-
-logger.addFilter(_NoLockNotice())
-
-
-LOST_BASE = lost_base_stages()
+# The base stages are checkpoints. When one of their folders is lost while work that reads it
+# exists, every later job asks for its inputs only once the base stages are back, and Snakemake
+# decides again what to run (latentstrat.base.guard); else the whole DAG is built at once.
+LOST_BASE = lost_base_stages(P, {cid: init_id(c.settings) for cid, c in CELLS.items()}, MODE)
 if LOST_BASE:
     logger.info(
         f"base stage(s) {', '.join(LOST_BASE)} lost while later work exists: they run first, then "
@@ -315,45 +143,20 @@ def after_base(stage, files):
 
     def inputs(wildcards):
         if LOST_BASE:
-            for s in UPSTREAM[stage]:
-                for init in (INITS if s == "step0" else [None]):
+            for s in upstream(stage):
+                for init in INITS if BY_NAME[s].level == "init" else [None]:
                     getattr(checkpoints, s).get(**({"init": init} if init else {}))
         return files(wildcards)
 
     return inputs
 
 
-def code_files(*relpaths):
-    """Existing package sources under src/latentstrat (files, or folders of *.py): inputs of
-    the aggregate and report rules only, so editing them reruns those and never trains."""
-    src = Path(workflow.basedir) / "src" / "latentstrat"
-    return [
-        str(f)
-        for rel in relpaths
-        for f in (sorted((src / rel).glob("*.py")) if (src / rel).is_dir() else [src / rel] * (src / rel).exists())
-    ]
-
-
-def comparison_tables():
-    return [arm["table"] for arm in external_arms(CFG)]
-
-
-# ----------------------------------------------------------------------------- final outputs
-
-
+# ----------------------------------------------------------------------------- final targets
 def all_targets():
-    """Every declared output of the collection, not only the report: Snakemake checks missing
-    outputs only for target jobs, so a deleted (or removed, corrupt) cell file reruns its job
-    and everything downstream of it, and nothing else."""
-    files = [f for stage_files in BASE_STAGE_FILES.values() for f in stage_files]
-    for cid in CELLS:
-        files += [
-            *P.train_files(cid).values(),
-            str(P.records_path(cid)),
-            *P.probe_files(cid, TASKS),
-            str(P.row_path(cid)),
-        ]
-    return files + [*P.report_files().values()]
+    """Every output of every stage's jobs (not only the report): Snakemake checks missing outputs
+    only for target jobs, so a deleted cell file reruns its job and what reads it, nothing else."""
+    keys = {"init": list(INITS), "cell": list(CELLS)}
+    return [f for s in STAGES for f in P.job_files(s.name, keys.get(s.level, []), MODE, TASKS)]
 
 
 def partial_report(log):
@@ -367,7 +170,6 @@ def partial_report(log):
 
 
 def landing_page():
-    """The HTML report's landing page: the one the report job wrote (the headline with its numbers),
-    else the static one (before any report)."""
+    """The HTML report's landing page: the report job's, else the static one (before any report)."""
     landing = Path(P.report_files()["landing"]).resolve()
     return str(landing) if landing.exists() else "workflow/report/workflow.rst"

@@ -20,6 +20,6 @@ checkpoint data:
     resources:
         **job_resources("cpu", RES["mem_mb"], 30),
     params:
-        settings=sections(*BASE_SECTIONS),
+        settings=settings("data"),
     script:
         "../scripts/stage.py"

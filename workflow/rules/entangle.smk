@@ -24,6 +24,6 @@ checkpoint entangle:
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_entangle"]),
     params:
-        settings=sections(*BASE_SECTIONS),
+        settings=settings("entangle"),
     script:
         "../scripts/stage.py"

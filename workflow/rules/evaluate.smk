@@ -18,7 +18,7 @@ rule evaluate:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         cell=cell_work_json,
-        entangle_dir=entangle_dir,
-        settings=sections(*EVALUATE_SECTIONS),
+        entangle_dir=ENTANGLE_DIR,
+        settings=settings("evaluate"),
     script:
         "../scripts/stage.py"

@@ -20,7 +20,7 @@ rule probes:
     resources:
         **job_resources("cpu", 2000, 15),
     params:
-        settings=sections("probes"),
+        settings=settings("probes"),
         tasks=TASKS,
         tables_version=CELL_TABLES_VERSION,
     script:

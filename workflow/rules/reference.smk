@@ -18,7 +18,7 @@ checkpoint reference:
     resources:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
-        entangle_dir=entangle_dir,
-        settings=sections(*BASE_SECTIONS),
+        entangle_dir=ENTANGLE_DIR,
+        settings=settings("reference"),
     script:
         "../scripts/stage.py"

@@ -14,7 +14,7 @@ rule report:
                 lambda w: {
                     "aggregate": str(P.aggregate_dir),
                     "quality": P.entangle_files(MODE)["quality"],
-                    "code": code_files("report"),
+                    "code": package_rules.code_files(workflow.basedir, "report"),
                 },
             )
         ),

@@ -19,7 +19,7 @@ checkpoint step0:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         init=init_json,
-        entangle_dir=entangle_dir,
-        settings=sections(*EVALUATE_SECTIONS, "probes"),
+        entangle_dir=ENTANGLE_DIR,
+        settings=settings("step0"),
     script:
         "../scripts/stage.py"

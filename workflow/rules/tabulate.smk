@@ -29,7 +29,7 @@ rule tabulate:
         **job_resources("cpu", 2000, 10),
     params:
         cell=cell_json,
-        settings=sections("probes"),
+        settings=settings("tabulate"),
         tables_version=CELL_TABLES_VERSION,
     script:
         "../scripts/stage.py"

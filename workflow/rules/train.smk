@@ -22,7 +22,7 @@ rule train:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_train"]),
     params:
         cell=cell_work_json,
-        entangle_dir=entangle_dir,
-        settings=sections(*TRAIN_SECTIONS),
+        entangle_dir=ENTANGLE_DIR,
+        settings=settings("train"),
     script:
         "../scripts/stage.py"

@@ -26,7 +26,7 @@ from latentstrat.encoding import (
     text_ids,
 )
 from latentstrat.io import dump_json, write_parquet, write_text
-from latentstrat.paths import BASE_CONFIG_FILE, DATA_CARD_FILE, DATA_FILES
+from latentstrat.paths import DATA_FILES
 from latentstrat.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -176,10 +176,10 @@ def build_dataset(
     for split in SPLITS:
         write_parquet(df[df.split == split].reset_index(drop=True), out_dir / DATA_FILES[split])
     card = data_card(df, SPLITS)
-    write_parquet(card, out_dir / DATA_CARD_FILE)
+    write_parquet(card, out_dir / DATA_FILES["card"])
     write_text(data_card_markdown(card, df) + "\n", out_dir / "data_card.md")
     if base_config is not None:
-        dump_json(base_config, out_dir / BASE_CONFIG_FILE)
+        dump_json(base_config, out_dir / DATA_FILES["base_config"])
     return card
 
 

@@ -253,16 +253,19 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
         + own * rng.standard_normal((n, N_BOOT))
     )
     lo, hi = np.percentile(reps, [2.5, 97.5], axis=1)
+    info, mu = M.router_information, M.router_mu_information
     summary = d.drop(columns=["setting", "replicate", "pair"]).assign(
-        router_information=observed,
-        router_information_ci_low=lo,
-        router_information_ci_high=hi,
-        router_mu_information=0.0,
-        router_mu_information_ci_low=-0.005,
-        router_mu_information_ci_high=0.005,
-        kl_prior_loss=np.where(started, 2.0, 0.001),
-        base_relative_reconstruction=np.where(started, 0.4, 1.0),
-        token_base_relative_reconstruction=np.where(started, 0.4, 1.0),
+        **{
+            info: observed,
+            f"{info}_ci_low": lo,
+            f"{info}_ci_high": hi,
+            mu: 0.0,
+            f"{mu}_ci_low": -0.005,
+            f"{mu}_ci_high": 0.005,
+            M.kl_prior_loss: np.where(started, 2.0, 0.001),
+            M.base_relative_reconstruction: np.where(started, 0.4, 1.0),
+            M.token_base_relative_reconstruction: np.where(started, 0.4, 1.0),
+        }
     )
     registered = {c for m in METRICS for c in (m, f"{m}_ci_low", f"{m}_ci_high")}
     summary = summary.drop(columns=[c for c in MAYBE_REGISTERED if c not in registered])

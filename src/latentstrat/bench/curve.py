@@ -178,7 +178,7 @@ def plot_curves(folder: Path, figure: Path | None) -> pd.DataFrame:
             label = f"{cid.replace('_seed-314159', '')} (lr {lr:g}, batch {bs}, clip {clip})"
             axes[0].plot(g.examples_seen, g.base_relative, marker="o", ms=3, label=label)
             axes[1].plot(g.examples_seen, g.router_probe - g.router_chance, marker="o", ms=3, label=label)
-            axes[2].plot(g.examples_seen, g.posterior_probe - g.posterior_chance, marker="o", ms=3, label=label)
+            axes[2].plot(g.examples_seen, g[M.posterior_probe] - g.posterior_chance, marker="o", ms=3, label=label)
         axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
         axes[0].set(
             title="base-relative reconstruction (validation)", xlabel="training examples seen", ylabel="1 = z-free"

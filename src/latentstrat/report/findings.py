@@ -237,8 +237,8 @@ def q_accuracy_hides_gap(t, thr):
         "near_entangled_accuracy": int(len(near)),
         "with_gap_above_0": int(len(gap)),
         "entangled_answer_accuracy": float(rows.entangled.iloc[0]),
-        "median_final_answer_accuracy": float(rows.final_answer_accuracy.median()),
-        "median_posterior_router_gap": float(rows.posterior_router_probe_gap.median()),
+        "median_final_answer_accuracy": float(rows[M.final_answer_accuracy].median()),
+        "median_posterior_router_gap": float(rows[M.posterior_router_probe_gap].median()),
     }
     ev = (
         f"{len(near)} of {len(rows)} cells answer near the entangled model's accuracy "
@@ -355,12 +355,12 @@ def q_tokcc_narrow(t, thr_one, thr):
     if not st.empty and "arm" in s.columns:
         s = s[s.arm.isin(st.loc[st.role == "primary", "arm"])]
     tok = s[[parse_family(f).kind == "tokcc" for f in s.reconstruction_family]]
-    if tok.empty or tok.base_relative_reconstruction.isna().all():
+    if tok.empty or tok[M.base_relative_reconstruction].isna().all():
         return _f(q, CANNOT_TELL, "no tokcc rows with base-relative reconstruction", "")
-    br = tok.base_relative_reconstruction.median()
-    acc = tok.final_answer_accuracy.median() if M.final_answer_accuracy in tok.columns else float("nan")
+    br = tok[M.base_relative_reconstruction].median()
+    acc = tok[M.final_answer_accuracy].median() if M.final_answer_accuracy in tok.columns else float("nan")
     act = (
-        tok.active_reconstruction_objective.median()
+        tok[M.active_reconstruction_objective].median()
         if M.active_reconstruction_objective in tok.columns
         else float("nan")
     )

@@ -143,25 +143,18 @@ def _recently_written(paths) -> bool:
 
 
 def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]:
-    train = p.train_files(cid)
-    return {
-        "train": [Path(train["heads"]), Path(train["summary"])],
-        "evaluate": [p.records_path(cid)],
-        "probes": [Path(f) for f in p.probe_files(cid, tasks)],
-        "tabulate": [p.row_path(cid)],
-    }
+    """A cell's outputs per cell stage (their declarations' files)."""
+    return {s: [Path(f) for f in p.stage_files(s, cid, tasks=tasks).values()] for s in STAGES}
 
 
 def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
-    """The base stages' outputs: data, entangle, reference, and each step-0 validation the
+    """The base stages' outputs (their declarations' files), and each step-0 validation the
     collection's cells start from (`step0:<init>`)."""
-    out = {
-        "data": [Path(f) for f in p.data_files().values()],
-        "entangle": [Path(f) for f in p.entangle_files(cfg["entangle"]["mode"]).values()],
-        "reference": [Path(f) for f in p.reference_files().values()],
-    }
+    mode = cfg["entangle"]["mode"]
+    out = {s: [Path(f) for f in p.stage_files(s, mode=mode).values()] for s in stage_names("base")}
     for iid in sorted({init_id(c.settings) for c in expand_cells(cfg)}):
-        out[f"step0:{iid}"] = [Path(f) for f in p.step0_files(iid).values()]
+        for s in stage_names("init"):
+            out[f"{s}:{iid}"] = [Path(f) for f in p.stage_files(s, iid).values()]
     return out
 
 
@@ -208,7 +201,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     base = {}
     for stage, files in base_outputs(cfg, p).items():
         rule, _, iid = stage.partition(":")
-        log = p.logs_dir / "step0" / f"{iid}.log" if iid else p.base_logs_dir / f"{rule}.log"
+        log = p.log_path(rule, iid)
         base[stage] = stage_state(files, log, _slurm_state(jobs, rule, iid) if iid else _slurm_state(jobs, rule, ""))
     cells = []
     for c in expand_cells(cfg):
@@ -227,7 +220,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
                 if prog:
                     st = {**st, "progress": prog, "detail": progress_text(prog)}
             if stage == "train" and st["state"] == "done":
-                code = json.loads(outputs[stage][1].read_text()).get("code_version")
+                code = json.loads(Path(p.train_files(cid)["summary"]).read_text()).get("code_version")
                 if code and code != now_code:
                     st = {**st, "state": "stale", "detail": f"trained with {code}, working tree is {now_code}"}
             stages[stage] = st
