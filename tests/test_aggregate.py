@@ -264,7 +264,7 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
 
 def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monkeypatch):
     """The report a failed run leaves: the finished cells aggregated and reported, the others
-    named incomplete; nothing when no cell has finished."""
+    named incomplete; nothing when no cell has finished, or when every cell has."""
     import shutil
 
     from aggregate_helpers import make_cfg, write_collection
@@ -292,6 +292,12 @@ def test_partial_report_lists_cells_without_metrics_as_incomplete(tmp_path, monk
     brief = yaml.safe_load((p.report_dir / "brief.yaml").read_text())["cells"]
     assert brief["expected"] == len(cells) and brief["complete"] == len(cells) - 1
     assert [c if isinstance(c, str) else c.get("cell_id") for c in brief["incomplete"]] == cells[:1]
+    # every cell has metrics (the aggregate or report job itself failed): no partial report in
+    # the collection job's place, where the next run would read it as up to date
+    shutil.rmtree(p.report_dir)
+    p.row_path(cells[0]).parent.mkdir(parents=True)
+    shutil.copy(mp[cells[1]], p.row_path(cells[0]))
+    assert partial_report(cfg, log=lambda m: None) is None and not p.report_dir.exists()
 
 
 def test_the_original_studys_column_name_is_read_as_base_relative_reconstruction():

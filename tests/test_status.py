@@ -126,7 +126,7 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     write_outputs([Path(p.data_files()["train"])], "")
     st = collection_status(cfg, jobs=[])
     assert st["base"]["data"]["state"] == "missing"  # not every data output exists yet
-    write_outputs([Path(f) for f in p.data_files().values()], "")
+    write_outputs([Path(f) for f in p.stage_files("data").values()], "")  # every file its declaration names
     Path(p.data_files()["tokenizer"]).write_text("{not json")
     st = collection_status(cfg, jobs=[])
     assert st["base"]["data"]["state"] == "corrupt" and p.data_files()["tokenizer"] in st["corrupt"]

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from latentstrat.families import short_number
+from latentstrat.aggregations import Aggregation, aggregation
+from latentstrat.families import DEFAULT_ALPHA, Family, parse_family, short_number
+from latentstrat.schedules import Schedule, parse_schedule
 from latentstrat.schema import parsed_schema
 
 # cell setting -> short id key, in id order. agg, fam, beta and seed always appear.
@@ -143,24 +146,118 @@ def parse_cell_id(cid: str) -> dict:
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class CellSettings(Mapping):
+    """A cell's settings, parsed once (`parse`: at the grid's expansion and when a job rebuilds its
+    cell): the named settings as their declarations (latentstrat.aggregations, .families,
+    .schedules), the numbers typed. As a mapping it reads as the plain values (names, numbers),
+    what cell ids, training seeds and a rule's params are made of."""
+
+    token_aggregation: Aggregation
+    reconstruction_family: Family
+    beta: float
+    beta_schedule: Schedule
+    init: str
+    adaptation: str
+    latent_dim: int
+    z_slots: int
+    posterior_variance_weight: float
+    router_marginal_kl_weight: float
+    seed: int
+    # the order the settings came in (the config's): a rule's params keep it, so the same cell's
+    # params read the same to Snakemake's rerun trigger
+    order: tuple = field(default=CELL_KEYS, repr=False)
+
+    @classmethod
+    def parse(cls, settings: Mapping) -> "CellSettings":
+        """From plain values (a config's, a rule's params); a missing setting is a KeyError naming it,
+        an unknown name a ValueError naming the accepted ones."""
+        missing = [k for k in CELL_KEYS if k not in settings]
+        if missing:
+            raise KeyError(f"cell settings lack {', '.join(missing)}")
+        s = settings
+        return cls(
+            token_aggregation=aggregation(str(s["token_aggregation"])),
+            reconstruction_family=parse_family(s["reconstruction_family"]),
+            beta=float(s["beta"]),
+            beta_schedule=parse_schedule(s["beta_schedule"]),
+            init=str(s["init"]),
+            adaptation=str(s["adaptation"]),
+            latent_dim=int(s["latent_dim"]),
+            z_slots=int(s["z_slots"]),
+            posterior_variance_weight=float(s["posterior_variance_weight"]),
+            router_marginal_kl_weight=float(s["router_marginal_kl_weight"]),
+            seed=int(s["seed"]),
+            order=tuple(k for k in s if k in CELL_KEYS),
+        )
+
+    def plain(self) -> dict:
+        """The settings as plain values, in the order they came in."""
+        return {k: self[k] for k in self.order}
+
+    def replace(self, **changes) -> "CellSettings":
+        return CellSettings.parse({**self.plain(), **changes})
+
+    def __getitem__(self, key: str):
+        if key not in CELL_KEYS:
+            raise KeyError(key)
+        value = getattr(self, key)
+        return getattr(value, "name", value)
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(CELL_KEYS)
+
+    def __reduce__(self):  # pickled as its plain values (the declarations hold functions)
+        return (CellSettings.parse, (self.plain(),))
+
+
 @dataclass(frozen=True)
 class Cell:
     cell_id: str
-    arm: str
-    role: str  # primary | comparison
-    settings: dict = field(hash=False)
+    arm: str | None  # None where a job does not need it (a cell's shared work)
+    role: str | None  # primary | comparison
+    settings: CellSettings = field(hash=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Cell":
+        """A cell from a rule's params (`to_json`, or a cell's work: id, settings, training seed);
+        a recorded training seed must be the settings' own."""
+        cell = cls(d["cell_id"], d.get("arm"), d.get("role"), CellSettings.parse(d))
+        if "training_seed" in d and int(d["training_seed"]) != cell.training_seed:
+            raise ValueError(f"cell {cell.cell_id}: training seed {d['training_seed']} is not its settings' own")
+        return cell
+
+    @property
+    def training_seed(self) -> int:
+        return training_seed(self.settings)
 
     def to_json(self) -> dict:
-        return {"cell_id": self.cell_id, "arm": self.arm, "role": self.role, **self.settings}
+        return {"cell_id": self.cell_id, "arm": self.arm, "role": self.role, **self.settings.plain()}
+
+    def work_json(self) -> dict:
+        """What a cell's shared work depends on: its id, settings and training seed (no arm or role)."""
+        return {"cell_id": self.cell_id, **self.settings.plain(), "training_seed": self.training_seed}
+
+
+def as_settings(settings) -> CellSettings:
+    """CellSettings as they are, or parsed from plain values (the schema's defaults for the
+    settings not given: a test's or a benchmark's cell)."""
+    if isinstance(settings, CellSettings):
+        return settings
+    return CellSettings.parse({**schema_cell_defaults(), **settings})
+
+
+def as_cell(cell) -> Cell:
+    """A Cell as it is, or one from a rule's params or a cell's `to_json`."""
+    return cell if isinstance(cell, Cell) else Cell.from_json(cell)
 
 
 def normalize_settings(s: dict) -> dict:
-    out = dict(s)
-    for k in ("beta", "posterior_variance_weight", "router_marginal_kl_weight"):
-        out[k] = float(out[k])
-    for k in ("latent_dim", "z_slots", "seed"):
-        out[k] = int(out[k])
-    return out
+    """Plain settings with their numbers typed (CellSettings.parse, then plain)."""
+    return CellSettings.parse(s).plain()
 
 
 def next_seeds(seeds: list[int], n: int) -> list[int]:
@@ -218,12 +315,12 @@ def _arm_cells(
         s = dict(base)
         s.update(zip(axes, values))
         for seed in [*seeds, *extra[: _extra_seeds(s, groups)]]:
-            s = normalize_settings({**s, "seed": seed})
-            cid = cell_id(s)
+            settings = CellSettings.parse({**s, "seed": seed})
+            cid = cell_id(settings)
             if cid in seen:  # e.g. beta [1, 1.0]
                 continue
             seen.add(cid)
-            cells.append(Cell(cid, name, role, s))
+            cells.append(Cell(cid, name, role, settings))
     return cells
 
 
@@ -299,6 +396,12 @@ def arm_differences(cfg: dict, cells: list[Cell] | None = None) -> list[ArmDiffe
             ArmDifference(arm["name"], tuple(sorted(keys, key=order.index)), unmatched, bool(arm.get("confounded")))
         )
     return out
+
+
+def tokcc_alphas(cells) -> list[float]:
+    """The tokcc exponents the cells need the reference's T_ref at (every family's `alpha`, the
+    default 0.25 among them)."""
+    return sorted({DEFAULT_ALPHA} | {c.settings.reconstruction_family.alpha for c in cells})
 
 
 def external_arms(cfg: dict) -> list[dict]:

@@ -1,21 +1,53 @@
 """One job of a stage, as its entry (`run(job)`, latentstrat.stages) takes it: the files it reads
-and writes by their rule names, the rule's params, the validated config it runs on and its
+and writes by their rule names, the rule's params, the config sections its stage reads and its
 threads. Built once from the rule (`Job.from_rule(snakemake)`, in the one rule script), or by a
-caller that runs a stage outside Snakemake."""
+caller that runs a stage outside Snakemake.
+
+A job's config holds the sections its stage's declaration names (`Stage.sections`), exactly as
+its rule passed them (validated once, when the workflow loaded), and `resources`: what the job
+was given (`given_resources`). Reading another section is an error naming the stage and its
+sections, so what a stage reads is what reruns it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from latentstrat.config import load_config
 from latentstrat.paths import BaseFolders
+from latentstrat.stages import BY_NAME, EVERY_SECTION
+
+
+class Sections(Mapping):
+    """The config sections a stage reads; another section is a KeyError naming the stage."""
+
+    def __init__(self, sections: dict, stage: str, every: bool = False):
+        # every: the stage reads the whole config (its optional keys may be absent)
+        self._sections, self.stage, self.every = dict(sections), stage, every
+
+    def __getitem__(self, key):
+        if key not in self._sections and not self.every:
+            raise KeyError(
+                f"stage {self.stage} reads config section {key!r}, which its declaration does not pass "
+                f"(latentstrat.stages: sections {', '.join(self._sections) or 'none'})"
+            )
+        return self._sections[key]
+
+    def get(self, key, default=None):  # a section not passed is an error here too
+        return self._sections.get(key, default) if self.every else self[key]
+
+    def __iter__(self):
+        return iter(self._sections)
+
+    def __len__(self):
+        return len(self._sections)
 
 
 @dataclass(frozen=True)
 class Job:
     stage: str
-    config: dict  # the validated collection config, the rule's params sections on top
+    config: Mapping  # the config sections the stage reads (Sections), as its rule passed them
     input: dict[str, str | list[str]] = field(default_factory=dict)  # rule name -> file(s)
     output: dict[str, str | list[str]] = field(default_factory=dict)
     outputs: tuple[str, ...] = ()  # every output file in the rule's order (unnamed ones too)
@@ -25,20 +57,32 @@ class Job:
     @classmethod
     def from_rule(cls, smk) -> "Job":
         """From Snakemake's `snakemake` object: its input/output by name, its params, threads,
-        and the config with the params `settings` (the sections the rule passes, what its
-        `params` rerun trigger watches) on top."""
+        and the config sections the rule passes (params `settings`, what its `params` rerun
+        trigger watches)."""
         params = dict(smk.params.items())
-        cfg = load_config(cfg=dict(smk.config))
-        cfg.update(params.get("settings", {}))
+        sections = {"resources": given_resources(smk), **params.get("settings", {})}
+        also = BY_NAME[smk.rule].through_inputs if smk.rule in BY_NAME else ()
+        if also:  # sections that reach the job through an input: from the workflow's config
+            cfg = load_config(cfg=dict(smk.config))
+            sections.update({k: cfg[k] for k in also})
         return cls(
             stage=smk.rule,
-            config=cfg,
+            config=Sections(
+                sections, smk.rule, every=smk.rule in BY_NAME and BY_NAME[smk.rule].sections == EVERY_SECTION
+            ),
             input={k: _plain(v) for k, v in smk.input.items()},
             output={k: _plain(v) for k, v in smk.output.items()},
             outputs=tuple(str(f) for f in smk.output),
             params=params,
             threads=int(smk.threads),
         )
+
+    @property
+    def cell(self):
+        """The job's cell, its settings parsed and typed (cells.Cell, from the `cell` param)."""
+        from latentstrat.cells import Cell
+
+        return Cell.from_json(self.params["cell"])
 
     def file(self, name: str) -> Path:
         """One named input (or, failing that, output) file."""
@@ -61,6 +105,15 @@ class Job:
         """A named input that is a list of files (or one file)."""
         v = self.input[name]
         return [v] if isinstance(v, str) else list(v)
+
+
+def given_resources(smk) -> dict:
+    """The `resources` section a job reads: what Snakemake gave this job (its threads, and a GPU
+    when it was given one, whole or a shard), not the config's; changing those never reruns it."""
+    res = smk.resources
+    gres = str(getattr(res, "gres", "") or "")
+    gpu = int(getattr(res, "gpu", 0) or 0) or int(any(k in gres for k in ("gpu", "shard")))
+    return {"gpu": gpu, "threads": int(smk.threads)}
 
 
 def _plain(v) -> str | list[str]:

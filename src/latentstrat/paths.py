@@ -44,6 +44,8 @@ STEP0_FILES = BY_NAME["step0"].files
 # complete; beside them its peft adapters (adapters/<name>/) or full copies (backbones/<name>/)
 TRAIN_FILES = BY_NAME["train"].files
 SHIPPED_REFERENCE_FILE = ENTANGLE_FILES["shipped_reference"]
+# the entangle stage's records, written in every `entangle.mode` (its quality and history)
+ENTANGLE_RECORDS = {k: v for k, v in ENTANGLE_FILES.items() if k not in BY_NAME["entangle"].only}
 # what a model job reads of the data stage (not the data card, not the base's guard)
 MODEL_DATA = ("train", "validation", "test", "tokenizer", "tokenizer_info")
 # beside a training cell's outputs: its step, total and ETA (progress.Progress), read by status

@@ -106,7 +106,7 @@ def stage_settings(cfg: dict, stage: str) -> dict:
     """The config sections a stage's jobs read (its declaration's `sections`), as its rule
     passes them: Snakemake's `params` rerun trigger then reruns a job only when those change."""
     names = BY_NAME[stage].sections
-    return {k: v for k, v in cfg.items() if k != "resources"} if names == EVERY_SECTION else {k: cfg[k] for k in names}
+    return dict(cfg) if names == EVERY_SECTION else {k: cfg[k] for k in names}
 
 
 def code_files(repository: str | Path, *relpaths: str) -> list[str]:

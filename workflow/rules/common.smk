@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from latentstrat.base.guard import base_problem, lost_base_stages, shipped_manifest, upstream
-from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, training_seed
+from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, tokcc_alphas
 from latentstrat.config import ConfigError, from_snakemake
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
@@ -96,8 +96,7 @@ def init_json(wildcards):
 
 def cell_work_json(wildcards):
     """The cell's id, settings and training seed (no arm or role): what its shared work depends on."""
-    c = _cell(wildcards)
-    return {"cell_id": c.cell_id, **c.settings, "training_seed": training_seed(c.settings)}
+    return _cell(wildcards).work_json()
 
 
 def entangled_model_outputs(**files):

@@ -32,8 +32,7 @@ import torch
 
 from latentstrat import batching, encoding
 from latentstrat.aggregations import AGGREGATIONS
-from latentstrat.cells import expand_cells
-from latentstrat.families import DEFAULT_ALPHA, parse_family
+from latentstrat.cells import expand_cells, tokcc_alphas
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.objective import alpha_key, reference_scales, zfree_token_nll
@@ -49,11 +48,8 @@ SHIPPED_TOLERANCE = 1e-3
 
 
 def config_alphas(cfg: dict) -> list[float]:
-    """The tokcc exponents the collection's cells need T_ref at (every family's `alpha`), plus
-    the default 0.25."""
-    return sorted(
-        {DEFAULT_ALPHA} | {parse_family(c.settings["reconstruction_family"]).alpha for c in expand_cells(cfg)}
-    )
+    """The tokcc exponents the collection's cells need T_ref at (cells.tokcc_alphas)."""
+    return tokcc_alphas(expand_cells(cfg))
 
 
 @torch.no_grad()
@@ -220,15 +216,16 @@ def shipped_tokens(
     return tokens, diffs[worst]
 
 
-def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
+def run_reference(cfg, data_dir, entangle_dir, out_dir, threads: int = 1, log=print, alphas=None) -> dict:
     """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
-    the base (`shipped_tokens`), else b computed here. Returns the scales dict."""
+    the base (`shipped_tokens`), else b computed here; T_ref at `alphas` (default: the config's
+    cells'). Returns the scales dict."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
     for name in [DATA_FILES[s] for s in encoding.SPLITS] + [DATA_FILES["tokenizer"]]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
     torch.set_num_threads(int(threads))
-    alphas = config_alphas(cfg)
+    alphas = config_alphas(cfg) if alphas is None else sorted(alphas)
     tokenizer = encoding.load_tokenizer(data_dir)
     splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
     model = _load_entangled_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
@@ -251,7 +248,12 @@ def run_reference(cfg: dict, data_dir, entangle_dir, out_dir, threads: int = 1, 
 def run(job: Job) -> None:
     """The reference rule's job: the entangled model's b and the scales."""
     run_reference(
-        job.config, job.folder("tokenizer"), Path(job.params["entangle_dir"]), job.folder("scales"), job.threads
+        job.config,
+        job.folder("tokenizer"),
+        Path(job.params["entangle_dir"]),
+        job.folder("scales"),
+        job.threads,
+        alphas=job.params["alphas"],
     )
 
 

@@ -32,13 +32,13 @@ from pathlib import Path
 from latentstrat import encoding
 from latentstrat.config import base_settings, config_for_command, settings_diff
 from latentstrat.io import dump_json
-from latentstrat.paths import ENTANGLE_FILES, SHIPPED_REFERENCE_FILE, Paths
+from latentstrat.paths import ENTANGLE_FILES, ENTANGLE_RECORDS, SHIPPED_REFERENCE_FILE, Paths
 from latentstrat.runtime import host
 
 MANIFEST = "SHA256SUMS"
 REFERENCE = "reference/tokens.parquet"
 PROVENANCE = "provenance.json"
-COPIED = tuple(ENTANGLE_FILES.values())  # from the entangle stage's folder, besides model/
+COPIED = tuple(ENTANGLE_RECORDS.values())  # from the entangle stage's folder, besides model/
 
 
 class ShippedBaseError(RuntimeError):

@@ -41,6 +41,7 @@ import torch
 
 from latentstrat import batching, encoding
 from latentstrat.base.reference import load_b, load_scales
+from latentstrat.cells import Cell, as_cell
 from latentstrat.io import write_parquet
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS
 from latentstrat.modeling import decode
@@ -85,17 +86,18 @@ def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
     return pd.concat(parts).reset_index(drop=True)
 
 
-def load_cell_model(cfg: dict, cell: dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
+def load_cell_model(cfg, cell: Cell | dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
     """The cell's model (model.build_model) with its trained adapters and heads
     (LatentStrategyModel.load_trained); a missing, unreadable or mismatched file gives an error
     naming it and the cell."""
-    model = build_model(cfg, cell, tokenizer, entangle_dir, new_token_ids)
+    cell = as_cell(cell)
+    model = build_model(cfg, cell.work_json(), tokenizer, entangle_dir, new_token_ids)
     try:
         model.load_trained(train_dir)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"evaluate: cell {cell['cell_id']}: {e}") from None
+        raise FileNotFoundError(f"evaluate: cell {cell.cell_id}: {e}") from None
     except ValueError as e:
-        raise ValueError(f"evaluate: cell {cell['cell_id']}: {e}") from None
+        raise ValueError(f"evaluate: cell {cell.cell_id}: {e}") from None
     return model.eval()
 
 
@@ -130,10 +132,11 @@ def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
 
 
 def evaluate_cell(
-    cfg: dict, cell: dict, base: BaseFolders, train_dir, out_path, threads: int | None = None
+    cfg, cell: Cell | dict, base: BaseFolders, train_dir, out_path, threads: int | None = None
 ) -> pd.DataFrame:
     """Write the records.parquet (RECORD_COLUMNS) of the cell trained in `train_dir` on `base`
     (its data, entangled model and reference folders) and return it."""
+    cell = as_cell(cell)
     data_dir, entangle_dir, reference_dir, train_dir = base.data, base.entangle, base.reference, Path(train_dir)
     if reference_dir is None:
         raise ValueError("evaluate: the base has no reference folder (its b and scales); run the reference stage")
@@ -146,7 +149,7 @@ def evaluate_cell(
     if unknown:
         raise ValueError(f"evaluate: test split {data_dir / DATA_FILES['test']} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
-    objective = Objective.for_cell(cell, load_scales(reference_dir))
+    objective = Objective.for_cell(cell.settings, load_scales(reference_dir))
     model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, encoding.added_token_ids(data_dir)).to(
         device_for(cfg)
     )
@@ -158,7 +161,7 @@ def evaluate_cell(
             test.x.tolist(),
             sample_z_from="router",
             decoding=decode.Decoding(ecfg["max_new_tokens"], ecfg["batch_size"], seed=ecfg["seed"]),
-            progress=f"decode {cell['cell_id']}",
+            progress=f"decode {cell.cell_id}",
         )
         losses = example_losses(
             model,
@@ -172,7 +175,7 @@ def evaluate_cell(
     scored = score_generations(test, gen.texts)
     rec = pd.DataFrame(
         {
-            "cell_id": cell["cell_id"],
+            "cell_id": cell.cell_id,
             "task": test.task,
             "example_id": test.example_id,
             "strategy": test.strategy,
@@ -191,10 +194,10 @@ def evaluate_cell(
     )[RECORD_COLUMNS]
     bad = [c for c in LOSS_METRICS if not np.isfinite(rec[c]).all()]
     if bad:
-        raise FloatingPointError(f"evaluate: cell {cell['cell_id']}: non-finite per-example {bad[0]}")
+        raise FloatingPointError(f"evaluate: cell {cell.cell_id}: non-finite per-example {bad[0]}")
     write_parquet(rec, out_path)
     print(
-        f"evaluate {cell['cell_id']}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
+        f"evaluate {cell.cell_id}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
         f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}"
     )
     return rec
@@ -204,7 +207,7 @@ def run(job: Job) -> None:
     """The evaluate rule's job: one trained cell's records on the test split."""
     evaluate_cell(
         job.config,
-        job.params["cell"],
+        job.cell,
         job.base(),
         train_dir=job.folder("summary"),
         out_path=job.output["records"],

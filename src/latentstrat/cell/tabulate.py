@@ -18,8 +18,7 @@ import pandas as pd
 
 from latentstrat.aggregations import aggregation as declared_aggregation
 from latentstrat.cell.probes import INFORMATION_PROBES, entropy_bits, read_probes
-from latentstrat.cells import CELL_KEYS, beta_label
-from latentstrat.families import family_label
+from latentstrat.cells import CELL_KEYS, Cell, as_cell, beta_label
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import (
     ACTIVE_UNIT_VARIANCE,
@@ -349,7 +348,7 @@ def bootstrap_replicates(
     return pd.DataFrame({m: rep[m] for m in BOOTSTRAP_METRICS})
 
 
-def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict:
+def cell_row(cell: Cell | dict, records, probes, reference: dict | None = None) -> dict:
     """One cell's metrics row from its evaluate records and probe tables (design section 6, docs/design.md).
 
     final_answer_accuracy = mean correct; strategy_match_rate = share of generations matching
@@ -358,13 +357,15 @@ def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict
     token_base_relative_reconstruction from the `reference` sums (reference_sums; NaN without);
     derived metrics by `derive`.
     """
+    cell = as_cell(cell)
+    s = cell.settings
     row = {
-        "cell_id": cell["cell_id"],
-        "arm": cell["arm"],
-        "role": cell["role"],
-        **{k: cell[k] for k in CELL_KEYS},
-        "family_label": family_label(cell["reconstruction_family"]),
-        "beta_label": beta_label(cell["beta"]),
+        "cell_id": cell.cell_id,
+        "arm": cell.arm,
+        "role": cell.role,
+        **{k: s[k] for k in CELL_KEYS},
+        "family_label": s.reconstruction_family.label,
+        "beta_label": beta_label(s.beta),
     }
     row[M.final_answer_accuracy] = float(records["correct"].astype(bool).mean())
     row[M.strategy_match_rate] = float(records["matched_strategies"].map(len).gt(0).mean())
@@ -373,7 +374,7 @@ def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict
     for name in INFORMATION_PROBES:
         row.update(_information_summary(probes, name))
     row.update(endpoint_decomposition(records, probes))
-    row[M.token_base_relative_reconstruction] = token_base_relative(records, cell["token_aggregation"], reference)
+    row[M.token_base_relative_reconstruction] = token_base_relative(records, s.token_aggregation.name, reference)
     for name in PROBE_METRIC:
         row.update(_probe_summary(probes, name))
     row[M.active_units] = active_units(records)
@@ -387,7 +388,7 @@ def cell_row(cell: dict, records, probes, reference: dict | None = None) -> dict
 
 
 def write_cell_row(
-    cell: dict,
+    cell: Cell | dict,
     records_path,
     probe_paths,
     out_path,
@@ -403,7 +404,8 @@ def write_cell_row(
     records = read_parquet(records_path, "evaluate records", columns=METRIC_RECORD_COLUMNS)
     if records.empty:
         raise ValueError(f"evaluate records {records_path} have no rows")
-    cid = cell["cell_id"]
+    cell = as_cell(cell)
+    cid = cell.cell_id
     other = sorted(set(records["cell_id"]) - {cid})
     if other:
         raise ValueError(f"evaluate records {records_path} belong to cell {other[0]!r}, not {cid!r}")
@@ -428,7 +430,7 @@ def write_cell_row(
     if train_summary_path is not None:  # provenance: the code, host and times the cell trained with
         summary = json.loads(Path(train_summary_path).read_text())
         row.update({f"train_{k}": summary.get(k) for k in PROVENANCE})
-    reps = bootstrap_replicates(records, probes, aggregation=cell["token_aggregation"], reference=reference)
+    reps = bootstrap_replicates(records, probes, aggregation=cell.settings.token_aggregation.name, reference=reference)
     for m in BOOTSTRAP_METRICS:
         row[f"{m}_ci_low"], row[f"{m}_ci_high"] = interval(reps[m])
     df = pd.DataFrame([row])
@@ -440,7 +442,7 @@ def write_cell_row(
 def run(job: Job) -> None:
     """The tabulate rule's job: the cell's row and its bootstrap replicates."""
     write_cell_row(
-        job.params["cell"],
+        job.cell,
         job.input["records"],
         job.files("probes"),
         job.output["row"],

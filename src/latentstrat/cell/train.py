@@ -35,7 +35,7 @@ from latentstrat import batching, encoding
 from latentstrat.base.reference import load_b, load_scales
 from latentstrat.cell.step0 import load_step0, step0_fingerprint
 from latentstrat.cell.validation import prepare_validation, validate
-from latentstrat.cells import cell_training_seed
+from latentstrat.cells import Cell, as_cell, cell_training_seed
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
 from latentstrat.metrics import HISTORY_COLUMNS, LOSS_METRIC_OF
@@ -268,7 +268,7 @@ class CellSetup:
     trains into (its progress file: paths.PROGRESS_FILE)."""
 
     cfg: dict
-    cell: dict
+    cell: Cell
     objective: Objective
     clip: float
     tokenizer: Any
@@ -291,13 +291,13 @@ class RunState:
     step_records: list = field(default_factory=list)
 
 
-def run_summary(cell: dict, run, objective, fingerprint: str, started_at: str, dev) -> dict:
+def run_summary(cell: Cell, run, objective, fingerprint: str, started_at: str, dev) -> dict:
     """A trained cell's summary.json: its steps, wall time and tokens, the objective's scales,
     the config hash and the provenance of the host and code."""
     wall, tokens = run.wall, run.tokens
     return {
-        "cell_id": cell["cell_id"],
-        "training_seed": cell_training_seed(cell),
+        "cell_id": cell.cell_id,
+        "training_seed": cell.training_seed,
         "steps": run.step,
         "wall_time_s": wall,
         "train_tokens": tokens,
@@ -311,16 +311,16 @@ def run_summary(cell: dict, run, objective, fingerprint: str, started_at: str, d
     }
 
 
-def train_cell(cfg: dict, cell: dict, base: BaseFolders, out_dir, threads: int | None = None, step0_dir=None) -> dict:
-    """Train one cell on `base` (its data, entangled model and reference folders); write its
+def train_cell(cfg, cell: Cell | dict, base: BaseFolders, out_dir, threads: int | None = None, step0_dir=None) -> dict:
+    """Train one cell (a Cell, or its `to_json`) on `base` (its data, entangled model and reference folders); write its
     adapters and heads (model.LatentStrategyModel.save_trained), history.parquet,
     summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
     shared step-0 validation of the cell's init (step0.step0_validation), else the cell
     measures its model at step 0 itself. Returns the summary."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
-    out_dir = Path(out_dir)
-    cid = cell["cell_id"]
+    out_dir, cell = Path(out_dir), as_cell(cell)
+    cid = cell.cell_id
     data_dir, entangle_dir, reference_dir = base.data, base.entangle, base.reference
     if reference_dir is None:
         raise ValueError(f"train {cid}: the base has no reference folder (its b and scales); run the reference stage")
@@ -331,21 +331,22 @@ def train_cell(cfg: dict, cell: dict, base: BaseFolders, out_dir, threads: int |
     val_df = encoding.load_split(data_dir, "validation")
     b_train = load_b(reference_dir, train_df)
     b_val = load_b(reference_dir, val_df)
-    objective = Objective.for_cell(cell, load_scales(reference_dir))
+    objective = Objective.for_cell(cell.settings, load_scales(reference_dir))
 
     dev = device_for(cfg)
-    model = build_model(cfg, cell, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
+    model = build_model(cfg, cell.work_json(), tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
     if tcfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     backbone.COMPILE = bool(tcfg["compile"])
     opt = optimizer(model.trainable_parameters(), tcfg["lr"], tcfg["weight_decay"])
-    enc = encoding.encode(train_df, tokenizer, int(cell["z_slots"]))
-    val = prepare_validation(cfg, cell, tokenizer, val_df, b_val, int(cell["latent_dim"]), int(cell["z_slots"]))
+    s = cell.settings
+    enc = encoding.encode(train_df, tokenizer, s.z_slots)
+    val = prepare_validation(cfg, cell.training_seed, tokenizer, val_df, b_val, s.latent_dim, s.z_slots)
 
     setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
-    fingerprint = run_fingerprint(cfg, cell, data_dir, entangle_dir)
+    fingerprint = run_fingerprint(cfg, cell.work_json(), data_dir, entangle_dir)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 
     def checkpoint():
@@ -433,7 +434,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     end (`read_records`: a non-finite loss stops the cell there); validation and batch
     statistics every `eval_every` steps and at the end, `checkpoint()` every `checkpoint_every`
     steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
-    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell["cell_id"], cell_training_seed(setup.cell), setup.train
+    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell.cell_id, setup.cell.training_seed, setup.train
     dev = device_of(model)
     rows_of = EpochBatches(enc.task_idx, tcfg["batch_size"], seed)
     multiple = 1 if dev.type == "cpu" and not tcfg["compile"] else PAD_MULTIPLE
@@ -474,7 +475,7 @@ def run(job: Job) -> None:
     """The train rule's job: train one cell into the folder of its outputs."""
     train_cell(
         job.config,
-        job.params["cell"],
+        job.cell,
         job.base(),
         out_dir=job.folder("summary"),
         threads=job.threads,

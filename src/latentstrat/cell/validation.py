@@ -29,7 +29,7 @@ import torch
 
 from latentstrat import batching, encoding
 from latentstrat.cell.probes import linear_probe
-from latentstrat.cells import cell_training_seed
+from latentstrat.cells import Cell
 from latentstrat.metrics import LOSS_METRIC_OF, LOSS_METRICS, SCORED_NAMES, M, derive
 from latentstrat.modeling import objective as obj
 from latentstrat.modeling.backbone import device_of
@@ -51,12 +51,13 @@ def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
     return rows
 
 
-def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
+def prepare_validation(cfg, seed: int, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
     """The fixed validation inputs of every evaluation: the split (losses), the probe subset
-    `rows`, the decoded subset, and one noise draw per row for z ~ q and z ~ router."""
+    `rows`, the decoded subset, and one noise draw per row for z ~ q and z ~ router (seeded by
+    the training seed of the cell, or of the model as built)."""
     val_df = val_df.reset_index(drop=True)
     rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
-    gen = torch.Generator().manual_seed(cell_training_seed(cell) + 17)
+    gen = torch.Generator().manual_seed(int(seed) + 17)
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
     return {
@@ -73,7 +74,7 @@ def prepare_validation(cfg, cell, tokenizer, val_df, b_val, latent_dim: int, z_s
 
 @torch.no_grad()
 def validate(
-    model, tokenizer, cfg, cell, objective: Objective, val, step: int, measured: dict | None = None
+    model, tokenizer, cfg, cell: Cell, objective: Objective, val, step: int, measured: dict | None = None
 ) -> list[dict]:
     """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
     whole validation split, the probes, the decoded subset and the per-task shares.
@@ -84,7 +85,7 @@ def validate(
     rows = val["rows"]
     sub = val["df"].loc[rows]
     if measured is None:
-        measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(cell))
+        measured = measure_model(model, tokenizer, cfg, val, cell.training_seed)
     metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
     metrics[SCORED_NAMES[M.matched_router_score]] = scored_matched(metrics)
@@ -96,7 +97,7 @@ def validate(
     task_shares(sub, per_row["active"][torch.as_tensor(rows)].numpy().astype(np.float64), grad, per_task)
     if was_training:
         model.train()
-    cid = cell["cell_id"]
+    cid = cell.cell_id
     out = [dict(cell_id=cid, step=step, task="all", metric=k, value=float(v)) for k, v in metrics.items()]
     for t in sorted(per_task):
         out += [dict(cell_id=cid, step=step, task=t, metric=k, value=float(v)) for k, v in per_task[t].items()]

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 import torch
 
 from latentstrat.aggregations import aggregation as declared_aggregation
-from latentstrat.cells import format_value
-from latentstrat.families import Family, parse_family
-from latentstrat.schedules import Schedule, parse_schedule
+from latentstrat.cells import CellSettings, as_settings, format_value
+from latentstrat.families import Family
+from latentstrat.schedules import Schedule
 
 TOKCC_EPS = 1e-3
 
 
 @dataclass(frozen=True, eq=False)
 class Objective:
-    """What J reads of one cell, parsed once (`for_cell`): the reconstruction family, the token
+    """What J reads of one cell's settings (cells.CellSettings, parsed once): the reconstruction family, the token
     aggregation, the KL weight and its schedule, the penalty weights, and the entangled model's
     scales for this aggregation and the family's tokcc exponent ({"S_ref", "T_ref", "n_bar"})."""
 
@@ -36,29 +36,29 @@ class Objective:
     scales: dict
 
     @classmethod
-    def for_cell(cls, cell: dict, reference_scales: dict) -> "Objective":
-        """A cell's J: its settings, with the entangled model's scales for its aggregation and
-        its family's tokcc exponent picked from the reference stage's table (`scales.json`:
-        n_bar, S_ref per aggregation, T_ref per exponent and aggregation)."""
-        family = parse_family(cell["reconstruction_family"])
-        return cls._build(cell, family, select_scales(reference_scales, cell["token_aggregation"], family.alpha))
+    def for_cell(cls, settings, reference_scales: dict) -> "Objective":
+        """A cell's J: its settings (cells.CellSettings), with the entangled model's scales for its
+        aggregation and its family's tokcc exponent picked from the reference stage's table
+        (`scales.json`: n_bar, S_ref per aggregation, T_ref per exponent and aggregation)."""
+        s = as_settings(settings)
+        scales = select_scales(reference_scales, s.token_aggregation.name, s.reconstruction_family.alpha)
+        return cls._build(s, scales)
 
     @classmethod
-    def with_scales(cls, cell: dict, scales: dict) -> "Objective":
+    def with_scales(cls, settings, scales: dict) -> "Objective":
         """A cell's J with scales the caller measured itself ({"S_ref", "T_ref", "n_bar"}: the
         benchmarks and tests)."""
-        return cls._build(cell, parse_family(cell["reconstruction_family"]), scales)
+        return cls._build(as_settings(settings), scales)
 
     @classmethod
-    def _build(cls, cell: dict, family: Family, scales: dict) -> "Objective":
-        declared_aggregation(cell["token_aggregation"])  # a clear error for an unknown aggregation
+    def _build(cls, s: CellSettings, scales: dict) -> "Objective":
         return cls(
-            family=family,
-            aggregation=cell["token_aggregation"],
-            beta=float(cell["beta"]),
-            beta_schedule=parse_schedule(cell["beta_schedule"]),
-            posterior_variance_weight=float(cell["posterior_variance_weight"]),
-            router_marginal_kl_weight=float(cell["router_marginal_kl_weight"]),
+            family=s.reconstruction_family,
+            aggregation=s.token_aggregation.name,
+            beta=s.beta,
+            beta_schedule=s.beta_schedule,
+            posterior_variance_weight=s.posterior_variance_weight,
+            router_marginal_kl_weight=s.router_marginal_kl_weight,
             scales=dict(scales),
         )
 

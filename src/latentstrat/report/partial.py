@@ -19,7 +19,7 @@ from latentstrat.report import build_report
 
 def partial_report(cfg: dict, log=print) -> dict | None:
     """Write the aggregate and the report of the finished cells of `cfg`'s collection; return
-    {"done", "missing"} or None when no cell has metrics yet."""
+    {"done", "missing"}, or None when no cell has metrics yet or every cell has them."""
     p = Paths.from_config(cfg)
     cells = [c.cell_id for c in expand_cells(cfg)]
     tasks = list(cfg["data"]["tasks"])
@@ -28,6 +28,10 @@ def partial_report(cfg: dict, log=print) -> dict | None:
         log("partial report: no cell has metrics yet; nothing to report")
         return None
     missing = [c for c in cells if c not in done]
+    if not missing:  # the aggregate or the report job failed: its rerun writes the report, and a
+        # partial one in its place would read as up to date to the next run
+        log("partial report: every cell has metrics; the collection job that failed writes the report when rerun")
+        return None
     log(
         f"partial report: {len(done)}/{len(cells)} cells have metrics; without: {', '.join(missing) or 'none'} "
         f"-> {p.report_dir}"
