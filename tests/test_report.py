@@ -268,3 +268,32 @@ def test_each_figures_caption_quotes_the_numbers_of_the_frame_it_draws(partial_r
     delta, z = heatmap_frame(t)
     clear = f"{int((z.abs() >= 1).sum().sum())} of {int(delta.notna().sum().sum())} deltas have an interval clear of 0"
     assert clear in figure_caption(t, "objective_scale_heatmap")
+
+
+def test_tables_have_worded_headers_one_precision_per_column_and_split_when_wide():
+    import pandas as pd
+
+    from latentstrat.report.tables import MAX_COLUMNS, md_table
+
+    df = pd.DataFrame(
+        {
+            "arm": ["sum", "matched_mean"],
+            "reconstruction_loss_family_label": ["raw", "dist norm"],
+            "router_information": [0.31259, 0.2],
+            "router_information_ci_low": [0.224, 0.1],
+            "interval_df": [float("inf"), 3.0],
+            "n_cells": [12, 3],
+            "kl_prior_loss": [1234.5678, float("nan")],
+        }
+    )
+    lines = md_table(df).splitlines()
+    assert (
+        lines[0]
+        == "| arm | family | router information | router information: CI low | interval df | n cells | KL to prior |"
+    )
+    assert lines[2] == "| sum | raw | 0.313 | 0.224 | inf | 12 | 1235 |"  # 3 significant digits of a column's size
+    assert lines[3] == "| matched_mean | dist norm | 0.200 | 0.100 | 3 | 3 | NA |"
+    wide = pd.DataFrame({"cell": ["a"], **{f"m{i}": [float(i) + 0.5] for i in range(20)}})
+    parts = [p for p in md_table(wide).split("\n\n") if p.strip()]
+    assert len(parts) == 3 and all(p.startswith("| cell |") for p in parts)  # the key column repeated
+    assert all(p.splitlines()[0].count("|") - 1 <= MAX_COLUMNS for p in parts)

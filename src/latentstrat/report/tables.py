@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from latentstrat.families import family_label, parse_family
@@ -110,7 +111,9 @@ def column_decimals(values: pd.Series) -> int | None:
     v = pd.to_numeric(values, errors="coerce")
     if v.isna().all() or values.map(lambda x: isinstance(x, (bool, str))).any():
         return None
-    v = v.dropna()
+    v = v[np.isfinite(v)]
+    if v.empty:
+        return None
     if (v == v.round()).all():
         return 0 if v.abs().max() < 1e15 else None
     size = v.abs()[v != 0].median() if (v != 0).any() else 1.0
@@ -121,8 +124,8 @@ def _cell(v, decimals: int | None) -> str:
     if decimals is None or isinstance(v, (bool, str)) or v is None:
         return fmt(v)
     f = float(v)
-    if math.isnan(f):
-        return "NA"
+    if not math.isfinite(f):
+        return fmt(f) if math.isnan(f) else str(f)
     return f"{f:,.{decimals}f}" if abs(f) >= 10_000 else f"{f:.{decimals}f}"
 
 
