@@ -92,20 +92,20 @@ def parameter_counts(model) -> dict:
     return counts
 
 
-def step_flops(cfg: dict, counts: dict, tokens: int, supervised: int) -> float:
+def step_flops(arch: dict, counts: dict, tokens: int, supervised: int) -> float:
     """Model FLOPs of one cell step over `tokens` (generator records + posterior inputs) of
     which `supervised` are predicted: per token, forward 2 N (N: the layers' matmul weights)
     plus backward 2 N for the activations' gradients (LoRA trains no frozen weight: no weight
     gradients), plus 6 x the adapters' own parameters; per supervised token, the output
     projection forward and backward, 4 x hidden x vocabulary. Attention's score FLOPs are left
     out (records of about 100 tokens)."""
-    n = cfg["num_hidden_layers"] * layer_matmul_params(cfg)
-    return (4 * n + 6 * counts["adapters"]) * tokens + 4 * cfg["hidden_size"] * cfg["vocab_size"] * supervised
+    n = arch["num_hidden_layers"] * layer_matmul_params(arch)
+    return (4 * n + 6 * counts["adapters"]) * tokens + 4 * arch["hidden_size"] * arch["vocab_size"] * supervised
 
 
-def layer_matmul_params(cfg: dict) -> int:
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    kv = h // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+def layer_matmul_params(arch: dict) -> int:
+    h, i = arch["hidden_size"], arch["intermediate_size"]
+    kv = h // arch["num_attention_heads"] * arch["num_key_value_heads"]
     return h * h + 2 * h * kv + h * h + 3 * h * i  # q, k and v, o, gate / up / down
 
 

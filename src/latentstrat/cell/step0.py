@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from latentstrat.jobs import Job
 
 
-def step0_fingerprint(model, cfg, val) -> str:
+def step0_fingerprint(model, val) -> str:
     """What a step-0 validation is a function of: every weight of the model as built (names,
     dtypes, shapes, bytes), the validation split, its noise draws and the settings that shape
     the probes and decodes."""
@@ -40,12 +40,7 @@ def step0_fingerprint(model, cfg, val) -> str:
         t = t.detach().cpu().contiguous().reshape(-1)
         h.update(f"{name}:{t.dtype}:{t.numel()}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes())
-    settings = {
-        "train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
-        "probes": cfg["probes"],
-        "max_new_tokens": cfg["evaluate"]["max_new_tokens"],
-    }
-    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(json.dumps(val["settings"], sort_keys=True, default=str).encode())
     h.update(val["df"][["task", "example_id", "strategy", "x", "y"]].to_json(orient="values").encode())
     for k in ("eps", "router_eps"):
         h.update(val[k].numpy().tobytes())
@@ -107,8 +102,8 @@ def step0_validation(cfg: dict, init: dict, base: BaseFolders, out_dir, threads:
     model = build_model(cfg, init, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(device_for(cfg))
     seed = cell_training_seed(init)
     val = prepare_validation(cfg, seed, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
-    fingerprint = step0_fingerprint(model, cfg, val)
-    measured = measure_model(model, tokenizer, cfg, val, cell_training_seed(init))
+    fingerprint = step0_fingerprint(model, val)
+    measured = measure_model(model, tokenizer, val, cell_training_seed(init))
     save_step0(measured, fingerprint, init, val_df, out_dir)
     print(
         f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "

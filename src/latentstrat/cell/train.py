@@ -370,8 +370,8 @@ def train_cell(cfg, cell: Cell | dict, base: BaseFolders, out_dir, threads: int 
     try:
         model.train()
         if run.step == 0 and not run.history:
-            measured = step0_measured(model, cfg, val, cid, step0_dir)
-            run.history += validate(model, tokenizer, cfg, cell, objective, val, 0, measured)
+            measured = step0_measured(model, val, cid, step0_dir)
+            run.history += validate(model, tokenizer, cell, objective, val, 0, measured)
         training_loop(model, opt, setup, run, checkpoint, stop)
     finally:
         signal.signal(signal.SIGTERM, prev_handler)
@@ -418,12 +418,12 @@ def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> RunState:
     return run
 
 
-def step0_measured(model, cfg: dict, val: dict, cid: str, step0_dir) -> dict | None:
+def step0_measured(model, val: dict, cid: str, step0_dir) -> dict | None:
     """The shared step-0 measurements of this very model (step0.load_step0), or None without
     `step0_dir`: the cell then measures its model itself."""
     if step0_dir is None:
         return None
-    measured = load_step0(step0_dir, step0_fingerprint(model, cfg, val), val["df"])
+    measured = load_step0(step0_dir, step0_fingerprint(model, val), val["df"])
     print(f"[{cid}] step 0: the model measured in {step0_dir} (the same weights, split and settings)", flush=True)
     return measured
 
@@ -461,7 +461,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
             run.wall, t0 = run.wall + now - t0, now
         progress.update(step, None, n_tok)
         if evaluate:
-            run.history += validate(model, setup.tokenizer, setup.cfg, setup.cell, setup.objective, setup.val, step)
+            run.history += validate(model, setup.tokenizer, setup.cell, setup.objective, setup.val, step)
             run.history += batch_stats(cid, enc.tasks, run.step_records, setup.clip, step, run.history)
             t0 = time.perf_counter()
         if save:

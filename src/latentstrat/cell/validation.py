@@ -53,8 +53,10 @@ def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
 
 def prepare_validation(cfg, seed: int, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
     """The fixed validation inputs of every evaluation: the split (losses), the probe subset
-    `rows`, the decoded subset, and one noise draw per row for z ~ q and z ~ router (seeded by
-    the training seed of the cell, or of the model as built)."""
+    `rows`, the decoded subset, one noise draw per row for z ~ q and z ~ router (seeded by the
+    training seed of the cell, or of the model as built), and the settings the probes and the
+    decodes read (`settings`: what a step-0 validation's fingerprint records). The one place a
+    validation reads the config."""
     val_df = val_df.reset_index(drop=True)
     rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
     gen = torch.Generator().manual_seed(int(seed) + 17)
@@ -69,12 +71,17 @@ def prepare_validation(cfg, seed: int, tokenizer, val_df, b_val, latent_dim: int
         "eps": eps,
         "router_eps": router_eps,
         "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"]),
+        "settings": {
+            "train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
+            "probes": cfg["probes"],
+            "max_new_tokens": cfg["evaluate"]["max_new_tokens"],
+        },
     }
 
 
 @torch.no_grad()
 def validate(
-    model, tokenizer, cfg, cell: Cell, objective: Objective, val, step: int, measured: dict | None = None
+    model, tokenizer, cell: Cell, objective: Objective, val, step: int, measured: dict | None = None
 ) -> list[dict]:
     """History rows for one evaluation (`val`: from `prepare_validation`): the losses over the
     whole validation split, the probes, the decoded subset and the per-task shares.
@@ -85,7 +92,7 @@ def validate(
     rows = val["rows"]
     sub = val["df"].loc[rows]
     if measured is None:
-        measured = measure_model(model, tokenizer, cfg, val, cell.training_seed)
+        measured = measure_model(model, tokenizer, val, cell.training_seed)
     metrics, per_row = validation_losses(measured["passes"], val, objective, step)
     metrics.update(measured["metrics"])
     metrics[SCORED_NAMES[M.matched_router_score]] = scored_matched(metrics)
@@ -105,7 +112,7 @@ def validate(
 
 
 @torch.no_grad()
-def measure_model(model, tokenizer, cfg, val, seed: int) -> dict:
+def measure_model(model, tokenizer, val, seed: int) -> dict:
     """What a validation measures of the model alone, whatever the cell's objective: the passes
     over the whole split (`validation_passes`), the probes and the decoded subset's metrics
     (overall in `metrics`, per task in `per_task`)."""
@@ -116,8 +123,8 @@ def measure_model(model, tokenizer, cfg, val, seed: int) -> dict:
     with model.merged():
         passes = validation_passes(model, val)
         on_subset = {k: passes[k][torch.as_tensor(val["rows"])] for k in GAUSSIANS}  # in `rows` order
-        metrics = probe_metrics(model, tokenizer, cfg, val, on_subset, per_task)
-        overall, decoded_by_task = _decoded_metrics(model, tokenizer, val["df"], val["decode_rows"], cfg, seed)
+        metrics = probe_metrics(model, tokenizer, val, on_subset, per_task)
+        overall, decoded_by_task = _decoded_metrics(model, tokenizer, val, seed)
     metrics.update(overall)
     for t in tasks:
         per_task[t].update(decoded_by_task.get(t, {}))
@@ -185,11 +192,11 @@ def scored_matched(m: dict) -> float:
     )[M.matched_router_score]
 
 
-def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -> dict:
+def probe_metrics(model, tokenizer, val, on_subset: dict, per_task: dict) -> dict:
     """Posterior probe (mu_q -> true strategy, unambiguous rows) and the scored router probes
     (router-sampled z -> the strategy scored as followed by likelihood; SCORED_NAMES) per task
     into `per_task`; their means and the scored global router probe returned."""
-    rows, df = val["rows"], val["df"]
+    rows, df, probes = val["rows"], val["df"], val["settings"]["probes"]
     sub = df.loc[rows]
     z_router = on_subset["mu_r"] + torch.exp(0.5 * on_subset["logvar_r"]) * val["router_eps"]
     followed = scored_strategies(model, tokenizer, df, rows, z_router, val["batch_size"])
@@ -198,9 +205,9 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
     fol = np.array([f if f is not None else "" for f in followed], dtype=object)
     for t in per_task:
         m = (task_arr == t) & ~amb
-        per_task[t][M.posterior_probe], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], cfg)
+        per_task[t][M.posterior_probe], per_task[t]["posterior_probe_chance"] = _probe(mu_q[m], strat[m], probes)
         m2 = (task_arr == t) & (fol != "")
-        per_task[t][ROUTER], per_task[t][f"{ROUTER}_chance"] = _probe(zr[m2], fol[m2], cfg)
+        per_task[t][ROUTER], per_task[t][f"{ROUTER}_chance"] = _probe(zr[m2], fol[m2], probes)
     out = {}
     for k in (M.posterior_probe, ROUTER):
         for key in (k, f"{k}_chance"):
@@ -209,18 +216,17 @@ def probe_metrics(model, tokenizer, cfg, val, on_subset: dict, per_task: dict) -
             out[key] = float(np.mean(vals)) if vals else math.nan
     g = fol != ""
     out[GLOBAL], out[f"{GLOBAL}_chance"] = _probe(
-        zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), cfg
+        zr[g], np.array([f"{a}:{b}" for a, b in zip(task_arr[g], fol[g])]), probes
     )
     return out
 
 
-def _probe(X, y, cfg) -> tuple[float, float]:
-    """(CV accuracy, chance level: the majority-class rate of the probed examples)."""
+def _probe(X, y, probes: dict) -> tuple[float, float]:
+    """(CV accuracy, chance level: the majority-class rate of the probed examples); `probes`:
+    the config's probes section."""
     if len(y) == 0:
         return math.nan, math.nan
-    r = linear_probe(
-        np.asarray(X), np.asarray(y), folds=cfg["probes"]["folds"], seed=cfg["probes"]["seed"], shuffled_control=False
-    )
+    r = linear_probe(np.asarray(X), np.asarray(y), folds=probes["folds"], seed=probes["seed"], shuffled_control=False)
     return float(r.accuracy), float(r.chance)
 
 
@@ -272,9 +278,10 @@ def task_shares(sub: pd.DataFrame, active: np.ndarray, grad: dict, per_task: dic
         )
 
 
-def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, dict]:
+def _decoded_metrics(model, tokenizer, val, seed: int) -> tuple[dict, dict]:
     """Answer accuracy and strategy-match rate of router-sampled greedy generations on the
     decoded subset: (overall, {task: per-task})."""
+    df, rows = val["df"], val["decode_rows"]
     if not rows:
         return {M.final_answer_accuracy: math.nan, M.strategy_match_rate: math.nan}, {}
     sub = df.loc[rows]
@@ -282,7 +289,7 @@ def _decoded_metrics(model, tokenizer, df, rows, cfg, seed: int) -> tuple[dict, 
         model,
         tokenizer,
         sub.x.tolist(),
-        decoding=Decoding(cfg["evaluate"]["max_new_tokens"], cfg["train"]["val_batch_size"], seed=seed),
+        decoding=Decoding(val["settings"]["max_new_tokens"], val["batch_size"], seed=seed),
     )
     scored = score_generations(sub, gen.texts)
     correct = scored.correct.to_numpy(dtype=float)
