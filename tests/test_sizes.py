@@ -45,3 +45,36 @@ def test_the_workflow_glue_stays_glue():
     and how lives in the package (tested there), so the file stays short."""
     n = len((ROOT / "workflow" / "rules" / "common.smk").read_text().splitlines())
     assert n <= MAX_GLUE_LINES, f"workflow/rules/common.smk: {n} lines (at most {MAX_GLUE_LINES})"
+
+
+# The config travels as sections, not as the whole config: functions that take `cfg` and its
+# subscripts outside latentstrat.config, held at what they are now so they only go down (the
+# allowed readers of the whole config: validation, grid expansion, status, the stage entries).
+MAX_CFG_FUNCTIONS = 62
+MAX_CFG_SUBSCRIPTS = 116
+
+
+def cfg_uses(package: Path = PACKAGE) -> tuple[list[str], list[str]]:
+    """(functions with a `cfg` parameter, `cfg[...]` subscripts outside config.py), as where."""
+    functions, subscripts = [], []
+    for p in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if any(a.arg == "cfg" for a in [*node.args.args, *node.args.kwonlyargs]):
+                    functions.append(f"{p.relative_to(package)}:{node.name}")
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "cfg":
+                if p.name != "config.py":
+                    subscripts.append(f"{p.relative_to(package)}:{node.lineno}")
+    return functions, subscripts
+
+
+def test_the_whole_config_reaches_few_functions():
+    functions, subscripts = cfg_uses()
+    assert len(functions) <= MAX_CFG_FUNCTIONS, "\n".join(functions)
+    assert len(subscripts) <= MAX_CFG_SUBSCRIPTS, "\n".join(subscripts)
+
+
+def test_the_config_count_sees_a_parameter_and_a_subscript(tmp_path):
+    source = "def f(cfg):\n    return cfg['a'] + cfg['b']\n\ndef g(train):\n    return train['x']\n"
+    (tmp_path / "m.py").write_text(source)
+    assert cfg_uses(tmp_path) == (["m.py:f"], ["m.py:2", "m.py:2"])
