@@ -46,7 +46,7 @@ def test_a_job_reads_the_sections_its_stage_declares_and_no_other():
     for read in (lambda: job.config["probes"], lambda: job.config.get("report")):
         with pytest.raises(KeyError, match="stage evaluate reads config section '(probes|report)', which its"):
             read()
-    # train reads `evaluate` and `probes` too, for its validation: through its step-0 input
+    # train reads `evaluate` and `probes` too, for its validation: beyond its params (step0 records them)
     assert {"evaluate", "probes"} <= set(_job(cfg, "train", cell=cell.work_json()).config)
     assert not {"evaluate", "probes"} & set(stage_settings(cfg, "train"))
     # the cell, parsed once and typed

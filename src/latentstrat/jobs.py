@@ -61,15 +61,14 @@ class Job:
         trigger watches)."""
         params = dict(smk.params.items())
         sections = {"resources": given_resources(smk), **params.get("settings", {})}
-        also = BY_NAME[smk.rule].through_inputs if smk.rule in BY_NAME else ()
-        if also:  # sections that reach the job through an input: from the workflow's config
+        stage = BY_NAME.get(smk.rule)
+        also = stage.also_reads if stage else ()
+        if also:  # sections the stage reads beyond its params: from the workflow's config
             cfg = load_config(cfg=dict(smk.config))
-            sections.update({k: cfg[k] for k in also})
+            sections.update({k: v for k, v in cfg.items() if (k in also or also == EVERY_SECTION) and k != "resources"})
         return cls(
             stage=smk.rule,
-            config=Sections(
-                sections, smk.rule, every=smk.rule in BY_NAME and BY_NAME[smk.rule].sections == EVERY_SECTION
-            ),
+            config=Sections(sections, smk.rule, every=stage is not None and EVERY_SECTION in (stage.sections, also)),
             input={k: _plain(v) for k, v in smk.input.items()},
             output={k: _plain(v) for k, v in smk.output.items()},
             outputs=tuple(str(f) for f in smk.output),

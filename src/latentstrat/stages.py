@@ -50,11 +50,10 @@ class Stage:
     anchor: str = "base"  # one of ANCHORS
     reads: tuple[str, ...] = ()  # the base stages whose outputs a base stage's job reads
     sections: tuple[str, ...] = ()  # the config sections its jobs read (EVERY_SECTION: all of them)
-    # sections its jobs read too whose changes reach them through an input, not their params:
-    # train validates with the `evaluate` and `probes` settings its step-0 input records (and
-    # the work key, paths.work_key, names its folder by them); the job gets them from the
-    # workflow's config
-    through_inputs: tuple[str, ...] = ()
+    # sections its jobs read beyond their params, from the workflow's config (EVERY_SECTION: all
+    # of them), each for a reason its declaration gives: a change there reaches the job another
+    # way, or must not rerun it
+    also_reads: tuple[str, ...] = ()
     only: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file -> the entangle modes it exists in
     # a cell stage's wall time as a share of its train job's, for the collection's ETA until a job
     # of the stage has been measured (the default collection on a CPU: evaluate 28 s, probes 14 s,
@@ -134,6 +133,9 @@ STAGES = (
         "latentstrat.base.reference:run",
         reads=("data", "entangle"),
         sections=BASE_SECTIONS,
+        # T_ref at the tokcc exponents of the collection's cells (cells.tokcc_alphas): not a
+        # param, so the collections on one base share the reference
+        also_reads=EVERY_SECTION,
     ),
     Stage(
         "step0",
@@ -158,7 +160,9 @@ STAGES = (
         "train",
         "latentstrat.cell.train:run",
         sections=TRAIN_SECTIONS,
-        through_inputs=("evaluate", "probes"),
+        # validates with the `evaluate` and `probes` settings its step-0 input records (and the
+        # work key, paths.work_key, names its folder by them)
+        also_reads=("evaluate", "probes"),
         share_of_train=1.0,
         done_word="trained",
     ),

@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from latentstrat.base.guard import base_problem, lost_base_stages, shipped_manifest, upstream
-from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, tokcc_alphas
+from latentstrat.cells import expand_cells, external_arms, init_id, init_settings
 from latentstrat.config import ConfigError, from_snakemake
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths

@@ -19,9 +19,6 @@ checkpoint reference:
         **job_resources(MODEL_JOB, RES["mem_mb"], RES["runtime_evaluate"]),
     params:
         entangle_dir=ENTANGLE_DIR,
-        # the tokcc exponents the collection's cells need T_ref at: a collection on this base that
-        # adds one reruns the reference (and the cells that read its scales)
-        alphas=tokcc_alphas(CELLS.values()),
         settings=settings("reference"),
     script:
         "../scripts/stage.py"

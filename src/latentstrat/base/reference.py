@@ -253,7 +253,6 @@ def run(job: Job) -> None:
         Path(job.params["entangle_dir"]),
         job.folder("scales"),
         job.threads,
-        alphas=job.params["alphas"],
     )
 
 
