@@ -69,11 +69,6 @@ def page(title: str, body: str) -> str:
     )
 
 
-def _rst_raw_html(fragment: str) -> str:
-    """An HTML fragment as a reStructuredText raw block (docutils passes it through)."""
-    return ".. raw:: html\n\n" + "\n".join("   " + line for line in fragment.splitlines()) + "\n"
-
-
 def _jinja_raw(text: str) -> str:
     """Text Snakemake's Jinja pass leaves alone."""
     return "{% raw %}" + text + "{% endraw %}"
