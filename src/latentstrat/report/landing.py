@@ -45,13 +45,13 @@ def verdict_html(brief: dict) -> str:
     arms = brief.get("primary_contrast") or {}
     metric = brief.get("primary_endpoint") or ""
     level = f"{100 * (1 - float(brief.get('alpha') or 0.05)):.4g}%"
-    why = f" ({_inline(brief['why'])})" if brief.get("why") else ""
+    why = f" Why: {_inline(brief['why'])}." if brief.get("why") else ""
     return (
-        f"<p><strong>Verdict: {verdict}</strong>{why}. {_code(arms.get('primary_arm'))} minus "
+        f"<p><strong>Verdict: {verdict}</strong>. {_code(arms.get('primary_arm'))} minus "
         f"{_code(arms.get('comparison_arm'))} in {_html.escape(label(metric))}{_unit(metric)}: "
         f"<strong>{fmt(brief['delta'])}</strong>, {level} interval {fmt(brief['ci_low'])} to "
         f"{fmt(brief['ci_high'])}; the smallest difference this collection could detect: "
-        f"{fmt(brief.get('detectable_delta'))}.</p>"
+        f"{fmt(brief.get('detectable_delta'))}.{why}</p>"
     )
 
 
