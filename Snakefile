@@ -14,6 +14,12 @@ if not workflow.overwrite_configfiles:
 include: "workflow/rules/common.smk"
 
 
+wildcard_constraints:
+    cell="[^/]+",
+    init="[^/]+",
+    task=TASK_PATTERN,
+
+
 # one rule file per stage, in pipeline order (latentstrat.stages declares them)
 for _stage in STAGES:
 

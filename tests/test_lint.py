@@ -26,3 +26,12 @@ def test_the_workflow_passes_snakefmt_check():
         pytest.fail("snakefmt is not installed (it is in the test extras: pip install -e '.[test]')")
     r = subprocess.run([snakefmt, "--check", "Snakefile", "workflow"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_snakemakes_own_lint_finds_nothing(tmp_path):
+    """`snakemake --lint` (rules with log and benchmark, no mixed rules and functions, ...)."""
+    from workflow_helpers import copy_workflow, snakemake
+
+    wd = copy_workflow(tmp_path)
+    r = snakemake(wd, "--lint")
+    assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]

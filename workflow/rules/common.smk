@@ -45,12 +45,7 @@ ENTANGLE_DIR = str(P.entangle_dir)  # a model job's param: where the entangled m
 _parallel = package_rules.parallel_cell_jobs(workflow, RES["threads"])
 logger.info(package_rules.start_message(CFG, _parallel, workflow.is_main_process))
 logger.addFilter(package_rules.NoLockNotice(lambda: workflow.execution_settings))
-
-
-wildcard_constraints:
-    cell="[^/]+",
-    init="[^/]+",
-    task="|".join(re.escape(t) for t in TASKS),
+TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)  # the `task` wildcard (the Snakefile's constraints)
 
 
 def settings(stage):
@@ -64,7 +59,7 @@ def job_resources(kind, mem_mb, runtime):
 
 
 def check_layout(rules):
-    """Each stage's rule writes where its declaration lays it out: its outputs, log and benchmark."""
+    """Each stage's rule writes where its declaration lays it out (its outputs, log and benchmark)."""
     declared = {}
     for stage in STAGES:
         r = getattr(rules, stage.name, None)
@@ -137,7 +132,7 @@ if LOST_BASE:
 
 
 def after_base(stage, files):
-    """An input function for `stage`'s rule ("cell": every rule after the base): `files(wildcards)`,
+    """An input function for the rule of `stage` ("cell" for every later stage), `files(wildcards)`,
     asked for after the base stages it reads are complete when a base stage was lost."""
 
     def inputs(wildcards):
