@@ -208,7 +208,7 @@ class CellSettings(Mapping):
         return iter(self.order)
 
     def __len__(self) -> int:
-        return len(CELL_KEYS)
+        return len(self.order)
 
     def __reduce__(self):  # pickled as its plain values (the declarations hold functions)
         return (CellSettings.parse, (self.plain(),))

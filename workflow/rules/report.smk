@@ -4,6 +4,7 @@
 # (latentstrat.report.html). No params: the report reads its settings from the aggregate's meta,
 # and Snakemake's report would show a rule's params beside every figure.
 from latentstrat.report.html import PAGES, TABLE_PAGES, figure_question, figure_title
+from latentstrat.report.landing import FIGURES, FINDING, TABLES
 
 
 rule report:
@@ -32,7 +33,7 @@ rule report:
             directory(f"{COLLECTION}/report/figure_pages"),
             patterns=["{figure}.html"],
             caption=str(Path(f"{COLLECTION}/report/captions.rst").resolve()),
-            category="2. Figures",
+            category=FIGURES,
             subcategory=lambda w: figure_question(w.figure),
             labels=lambda w: {"figure": figure_title(w.figure)},
         ),
@@ -40,7 +41,7 @@ rule report:
             directory(f"{COLLECTION}/report/html"),
             patterns=["{page}.html"],
             caption="../report/pages.rst",
-            category=lambda w: "1. Finding" if w.page in PAGES else "3. Tables",
+            category=lambda w: FINDING if w.page in PAGES else TABLES,
             labels=lambda w: {"page": PAGES.get(w.page) or TABLE_PAGES[w.page][0]},
         ),
     log:

@@ -34,8 +34,9 @@ def base_problem(cfg: dict, paths: Paths, repository: str | Path) -> str | None:
         why = base_guard(stored, cfg)
         if why:
             return f"{why} (base folder: {paths.base_dir})"
-    shipped = shipped_manifest(cfg, repository).parent
-    if cfg["entangle"]["mode"] == "shipped" and not (shipped / MANIFEST).is_file():
+    manifest = shipped_manifest(cfg, repository)
+    if cfg["entangle"]["mode"] == "shipped" and not manifest.is_file():
+        shipped = manifest.parent
         have = sorted(d.name for d in shipped.parent.glob("*/")) if shipped.parent.is_dir() else []
         return (
             f"entangle.mode is 'shipped' but this repository ships no base {cfg['base']!r} ({shipped} has no "

@@ -216,16 +216,16 @@ def shipped_tokens(
     return tokens, diffs[worst]
 
 
-def run_reference(cfg, data_dir, entangle_dir, out_dir, threads: int = 1, log=print, alphas=None) -> dict:
+def run_reference(cfg, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
     """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
-    the base (`shipped_tokens`), else b computed here; T_ref at `alphas` (default: the config's
-    cells'). Returns the scales dict."""
+    the base (`shipped_tokens`), else b computed here; T_ref at the config's cells' tokcc
+    exponents. Returns the scales dict."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
     for name in [DATA_FILES[s] for s in encoding.SPLITS] + [DATA_FILES["tokenizer"]]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
     torch.set_num_threads(int(threads))
-    alphas = config_alphas(cfg) if alphas is None else sorted(alphas)
+    alphas = config_alphas(cfg)
     tokenizer = encoding.load_tokenizer(data_dir)
     splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
     model = _load_entangled_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
@@ -248,11 +248,7 @@ def run_reference(cfg, data_dir, entangle_dir, out_dir, threads: int = 1, log=pr
 def run(job: Job) -> None:
     """The reference rule's job: the entangled model's b and the scales."""
     run_reference(
-        job.config,
-        job.folder("tokenizer"),
-        Path(job.params["entangle_dir"]),
-        job.folder("scales"),
-        job.threads,
+        job.config, job.folder("tokenizer"), Path(job.params["entangle_dir"]), job.folder("scales"), job.threads
     )
 
 

@@ -103,7 +103,7 @@ def step0_validation(cfg: dict, init: dict, base: BaseFolders, out_dir, threads:
     seed = cell_training_seed(init)
     val = prepare_validation(cfg, seed, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
     fingerprint = step0_fingerprint(model, val)
-    measured = measure_model(model, tokenizer, val, cell_training_seed(init))
+    measured = measure_model(model, tokenizer, val, seed)
     save_step0(measured, fingerprint, init, val_df, out_dir)
     print(
         f"step-0 validation of {init_id(init)}: fingerprint {fingerprint[:12]}, "

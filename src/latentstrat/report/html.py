@@ -28,7 +28,7 @@ from latentstrat.report.forest import primary_contrast_frame
 from latentstrat.report.frames import arm_numbers, heatmap_numbers
 from latentstrat.report.frames import fmt as _fmt
 from latentstrat.report.landing import landing_rst
-from latentstrat.report.tables import md_table
+from latentstrat.report.tables import md_table, plural
 
 # file name in html/ -> (title, aggregate table, what it shows)
 TABLE_PAGES = {
@@ -111,8 +111,8 @@ def forest_numbers(t: dict) -> str:
     level = f"{100 * (1 - float(head.get('alpha', 0.05))):.4g}%"
     return (
         f"In this collection: grid mean {_fmt(head.mean_delta)} ({level} interval {_fmt(head.ci_low)} to "
-        f"{_fmt(head.ci_high)}: {head.verdict}) over {len(frame)} settings, {above} with an interval above 0 and "
-        f"{below} below; detectable difference {_fmt(head.detectable_delta)}."
+        f"{_fmt(head.ci_high)}: {head.verdict}) over {plural(len(frame), 'setting')}, {above} with an interval "
+        f"above 0 and {below} below; detectable difference {_fmt(head.detectable_delta)}."
     )
 
 
@@ -220,5 +220,5 @@ def write_html_report(t: dict, brief: dict, made, out_dir, meta: dict) -> None:
     write_text(captions_rst(t, made), out_dir / "captions.rst")
     pages = {title: str(out_dir / "html" / f"{stem}.html") for stem, title in PAGES.items()}
     followup = (meta.get("followup") or {}).get("path")
-    landing = landing_rst(brief, t.get("summary", pd.DataFrame()), meta.get("setup") or {}, pages, followup)
+    landing = landing_rst(brief, t, meta.get("setup") or {}, pages, followup)
     write_text(landing, out_dir / "landing.rst")

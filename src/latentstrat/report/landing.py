@@ -16,7 +16,7 @@ import pandas as pd
 from latentstrat.metrics import label, unit
 from latentstrat.report.frames import fmt
 
-# the report's menu sections (report.smk's categories) and the pages the landing page links to
+# the report's menu sections: report.smk's categories, the landing page's links
 FINDING, FIGURES, TABLES = "1. Finding", "2. Figures", "3. Tables"
 
 
@@ -92,34 +92,27 @@ def _table(head: list[str] | None, rows, first_code: bool = False, caption: str 
     return f"<table{_TABLE}>{cap}{th}<tbody>{body}</tbody></table>"
 
 
-def _counts(col: pd.Series) -> str:
-    v = col.dropna().astype(str)
-    return ", ".join(f"{name} ({n})" for name, n in v.value_counts().items()) if len(v) else "not recorded"
-
-
-def setup_rows(summary: pd.DataFrame, setup: dict) -> list[tuple[str, str]]:
-    """What the cells ran on: model, training, tasks, data (aggregate meta `setup`), then from the
-    cells' own records the seeds, the code, the dates and the hardware (`not recorded` where
-    the cells do not say)."""
+def setup_rows(summary: pd.DataFrame, metadata: pd.DataFrame, setup: dict) -> list[tuple[str, str]]:
+    """What the cells ran on: model, training, tasks, data (aggregate meta `setup`), the seeds per
+    setting, and the code, dates and hardware the cells recorded (the Collection Metadata table,
+    aggregate.fairness.collection_metadata)."""
     rows = [(k, str(setup.get(k) or "not recorded")) for k in ("model", "training", "tasks", "data per task")]
-
-    def col(name) -> pd.Series:
-        return summary[name] if name in summary.columns else pd.Series(dtype=object)
-
     seeds = "not recorded"
     if not summary.empty and "seed" in summary.columns:
         n = summary.groupby([c for c in ("arm", "family_label", "beta_label") if c in summary.columns]).seed.nunique()
         seeds = f"{n.min()}-{n.max()} per setting" if n.min() != n.max() else f"{n.min()} per setting"
-    commit = col("train_code_commit").dropna().astype(str).str[:10]
-    code = _counts(col("train_code_version")) + (f"; commit {', '.join(sorted(set(commit)))}" if len(commit) else "")
-    start, end = col("train_started_at").dropna(), col("train_finished_at").dropna()
-    when = (
-        f"{str(start.min())[:16].replace('T', ' ')} to {str(end.max())[:16].replace('T', ' ')} UTC"
-        if len(start) and len(end)
-        else "not recorded"
-    )
-    hardware = f"device {_counts(col('train_device'))}; CPU {_counts(col('train_cpu'))}"
-    return [*rows, ("seeds", seeds), ("code", code), ("trained", when), ("hardware", hardware)]
+    field = dict(zip(metadata.field, metadata.value)) if {"field", "value"} <= set(metadata.columns) else {}
+
+    def said(name: str) -> str:
+        return field.get(name) or "not recorded"
+
+    return [
+        *rows,
+        ("seeds", seeds),
+        ("code", said("code versions")),
+        ("trained", f"{said('first cell started')} to {said('last cell finished')}"),
+        ("hardware", f"{said('devices')}; {said('CPUs (capability)')}"),
+    ]
 
 
 def _link(text: str, onclick: str) -> str:
@@ -167,8 +160,10 @@ def sanity_line(brief: dict) -> str:
     return f"<p>{done}; {check}{hosts}.</p>"
 
 
-def landing_html(brief: dict, summary: pd.DataFrame, setup: dict, pages: dict, followup_path: str | None) -> str:
-    """The landing page's body (HTML): verdict, arms, next step, setup, links."""
+def landing_html(brief: dict, t: dict, setup: dict, pages: dict, followup_path: str | None) -> str:
+    """The landing page's body (HTML) from brief.yaml's keys and the aggregate tables `t`:
+    verdict, arms, next step, setup, links."""
+    summary, metadata = t.get("summary", pd.DataFrame()), t.get("collection_metadata", pd.DataFrame())
     metric = brief.get("primary_endpoint") or ""
     head = ["arm", "cells", f"{label(metric)}{_unit(metric)}: mean (range)", "cell states"]
     arms = _table(head, arm_rows(summary, brief), True)
@@ -178,16 +173,16 @@ def landing_html(brief: dict, summary: pd.DataFrame, setup: dict, pages: dict, f
             arms,
             next_step(brief, followup_path),
             sanity_line(brief),
-            _table(None, setup_rows(summary, setup), caption="Setup"),
+            _table(None, setup_rows(summary, metadata, setup), caption="Setup"),
             links(pages),
         ]
     )
 
 
-def landing_rst(brief: dict, summary: pd.DataFrame, setup: dict, pages: dict, followup_path: str | None) -> str:
+def landing_rst(brief: dict, t: dict, setup: dict, pages: dict, followup_path: str | None) -> str:
     """The landing page as Snakemake reads it: reStructuredText (a title, then the body as a raw
     HTML block), wrapped so its Jinja pass leaves it alone."""
     title = f"latentstrat: {brief.get('collection') or 'collection'}"
-    body = landing_html(brief, summary, setup, pages, followup_path)
+    body = landing_html(brief, t, setup, pages, followup_path)
     raw = ".. raw:: html\n\n" + "\n".join("   " + line for line in body.splitlines()) + "\n"
     return "{% raw %}" + f"{title}\n{'=' * len(title)}\n\n" + raw + "{% endraw %}"

@@ -116,7 +116,7 @@ def memory_detail(rule: str, job: str | None, measured, peak_of=slurm_peak_mb) -
             f"finished {rule} jobs peaked at {bench:.0f} MB" if not math.isnan(bench) else ""]  # fmt: skip
     text = "killed for memory by Slurm (OUT_OF_MEMORY)" + "".join(f"; {x}" for x in said if x)
     if peaks:
-        mem = 100 * math.ceil(max(peaks) * 1.5 / 100)
+        mem = sizing.mem_request(max(peaks))
         return text + f"; set `set-resources: {rule}: mem_mb: {mem}` in the Slurm profile (peak x 1.5)"
     return text + f"; raise `set-resources: {rule}: mem_mb` in the Slurm profile (no peak measured yet)"
 

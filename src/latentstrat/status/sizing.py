@@ -58,6 +58,12 @@ def measured(paths: Paths) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def mem_request(peak_mb: float, margin: float = 1.5, min_mem_mb: int = 500) -> int:
+    """The `mem_mb` a job should request after peaking at `peak_mb`: the peak times `margin`,
+    rounded up to 100 MB, at least `min_mem_mb`."""
+    return max(min_mem_mb, 100 * math.ceil(peak_mb * margin / 100))
+
+
 def requests(table: pd.DataFrame, margin: float = 1.5, min_mem_mb: int = 500, min_runtime: int = 5) -> dict:
     """rule -> {mem_mb, runtime (minutes)}: the measured peak times `margin`, memory rounded up
     to 100 MB and at least `min_mem_mb`, runtime rounded up to a minute and at least
@@ -70,7 +76,7 @@ def requests(table: pd.DataFrame, margin: float = 1.5, min_mem_mb: int = 500, mi
             continue
         req = {"runtime": max(min_runtime, math.ceil(r.max_wall_s * margin / 60))}
         if not math.isnan(r.max_rss_mb):
-            req = {"mem_mb": max(min_mem_mb, 100 * math.ceil(r.max_rss_mb * margin / 100)), **req}
+            req = {"mem_mb": mem_request(r.max_rss_mb, margin, min_mem_mb), **req}
         out[r.rule] = req
     return out
 
