@@ -55,7 +55,9 @@ def make_base(root: Path, cfg: dict) -> dict:
     tok = encoding.load_tokenizer(dd)
     torch.manual_seed(0)
     build_backbone(cfg["backbone"], tok).save_pretrained(ed / "model")
-    write_model_extras(ed / "model", tok, cfg)  # as the entangle stage does: tokenizer and card
+    write_model_extras(
+        ed / "model", tok, cfg["base"], cfg["data"]["tasks"], cfg["backbone"]
+    )  # as the entangle stage does: tokenizer and card
     run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
     return {"data_dir": dd, "entangle_dir": ed, "reference_dir": rd}
 

@@ -255,7 +255,7 @@ def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch
     records.write_bytes(b"garbage")
     t = os.path.getmtime(mp[cid])
     os.utime(records, (t + 10, t + 10))
-    summary, state = load_cell_rows(cfg, mp, upstream={cid: [records]})
+    summary, state = load_cell_rows(expand_cells(cfg), mp, upstream={cid: [records]})
     row = state.set_index("cell_id").loc[cid]
     assert row.status == "incomplete" and "older than" in row.reason and "records.parquet" in row.reason
     assert cid not in set(summary.cell_id)

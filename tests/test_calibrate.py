@@ -11,13 +11,14 @@ import pytest
 from latentstrat.aggregate import contrasts
 from latentstrat.aggregate.collection import report_settings
 from latentstrat.bench import calibrate, looks
+from latentstrat.cells import Collection, expand_cells
 from latentstrat.config import load_config
 
 
 @pytest.fixture(scope="module")
 def default_design():
     cfg = load_config("config/config.yaml")
-    return calibrate.design(cfg), report_settings(cfg.get("report"))
+    return calibrate.design(expand_cells(cfg)), report_settings(cfg.get("report"))
 
 
 def test_design_pairs_the_arms_cells_by_setting_and_replicate(default_design):
@@ -144,10 +145,10 @@ def test_the_two_look_procedure_runs_through_the_harness(default_design):
     d, thr = default_design
     assert thr["alpha_by_look"] == [0.04, 0.01]
     plan = {"seeds": [314159, 314162, 314163], "fresh_seeds": [314162, 314163]}
-    fd = looks.followup_design(cfg, plan)
+    fd = looks.followup_design(Collection.of(cfg), plan)
     assert len(fd) == 2 * 12 * 2 and set(fd.seed) == {314162, 314163}
     assert (fd.groupby(["setting", "replicate"]).arm.nunique() == 2).all()
-    row = looks.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, cfg, 60, seed=3)
+    row = looks.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, Collection.of(cfg), 60, seed=3)
     assert row["followup_rate"] > 0.1 and row["second_look_false_sign"] is not None
     fs, se = row["procedure_false_sign"]
     assert fs <= 0.05 + 2 * max(se, math.sqrt(0.05 * 0.95 / 60))

@@ -319,17 +319,19 @@ def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
 def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained_and_run():
     cfg = C.load_config(ROOT / "config" / "config.yaml")
     stored = json.loads(json.dumps(C.base_settings(cfg), default=str))
-    assert C.base_guard(stored, cfg) is None
+    assert C.base_guard(stored, C.Base.of(cfg)) is None
     # how the entangled model is obtained (trained, shipped) and run (attention) are not the base
     other = {
         **cfg,
         "entangle": {**cfg["entangle"], "mode": "train"},
         "backbone": {**cfg["backbone"], "attn_implementation": "eager"},
     }
-    assert C.base_guard(stored, other) is None
-    why = C.base_guard({**stored, "entangle": {**stored["entangle"], "steps": 5}}, cfg)
+    assert C.base_guard(stored, C.Base.of(other)) is None
+    why = C.base_guard({**stored, "entangle": {**stored["entangle"], "steps": 5}}, C.Base.of(cfg))
     assert "entangle.steps" in why and cfg["base"] in why
-    why = C.base_guard({**stored, "data": {**stored["data"], "seed": 1}, "tokenizer": "pretrained:x@default"}, cfg)
+    why = C.base_guard(
+        {**stored, "data": {**stored["data"], "seed": 1}, "tokenizer": "pretrained:x@default"}, C.Base.of(cfg)
+    )
     assert "data.seed" in why and "tokenizer" in why and "entangle.steps" not in why
 
 

@@ -116,14 +116,15 @@ def test_bad_arguments(tiny):
 def test_benchmark_run_small():
     from pathlib import Path
 
-    from latentstrat.bench.decode import run
+    from latentstrat.bench.decode import build_bench_model, run
     from latentstrat.config import load_config
 
     cfg = load_config(
         Path(__file__).resolve().parents[1] / "config" / "smoke.yaml",
         overrides={"data": {"tasks": ["sorting_algorithms", "multidigit_addition"]}},
     )
-    res = run(cfg, n=6, max_new_tokens=5, batch_size=4)
+    bench_model = build_bench_model(cfg["data"]["tasks"], cfg["backbone"], cfg["lora"], cfg["cell"])
+    res = run(bench_model, n=6, max_new_tokens=5, batch_size=4)
     assert res["identical"] and res["mismatched_examples"] == []
     assert res["examples"] == 6 and 6 <= res["generated_tokens"] <= 30
     assert res["kv_cache_tokens_per_s"] > 0 and res["naive_tokens_per_s"] > 0

@@ -59,7 +59,7 @@ def step0_token_nll(cfg, cell, root, model=None):
     (z ~ posterior), and the reference b for the same tokens, as [B, L] with a mask."""
     tok = encoding.load_tokenizer(root / "data")
     val = encoding.load_split(root / "data", "validation")
-    model = model or build_model(cfg, cell, tok, root / "entangle")
+    model = model or build_model(cfg["backbone"], cfg["lora"], cell, tok, root / "entangle")
     model.eval()
     enc = encoding.encode(val, tok, int(cell["z_slots"]))
     batch = batching.collate(enc, range(len(val)), load_b(root / "reference", val))
@@ -90,7 +90,9 @@ def test_step0_base_relative_losses_are_one_for_every_family(base, family, aggre
     cell = next(c.to_json() for c in expand_cells(cfg) if c.settings["reconstruction_family"] == family)
     _, _, _, batch = step0_token_nll(cfg, cell, base)
     objective = Objective.for_cell(cell, load_scales(base / "reference"))
-    model = build_model(cfg, cell, encoding.load_tokenizer(base / "data"), base / "entangle").eval()
+    model = build_model(
+        cfg["backbone"], cfg["lora"], cell, encoding.load_tokenizer(base / "data"), base / "entangle"
+    ).eval()
     with torch.no_grad():
         out = forward_losses(model, batch, objective, 0, torch.randn(len(batch), 4))
     # S_ref and T_ref are the entangled model's values on exactly these (validation) rows
@@ -125,13 +127,13 @@ def test_controls_a_random_z_projection_or_untrained_slot_tokens_break_the_invar
     cell = expand_cells(cfg)[0].to_json()
     tok = encoding.load_tokenizer(base / "data")
     # 1. a randomly initialized z projection: z leaks into the generator at step 0
-    model = build_model(cfg, cell, tok, base / "entangle")
+    model = build_model(cfg["backbone"], cfg["lora"], cell, tok, base / "entangle")
     torch.nn.init.normal_(model.z_proj.weight, std=0.02)
     l, b, m, _ = step0_token_nll(cfg, cell, base, model)
     assert (l[m] - b[m]).abs().max() > 1e-3
     # 2. slot tokens the entangled model never saw (their embeddings at random init, drawn from a
     # generator of their own: over draws the mean NLL rises by 3.5-5%, single tokens' by ~1 nat)
-    model = build_model(cfg, cell, tok, base / "entangle")
+    model = build_model(cfg["backbone"], cfg["lora"], cell, tok, base / "entangle")
     emb = model.lm.get_input_embeddings().weight
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -34,7 +34,7 @@ def cell(tiny_base, tmp_path_factory):
     out = tmp_path_factory.mktemp("cell") / "train"
     train_cell(cfg, c, base_folders(tiny_base), out, threads=1)
     tok = encoding.load_tokenizer(tiny_base["data_dir"])
-    model = load_cell_model(cfg, c, tok, tiny_base["entangle_dir"], out).eval()
+    model = load_cell_model(cfg["backbone"], cfg["lora"], c, tok, tiny_base["entangle_dir"], out).eval()
     df = encoding.load_split(tiny_base["data_dir"], "test").groupby("task").head(3).reset_index(drop=True)
     return {"train": out, "base": tiny_base["entangle_dir"] / "model", "tok": tok, "model": model, "df": df}
 

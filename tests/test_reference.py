@@ -14,12 +14,12 @@ from latentstrat.base import data
 from latentstrat.base.reference import (
     TOKENS_COLUMNS,
     compute_scales,
-    config_alphas,
     load_b,
     load_scales,
     run_reference,
     token_counts,
 )
+from latentstrat.cells import config_alphas
 from latentstrat.config import load_config
 from latentstrat.modeling.objective import select_scales
 

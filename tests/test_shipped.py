@@ -12,7 +12,7 @@ import pytest
 
 from latentstrat.base import data, shipped
 from latentstrat.base.entangle import run_entangle
-from latentstrat.config import base_settings, load_config
+from latentstrat.config import Base, base_settings, load_config
 from latentstrat.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def trained(tmp_path_factory):
     cfg = cfg_with()
     data.build_dataset(cfg["data"], root / "data", base_config=base_settings(cfg))
     run_entangle(cfg, root / "data", root / "entangle", threads=1, log=lambda m: None)
-    prov = shipped.ship(cfg, root / "data", root / "entangle", root / "ship")
+    prov = shipped.ship(Base.of(cfg), root / "data", root / "entangle", root / "ship")
     return root, cfg, prov
 
 
@@ -77,7 +77,7 @@ def test_ship_then_install_gives_the_same_model_and_rechecks_quality(trained, tm
     assert set(q["tasks"]) == set(cfg["data"]["tasks"]) and (tmp_path / "quality.parquet").exists()
     # an installed (not trained) base is not shipped again
     with pytest.raises(shipped.ShippedBaseError, match="not trained here"):
-        shipped.ship(cfg, root / "data", tmp_path, tmp_path / "again")
+        shipped.ship(Base.of(cfg), root / "data", tmp_path, tmp_path / "again")
 
 
 def _copy(root, tmp_path):
@@ -94,17 +94,17 @@ def test_a_corrupt_missing_or_unlisted_file_is_named(trained, tmp_path):
     blob[len(blob) // 2] ^= 0xFF
     w.write_bytes(bytes(blob))
     with pytest.raises(shipped.ShippedBaseError, match=r"model/model.safetensors fails its checksum.*git checkout"):
-        shipped.verify(d, cfg, root / "data")
+        shipped.verify(d, Base.of(cfg), root / "data")
     w.unlink()
     with pytest.raises(shipped.ShippedBaseError, match="model/model.safetensors is listed in SHA256SUMS but missing"):
-        shipped.verify(d, cfg, root / "data")
+        shipped.verify(d, Base.of(cfg), root / "data")
     d = _copy(root, tmp_path / "b")
     (d / "model" / "extra.bin").write_bytes(b"x")
     with pytest.raises(shipped.ShippedBaseError, match="model/extra.bin is not in SHA256SUMS"):
-        shipped.verify(d, cfg, root / "data")
+        shipped.verify(d, Base.of(cfg), root / "data")
     (d / "SHA256SUMS").unlink()
     with pytest.raises(shipped.ShippedBaseError, match=r"no shipped base.*entangle='\{mode: train\}'"):
-        shipped.verify(d, cfg, root / "data")
+        shipped.verify(d, Base.of(cfg), root / "data")
     # nothing was installed from a bad artifact
     out = tmp_path / "out"
     with pytest.raises(shipped.ShippedBaseError):
@@ -151,9 +151,9 @@ def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is
     sums = d / "SHA256SUMS"
     sums.write_text("".join(x for x in sums.read_text().splitlines(keepends=True) if "reference/" not in x))
     with pytest.raises(shipped.ShippedBaseError, match="reference/tokens.parquet is missing"):
-        shipped.verify(d, cfg, root / "data")
-    shipped.add_reference(cfg, root / "data", d)
-    assert shipped.verify(d, cfg, root / "data")["reference"]["cpu"]
+        shipped.verify(d, Base.of(cfg), root / "data")
+    shipped.add_reference(Base.of(cfg), root / "data", d)
+    assert shipped.verify(d, Base.of(cfg), root / "data")["reference"]["cpu"]
     assert (d / "reference" / "tokens.parquet").read_bytes() == (
         root / "ship" / "reference" / "tokens.parquet"
     ).read_bytes()
@@ -162,13 +162,13 @@ def test_the_shipped_reference_table_is_the_one_computed_here_and_a_wrong_one_is
 def test_another_recipe_or_other_data_is_refused(trained, tmp_path):
     root, cfg, _ = trained
     with pytest.raises(shipped.ShippedBaseError, match=r"another recipe.*entangle\.steps"):
-        shipped.verify(root / "ship", cfg_with(entangle={"steps": 5}), root / "data")
+        shipped.verify(root / "ship", Base.of(cfg_with(entangle={"steps": 5})), root / "data")
     other = cfg_with(data={"seed": 8})
     data.build_dataset(other["data"], tmp_path / "data")
     with pytest.raises(shipped.ShippedBaseError, match="other data"):
-        shipped.verify(root / "ship", cfg, tmp_path / "data")
+        shipped.verify(root / "ship", Base.of(cfg), tmp_path / "data")
     # the mode is not part of the recipe: a train-mode config matches its own shipped base
-    assert shipped.verify(root / "ship", cfg_with("shipped"), root / "data")["base"] == cfg["base"]
+    assert shipped.verify(root / "ship", Base.of(cfg_with("shipped")), root / "data")["base"] == cfg["base"]
 
 
 def test_failing_quality_is_not_shipped(trained, tmp_path):
@@ -178,7 +178,7 @@ def test_failing_quality_is_not_shipped(trained, tmp_path):
     q = json.loads((d / "quality.json").read_text())
     (d / "quality.json").write_text(json.dumps({**q, "passed": False}))
     with pytest.raises(shipped.ShippedBaseError, match="passing quality checks"):
-        shipped.ship(cfg, root / "data", d, tmp_path / "ship")
+        shipped.ship(Base.of(cfg), root / "data", d, tmp_path / "ship")
 
 
 @pytest.mark.parametrize("config", ["config.yaml", "quick.yaml"])
@@ -200,7 +200,7 @@ def test_default_and_quick_collections_ship_their_base(config):
 def test_shipped_base_verifies_against_a_fresh_data_stage(config, tmp_path):
     cfg = load_config(ROOT / "config" / config)
     data.build_dataset(cfg["data"], tmp_path, base_config=base_settings(cfg))
-    prov = shipped.verify(shipped.bases_root(ROOT) / cfg["base"], cfg, tmp_path)
+    prov = shipped.verify(shipped.bases_root(ROOT) / cfg["base"], Base.of(cfg), tmp_path)
     assert prov["quality_passed"] and Paths.from_config(cfg).base == prov["base"]
 
 

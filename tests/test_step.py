@@ -86,7 +86,9 @@ def test_trainer_step_equals_library_step(tiny_base):
     enc = encoding.encode(df, tok, int(cell["z_slots"]))
     b = load_b(folders.reference, df)
     objective = Objective.for_cell(cell, load_scales(folders.reference))
-    model = build_model(cfg, cell, tok, folders.entangle, encoding.added_token_ids(folders.data)).train()
+    model = build_model(
+        cfg["backbone"], cfg["lora"], cell, tok, folders.entangle, encoding.added_token_ids(folders.data)
+    ).train()
     for kind in ("packed", "padded"):
         with step.layout(kind):
             eq = step.outputs_equal(model, objective, enc, b, 8, 4, 1.0, 3e-3)
@@ -125,7 +127,9 @@ def test_step_count_names_the_norms_a_cuda_build_fuses(tiny_base):
     enc = encoding.encode(encoding.load_split(folders.data, "train"), tok, int(cell["z_slots"]))
     b = load_b(folders.reference, encoding.load_split(folders.data, "train"))
     objective = Objective.for_cell(cell, load_scales(folders.reference))
-    model = build_model(cfg, cell, tok, folders.entangle, encoding.added_token_ids(folders.data)).train()
+    model = build_model(
+        cfg["backbone"], cfg["lora"], cell, tok, folders.entangle, encoding.added_token_ids(folders.data)
+    ).train()
     opt = step.train.optimizer(model.trainable_parameters(), 1e-3, 0.01)
     cpu = torch.device("cpu")
     with step.layout("padded"):

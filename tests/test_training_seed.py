@@ -109,7 +109,7 @@ def test_a_pair_starts_from_bit_identical_heads_and_two_settings_from_different_
 
     def built(cid):
         torch.manual_seed(12345)  # the global RNG state before the build must not matter
-        model = build_model(cfg, cells[cid], tok, tiny_base["entangle_dir"])
+        model = build_model(cfg["backbone"], cfg["lora"], cells[cid], tok, tiny_base["entangle_dir"])
         return model.heads_state_dict(), model.trainable_state_dict()
 
     seed = cells["agg-sum_fam-tokcc_a0.25_beta-0.01_zdim-4_seed-314159"]["seed"]

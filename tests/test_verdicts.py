@@ -541,7 +541,7 @@ def test_a_followup_trains_exactly_the_cells_it_plans_and_its_headline_reads_all
 
     from latentstrat.aggregate.followup import followup_plan
     from latentstrat.aggregate.power import followup_text
-    from latentstrat.cells import expand_cells
+    from latentstrat.cells import Collection, expand_cells
     from latentstrat.config import config_for_command, load_config
 
     root = Path(__file__).resolve().parents[1]
@@ -560,7 +560,9 @@ def test_a_followup_trains_exactly_the_cells_it_plans_and_its_headline_reads_all
         "training_noise_sd": 0.1,
         "n_cells": 12,
     }
-    plan = followup_plan(cfg, pd.DataFrame([contrast]), pd.DataFrame(columns=["total_s"]))
+    plan = followup_plan(
+        Collection.of(cfg), pd.DataFrame([contrast]), pd.DataFrame(columns=["total_s"]), cfg["resources"]["threads"]
+    )
     assert plan["needed"] and len(plan["fresh_seeds"]) >= 2
     path = tmp_path / "followup.yaml"
     path.write_text(

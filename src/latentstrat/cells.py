@@ -340,6 +340,28 @@ def expand_cells(cfg: dict) -> list[Cell]:
     return cells
 
 
+@dataclass(frozen=True, eq=False)
+class Collection:
+    """A collection as what comes after its cells reads it: its name, its `report` section, its
+    cells (`expand_cells`) and the seeds of its settings (`arm_seeds`). `followup` is the
+    collection that follows it up: the same settings on `seeds`, its headline on the `fresh`
+    ones (report.headline_seeds)."""
+
+    name: str
+    report: Mapping
+    cells: tuple[Cell, ...]
+    seeds: tuple[int, ...]
+    _config: Mapping = field(repr=False)  # what `followup` expands again
+
+    @classmethod
+    def of(cls, cfg) -> Collection:
+        return cls(cfg["collection"], cfg["report"], tuple(expand_cells(cfg)), tuple(arm_seeds(cfg)), cfg)
+
+    def followup(self, seeds: list[int], fresh: list[int]) -> Collection:
+        report = {**self.report, "headline_seeds": fresh or None}
+        return Collection.of({**self._config, "seeds": list(seeds), "report": report})
+
+
 # the one setting a collection's contrasts change: a comparison arm whose cells differ from their
 # primary partners in any other setting (the seed aside) is confounded
 ABLATED_KEY = "token_aggregation"
@@ -402,6 +424,11 @@ def tokcc_alphas(cells) -> list[float]:
     """The tokcc exponents the cells need the reference's T_ref at (every family's `alpha`, the
     default 0.25 among them)."""
     return sorted({DEFAULT_ALPHA} | {c.settings.reconstruction_family.alpha for c in cells})
+
+
+def config_alphas(cfg) -> list[float]:
+    """The tokcc exponents a collection's cells need T_ref at (`tokcc_alphas` of its cells)."""
+    return tokcc_alphas(expand_cells(cfg))
 
 
 def external_arms(cfg: dict) -> list[dict]:

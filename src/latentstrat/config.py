@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -311,6 +313,35 @@ def base_settings(cfg: dict) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Base:
+    """A base as its stages read it: its name and the config sections that build it (data,
+    backbone, entangle: stages.BASE_SECTIONS), as validated. `recipe` is what its entangled
+    model is a function of (`base_settings`, in plain JSON values)."""
+
+    name: str
+    data: dict
+    backbone: dict
+    entangle: dict
+
+    @classmethod
+    def of(cls, cfg: Mapping) -> Base:
+        """From a config, or the sections a stage reads (jobs.Sections)."""
+        return cls(cfg["base"], cfg["data"], cfg["backbone"], cfg["entangle"])
+
+    @property
+    def mode(self) -> str:
+        """How its entangled model is obtained (`entangle.mode`: train, shipped or skip)."""
+        return self.entangle["mode"]
+
+    def settings(self) -> dict:
+        """`base_settings` of its sections."""
+        return base_settings({"data": self.data, "backbone": self.backbone, "entangle": self.entangle})
+
+    def recipe(self) -> dict:
+        return json.loads(json.dumps(self.settings(), default=str))
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -325,14 +356,14 @@ def settings_diff(stored: dict, current: dict) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k, "<unset>") != b.get(k, "<unset>"))
 
 
-def base_guard(stored: dict, cfg: dict) -> str | None:
+def base_guard(stored: dict, base: Base) -> str | None:
     """Why the base folder built with `stored` settings (its data/base_config.json) cannot serve
-    this config, or None."""
-    diff = settings_diff(stored, base_settings(cfg))
+    this config's `base`, or None."""
+    diff = settings_diff(stored, base.settings())
     if not diff:
         return None
     return (
-        f"base {cfg['base']!r} was built with different settings: {', '.join(diff)} differ from this config. "
+        f"base {base.name!r} was built with different settings: {', '.join(diff)} differ from this config. "
         f"Use a new `base` name for the new settings, or delete the base folder to rebuild it "
         f"(and retrain every collection on it)."
     )

@@ -11,7 +11,7 @@ from snakemake.logging import logger
 
 from latentstrat.base.guard import base_problem, lost_base_stages, shipped_manifest, upstream
 from latentstrat.cells import expand_cells, external_arms, init_id, init_settings
-from latentstrat.config import ConfigError, from_snakemake
+from latentstrat.config import Base, ConfigError, from_snakemake
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
 from latentstrat import rules as package_rules
@@ -22,7 +22,7 @@ try:
     CFG = from_snakemake(config, workflow.config_settings.config, CONFIG_FILE)
 except ConfigError as e:
     raise WorkflowError(f"invalid collection config: {e}") from None
-_why = base_problem(CFG, Paths.from_config(CFG), workflow.basedir)  # a base built otherwise is never reused
+_why = base_problem(Base.of(CFG), Paths.from_config(CFG), workflow.basedir)  # a base built otherwise is never reused
 if _why:
     raise WorkflowError(_why)
 
@@ -101,7 +101,7 @@ def entangled_model_outputs(**files):
 
 def shipped_files():
     """The entangle stage's input with `entangle.mode: shipped`: the shipped base's manifest."""
-    return {"shipped": str(shipped_manifest(CFG, workflow.basedir))} if MODE == "shipped" else {}
+    return {"shipped": str(shipped_manifest(CFG["base"], workflow.basedir))} if MODE == "shipped" else {}
 
 
 def base_files():

@@ -49,7 +49,7 @@ from latentstrat.aggregate.settings import (
     top_bottom,
 )
 from latentstrat.aggregate.states import cell_states, state_counts
-from latentstrat.cells import CELL_KEYS, external_arms, format_value
+from latentstrat.cells import CELL_KEYS, Collection, external_arms, format_value
 from latentstrat.families import family_label, parse_family
 from latentstrat.io import write_parquet, write_text
 from latentstrat.metrics import BOOTSTRAP_FILE, ENDPOINT, HISTORY_COLUMNS
@@ -297,30 +297,32 @@ def aggregate_collection(
     comparisons = {}
     for arm in external_arms(cfg):  # validated before any other work: a bad table names its column
         comparisons[arm["name"]] = read_summary_table(arm["table"])
-    summary, state = load_cell_rows(cfg, row_paths, upstream)
+    collection = Collection.of(cfg)
+    summary, state = load_cell_rows(list(collection.cells), row_paths, upstream)
     complete = set(state.loc[state.status == "complete", "cell_id"])
     history, bad = load_histories({c: p for c, p in history_paths.items() if c in complete})
     bootstrap = load_bootstrap({c: Path(p).with_name(BOOTSTRAP_FILE) for c, p in row_paths.items() if c in complete})
-    grid_axes = [k for k in CELL_KEYS if k in cfg["grid"]]
+    grid_axes, report = [k for k in CELL_KEYS if k in cfg["grid"]], collection.report
     meta = {
-        "collection": cfg["collection"],
+        "collection": collection.name,
         "description": cfg.get("description", ""),
-        "title": cfg["report"].get("title", ""),
-        "report": cfg["report"],
+        "title": report.get("title", ""),
+        "report": report,
         "primary_arm": cfg["primary_arm"],
         "unreadable_histories": bad,
-        "setup": collection_setup(cfg),
+        "setup": collection_setup(cfg["backbone"], cfg["lora"], cfg["train"], cfg["data"]),
         "configfile": str(Path(configfile).resolve()) if configfile else None,
     }
     costs = cell_costs(bench_dir, list(row_paths))
     t = aggregate_tables(
         CollectionData(summary, state, comparisons, grid_axes, history, bootstrap, costs, quality),
         out_dir,
-        top_k=cfg["report"]["top_k"],
-        primary_metric=cfg["report"]["primary_metric"],
+        top_k=report["top_k"],
+        primary_metric=report["primary_metric"],
         meta=meta,
     )
-    write_followup_plan(followup_plan(cfg, t["arm_contrasts"], costs, commons=t["common_cells"]), out_dir)
+    threads = cfg["resources"]["threads"]
+    write_followup_plan(followup_plan(collection, t["arm_contrasts"], costs, threads, t["common_cells"]), out_dir)
     return t
 
 
@@ -360,6 +362,7 @@ def aggregate_from_tables(
     from latentstrat.config import load_config
 
     cfg = load_config(config_path) if config_path else None
+    collection = Collection.of(cfg) if cfg else None
     summary = read_summary_table(summary_path)  # validate every input before any work
     comparisons = {Path(p).stem: read_summary_table(p) for p in comparison_paths}
     history = pd.DataFrame(columns=HISTORY_COLUMNS)
@@ -376,7 +379,7 @@ def aggregate_from_tables(
         "comparison_tables": [str(p) for p in comparison_paths],
         "history_table": str(history_path or ""),
         "configfile": str(Path(config_path).resolve()) if config_path else None,
-        **({"report": cfg["report"]} if cfg else {}),
+        **({"report": collection.report} if collection else {}),
     }
     t = aggregate_tables(
         CollectionData(summary, state, comparisons, grid_axes_from_rows(summary), history),
@@ -386,8 +389,10 @@ def aggregate_from_tables(
         meta=meta,
     )
     write_followup_plan(
-        followup_plan(cfg, t["arm_contrasts"], cell_costs(None, []), commons=t["common_cells"])
-        if cfg
+        followup_plan(
+            collection, t["arm_contrasts"], cell_costs(None, []), cfg["resources"]["threads"], t["common_cells"]
+        )
+        if collection
         else {"needed": False},
         out_dir,
     )

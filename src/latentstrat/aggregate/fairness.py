@@ -381,11 +381,11 @@ def _seed_diagnostics(primary_rows: pd.DataFrame) -> list[tuple]:
     ]
 
 
-def collection_setup(cfg: dict) -> dict:
-    """What every cell of the collection ran on, from its config (the report's setup table):
-    the model, the training budget, the tasks and the data sizes per task."""
-    b, train, data = cfg["backbone"], cfg["train"], cfg["data"]
-    e, lora = b["embedded"], f"LoRA r {cfg['lora']['r']}"
+def collection_setup(b: dict, lora_cfg: dict, train: dict, data: dict) -> dict:
+    """What every cell of the collection ran on, from its config's backbone, lora, train and data
+    sections (the report's setup table): the model, the training budget, the tasks and the data
+    sizes per task."""
+    e, lora = b["embedded"], f"LoRA r {lora_cfg['r']}"
     if b["source"] == "embedded":
         model = f"embedded Qwen2 ({e['num_hidden_layers']} layers, hidden {e['hidden_size']}), {lora}"
     else:

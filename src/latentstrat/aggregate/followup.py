@@ -12,7 +12,7 @@ import pandas as pd
 
 from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import FALLBACK_METRIC
-from latentstrat.cells import expand_cells, next_seeds
+from latentstrat.cells import Collection, next_seeds
 from latentstrat.io import write_text
 from latentstrat.paths import CELL_JOB_FOLDER
 from latentstrat.stages import names as stage_names
@@ -56,24 +56,30 @@ def seed_variances(commons: pd.DataFrame | None, arm: str, metric: str) -> list[
 
 
 def followup_plan(
-    cfg: dict, contrasts: pd.DataFrame, costs: pd.DataFrame, cores: int = 2, commons: pd.DataFrame | None = None
+    collection: Collection,
+    contrasts: pd.DataFrame,
+    costs: pd.DataFrame,
+    threads: int = 1,
+    commons: pd.DataFrame | None = None,
+    cores: int = 2,
 ) -> dict:
     """{"needed": False} when the headline contrast (the primary metric against each comparison
     arm) decides or is not a matter of power; else the seeds that settle it (power.followup_need,
     sized on each common setting's own spread in `commons`) and what they cost: cells added and
     seconds of one job slot per cell (mean of `costs`), for the command the follow-up config
-    prints (`--cores 2`: `cores` // resources.threads cells at a time). The follow-up's cells are
-    exactly this collection's plus its fresh seeds in every setting: its replicate seeds stay
-    those of this collection (cells.expand_cells leaves `report.headline_seeds` out of them)."""
-    metric = cfg["report"]["primary_metric"]
-    if cfg["report"].get("headline_seeds"):  # looks are capped at two: this is the second
+    prints (`--cores 2`: `cores` // `threads`, the collection's resources.threads, cells at a
+    time). The follow-up's cells are exactly this collection's plus its fresh seeds in every
+    setting: its replicate seeds stay those of this collection (cells.Collection.followup)."""
+    report = collection.report
+    metric = report["primary_metric"]
+    if report.get("headline_seeds"):  # looks are capped at two: this is the second
         return {"needed": False, "metric": metric, "why": "this collection is the second and last look"}
-    second = power.look_alpha(cfg["report"], followup=True)
-    if len(cfg["report"].get("alpha_by_look") or []) < 2:
+    second = power.look_alpha(report, followup=True)
+    if len(report.get("alpha_by_look") or []) < 2:
         return {"needed": False, "metric": metric, "why": "report.alpha_by_look declares one look"}
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
         metric = FALLBACK_METRIC  # external tables without the primary metric (as settings.ranking_metric)
-    seeds = list(cfg.get("seeds") or [cfg["cell"]["seed"]])
+    seeds = list(collection.seeds)
     rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
     needs = [
         n
@@ -81,8 +87,8 @@ def followup_plan(
             power.followup_need(
                 r,
                 len(seeds),
-                cfg["report"]["near_zero_delta"],
-                cfg["report"]["followup_max_seeds"],
+                report["near_zero_delta"],
+                report["followup_max_seeds"],
                 seed_variances(commons, r["comparison_arm"], metric),
                 second,
             )
@@ -97,27 +103,25 @@ def followup_plan(
     # the follow-up's headline tests them on their own (report.headline_seeds), a second look on
     # data the first look never saw (when no look has tested anything yet, training noise being
     # unknown, the seeds simply add up)
-    now = expand_cells(cfg)
+    now = collection.cells
     if any(x["training_noise_known"] for x in needs):
         fresh = next_seeds([max(int(c.settings["seed"]) for c in now)], n + 1)[1:]
         new_seeds = seeds + fresh
     else:
         fresh, new_seeds = [], next_seeds(seeds, n)
-    then = {**cfg, "seeds": new_seeds, "report": {**cfg["report"], "headline_seeds": fresh or None}}
-    n_now, n_then = len(now), len(expand_cells(then))
+    n_now, n_then = len(now), len(collection.followup(new_seeds, fresh).cells)
     seconds = float(costs.total_s.mean()) if len(costs) else math.nan
-    threads = int(cfg["resources"]["threads"]) or 1
     return {
         "needed": True,
         "metric": metric,
-        "collection": cfg["collection"],
+        "collection": collection.name,
         "needs": needs,
         "seeds": new_seeds,
         "fresh_seeds": fresh,
         "cells_now": n_now,
         "cells_added": n_then - n_now,
         "seconds_per_cell": seconds,
-        "parallel_cells": max(1, cores // threads),
+        "parallel_cells": max(1, cores // (int(threads) or 1)),
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from latentstrat.cells import CELL_KEYS, beta_label, expand_cells
+from latentstrat.cells import CELL_KEYS, Cell, beta_label
 from latentstrat.families import family_label
 from latentstrat.metrics import HISTORY_COLUMNS, METRICS, M, derive, history_name
 
@@ -84,12 +84,14 @@ def read_cell_row(path, cell_id: str) -> dict:
     return row
 
 
-def load_cell_rows(cfg: dict, row_paths: dict, upstream: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(summary of complete cells, collection_state of every expected cell). With `upstream`
+def load_cell_rows(
+    cells: list[Cell], row_paths: dict, upstream: dict | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary of complete cells, collection_state of every expected cell: `cells`, the
+    collection's, cells.expand_cells). With `upstream`
     (cell id -> the files its metrics are computed from), a metrics file older than one of them
     (say evaluate records rewritten, or corrupted, after it) is not complete: its numbers
     describe outputs that are gone."""
-    cells = expand_cells(cfg)
     rows, state = [], []
     for c in cells:
         path = row_paths.get(c.cell_id)

@@ -185,14 +185,12 @@ def build_dataset(
 
 def run(job: Job) -> None:
     """The data rule's job: the splits, tokenizer and data card into the folder of its outputs."""
-    cfg = job.config
-    build_dataset(
-        cfg["data"], job.folder("base_config"), base_config=config.base_settings(cfg), backbone_cfg=cfg["backbone"]
-    )
+    base = config.Base.of(job.config)
+    build_dataset(base.data, job.folder("base_config"), base_config=base.settings(), backbone_cfg=base.backbone)
 
 
 def main(argv=None) -> None:
-    from latentstrat.config import base_settings, config_for_command
+    from latentstrat.config import Base, config_for_command
     from latentstrat.paths import Paths
 
     ap = argparse.ArgumentParser(
@@ -203,7 +201,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     cfg = config_for_command(args.configfile)
     out = Path(args.out) if args.out else Paths.from_config(cfg).data_dir
-    card = build_dataset(cfg["data"], out, base_config=base_settings(cfg), backbone_cfg=cfg["backbone"])
+    base = Base.of(cfg)
+    card = build_dataset(base.data, out, base_config=base.settings(), backbone_cfg=base.backbone)
     cols = ["task", "n_train", "n_validation", "n_test", "ambiguity_rate", "y_tokens_mean", "y_tokens_max"]
     print(card[cols].to_string(index=False))
     print(f"wrote {out}")

@@ -53,6 +53,7 @@ from latentstrat.base.entangle_step import (
     train_step,
 )
 from latentstrat.base.quality import write_quality
+from latentstrat.config import Base
 from latentstrat.io import dump_json, write_parquet
 from latentstrat.metrics import ENTANGLE_HISTORY_COLUMNS
 from latentstrat.modeling.backbone import (
@@ -304,12 +305,12 @@ def _check_compiler(device: torch.device) -> None:
         )
 
 
-def _skip(cfg: dict, out_dir: Path) -> dict:
+def _skip(backbone_cfg: dict, out_dir: Path) -> dict:
     """entangle.mode skip: no model; an empty history and a quality record that says so."""
     report = dict(
         mode="skip",
         passed=None,
-        backbone=cfg["backbone"],
+        backbone=backbone_cfg,
         note="entangle.mode skip: the backbone is used as is (cells with init: direct); "
         "no model is trained, copied or checked",
     )
@@ -329,18 +330,20 @@ def _check_step_settings(ecfg: dict, device: torch.device) -> None:
         _check_compiler(device)
 
 
-def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, shipped_dir=None) -> dict:
-    """The entangle stage (see module doc). Returns the quality report."""
+def run_entangle(sections, data_dir, out_dir, threads: int = 1, log=print, shipped_dir=None) -> dict:
+    """The entangle stage (see module doc), with its config sections (`sections`: jobs.Sections,
+    or a whole config). Returns the quality report."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    ecfg = cfg["entangle"]
+    base, resources = Base.of(sections), sections["resources"]
+    ecfg = base.entangle
     code = host.code_version()  # the code that starts the run is the code that trains
     torch.set_num_threads(int(threads))
-    if ecfg["mode"] == "shipped":
-        return install_shipped(cfg, data_dir, out_dir, shipped_dir, log)
-    if ecfg["mode"] == "skip":
-        return _skip(cfg, out_dir)
+    if base.mode == "shipped":
+        return install_shipped(base, resources, data_dir, out_dir, shipped_dir, log)
+    if base.mode == "skip":
+        return _skip(base.backbone, out_dir)
     _check_inputs(data_dir)
-    device = device_for(cfg)
+    device = device_for(resources)
     _check_step_settings(ecfg, device)
     tokenizer = encoding.load_tokenizer(data_dir)
     train_df, val_df = (encoding.load_split(data_dir, s) for s in ("train", "validation"))
@@ -357,15 +360,15 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
     val_enc = encoding.encode(val_df, tokenizer, ecfg["z_slots"])
 
     torch.manual_seed(ecfg["seed"])
-    dtype = DTYPES[cfg["backbone"]["dtype"]]
-    model = build_backbone(cfg["backbone"], tokenizer, encoding.added_token_ids(data_dir))
+    dtype = DTYPES[base.backbone["dtype"]]
+    model = build_backbone(base.backbone, tokenizer, encoding.added_token_ids(data_dir))
     model = model.to(device=device, dtype=torch.float32)
     records = Records(train_enc, val_enc, group_lengths, alternatives)
     ecfg, choice = choose_step_settings(ecfg, model, replace(records, val=None), device, int(threads), dtype, log)
     attention = model.config._attn_implementation
     model.set_attn_implementation(ecfg["attention"])  # for the training step only (docs/entangle.md)
     log(
-        f"entangle: {cfg['backbone']['source']} backbone, {count_params(model):,} parameters, "
+        f"entangle: {base.backbone['source']} backbone, {count_params(model):,} parameters, "
         f"{len(train_df)} train examples, {ecfg['steps']} steps x {ecfg['batch_size']}, device {device}, "
         f"{threads} threads"
         + (f" in {ecfg['processes']} processes" if ecfg["processes"] > 1 else "")
@@ -393,27 +396,28 @@ def run_entangle(cfg: dict, data_dir, out_dir, threads: int = 1, log=print, ship
         code=code,
     )
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
-    write_model_extras(out_dir / "model.tmp", tokenizer, cfg)  # tokenizer files and model card
+    # tokenizer files and model card
+    write_model_extras(out_dir / "model.tmp", tokenizer, base.name, base.data["tasks"], base.backbone)
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
 
     return write_quality(model, tokenizer, val_df, train_df, ecfg, out_dir, log, mode="train", training=summary)
 
 
-def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=print) -> dict:
+def install_shipped(base: Base, resources: dict, data_dir: Path, out_dir: Path, shipped_dir, log=print) -> dict:
     """entangle.mode shipped: verify and install the shipped entangled model (latentstrat.base.shipped),
-    then run the quality checks on this host."""
+    then run the quality checks on this host (on the device `resources` give)."""
     if shipped_dir is None:
         raise ValueError("entangle.mode shipped: no shipped base folder given")
     _check_inputs(data_dir)
     t0 = time.time()
-    prov = shipped.install(shipped_dir, cfg, data_dir, out_dir)
+    prov = shipped.install(shipped_dir, base, data_dir, out_dir)
     log(
         f"entangle: installed the shipped entangled model {shipped_dir} (trained with code "
         f"{prov['trained'].get('code_version')} on {prov['trained'].get('cpu')}; checksums, recipe and data "
         f"fingerprint verified in {time.time() - t0:.1f} s); quality checks on this host:"
     )
-    model = load_entangled(out_dir, dtype=cfg["backbone"]["dtype"]).to(device_for(cfg))
+    model = load_entangled(out_dir, dtype=base.backbone["dtype"]).to(device_for(resources))
     tokenizer = encoding.load_tokenizer(data_dir)
     train_df, val_df = (encoding.load_split(data_dir, s) for s in ("train", "validation"))
     return write_quality(
@@ -421,7 +425,7 @@ def install_shipped(cfg: dict, data_dir: Path, out_dir: Path, shipped_dir, log=p
         tokenizer,
         val_df,
         train_df,
-        cfg["entangle"],
+        base.entangle,
         out_dir,
         log,
         mode="shipped",

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from latentstrat.base.shipped import MANIFEST, bases_root
-from latentstrat.config import base_guard
+from latentstrat.config import Base, base_guard
 from latentstrat.paths import Paths
 from latentstrat.stages import BY_NAME
 from latentstrat.stages import names as stage_names
@@ -23,32 +23,32 @@ from latentstrat.stages import names as stage_names
 BASE_STAGES = stage_names("base", "init")  # the base stages, step0 among them (once per init)
 
 
-def base_problem(cfg: dict, paths: Paths, repository: str | Path) -> str | None:
-    """Why this config cannot run on its base folder, or None: a base built with other settings
+def base_problem(base: Base, paths: Paths, repository: str | Path) -> str | None:
+    """Why the config's `base` cannot run on its base folder, or None: one built with other settings
     (its guard), an unreadable guard, or `entangle.mode: shipped` with no such shipped base."""
     if paths.base_config.exists():
         try:
             stored = json.loads(paths.base_config.read_text())
         except json.JSONDecodeError as e:
             return f"{paths.base_config} is not valid JSON ({e}); delete it or the base"
-        why = base_guard(stored, cfg)
+        why = base_guard(stored, base)
         if why:
             return f"{why} (base folder: {paths.base_dir})"
-    manifest = shipped_manifest(cfg, repository)
-    if cfg["entangle"]["mode"] == "shipped" and not manifest.is_file():
+    manifest = shipped_manifest(base.name, repository)
+    if base.mode == "shipped" and not manifest.is_file():
         shipped = manifest.parent
         have = sorted(d.name for d in shipped.parent.glob("*/")) if shipped.parent.is_dir() else []
         return (
-            f"entangle.mode is 'shipped' but this repository ships no base {cfg['base']!r} ({shipped} has no "
+            f"entangle.mode is 'shipped' but this repository ships no base {base.name!r} ({shipped} has no "
             f"{MANIFEST}; shipped bases: {', '.join(have) or 'none'}). "
             "Train it with --config entangle='{mode: train}'."
         )
     return None
 
 
-def shipped_manifest(cfg: dict, repository: str | Path) -> Path:
-    """The manifest of the base this repository ships under the config's `base` name."""
-    return bases_root(repository) / cfg["base"] / MANIFEST
+def shipped_manifest(name: str, repository: str | Path) -> Path:
+    """The manifest of the base this repository ships under the name `name` (the config's `base`)."""
+    return bases_root(repository) / name / MANIFEST
 
 
 def upstream(stage: str) -> tuple[str, ...]:

@@ -32,7 +32,8 @@ import torch
 
 from latentstrat import batching, encoding
 from latentstrat.aggregations import AGGREGATIONS
-from latentstrat.cells import expand_cells, tokcc_alphas
+from latentstrat.cells import config_alphas
+from latentstrat.config import Base
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.modeling.backbone import device_for, device_of
 from latentstrat.modeling.objective import alpha_key, reference_scales, zfree_token_nll
@@ -45,11 +46,6 @@ TOKENS_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 # b of a shipped table against b recomputed on this host (nats per token): float rounding of
 # another CPU's kernels is ~1e-6; another model or changed code is off by far more
 SHIPPED_TOLERANCE = 1e-3
-
-
-def config_alphas(cfg: dict) -> list[float]:
-    """The tokcc exponents the collection's cells need T_ref at (cells.tokcc_alphas)."""
-    return tokcc_alphas(expand_cells(cfg))
 
 
 @torch.no_grad()
@@ -139,12 +135,12 @@ def load_b(reference_dir, df: pd.DataFrame) -> list[np.ndarray]:
     return out
 
 
-def _load_entangled_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokenizer):
+def _load_entangled_model(base: Base, data_dir: Path, entangle_dir: Path, tokenizer):
     from latentstrat.modeling.backbone import build_backbone, load_entangled
 
-    if cfg["entangle"]["mode"] == "skip":
-        torch.manual_seed(cfg["entangle"]["seed"])
-        return build_backbone(cfg["backbone"], tokenizer, encoding.added_token_ids(data_dir))
+    if base.mode == "skip":
+        torch.manual_seed(base.entangle["seed"])
+        return build_backbone(base.backbone, tokenizer, encoding.added_token_ids(data_dir))
     model_dir = entangle_dir / "model"
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(
@@ -153,13 +149,14 @@ def _load_entangled_model(cfg: dict, data_dir: Path, entangle_dir: Path, tokeniz
     return load_entangled(entangle_dir)
 
 
-def reference_tokens(model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print) -> pd.DataFrame:
-    """TOKENS_COLUMNS for every example of `splits` under the z-free `model`; non-finite b is an
-    error naming the split and the first example."""
-    bs = 2 * cfg["entangle"]["batch_size"]
+def reference_tokens(model, entangle_cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print) -> pd.DataFrame:
+    """TOKENS_COLUMNS for every example of `splits` under the z-free `model` (encoded and batched
+    as the `entangle` section trains it); non-finite b is an error naming the split and the first
+    example."""
+    bs = 2 * entangle_cfg["batch_size"]
     parts = []
     for split, df in splits.items():
-        b = reference_nll(model, encoding.encode(df, tokenizer, cfg["entangle"]["z_slots"]), bs)
+        b = reference_nll(model, encoding.encode(df, tokenizer, entangle_cfg["z_slots"]), bs)
         bad = [e for e, v in zip(df.example_id, b) if not np.isfinite(v).all()]
         if bad:
             raise FloatingPointError(f"reference: non-finite b for {len(bad)} {split} examples (first {bad[0]!r})")
@@ -179,7 +176,7 @@ def reference_tokens(model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame
 
 
 def shipped_tokens(
-    path: Path, model, cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print
+    path: Path, model, entangle_cfg: dict, tokenizer, splits: dict[str, pd.DataFrame], log=print
 ) -> tuple[pd.DataFrame, float]:
     """The reference table shipped with the base (`path`, installed by the entangle stage), after
     two checks: its rows are exactly the data's examples, and b recomputed here on the whole
@@ -198,7 +195,7 @@ def shipped_tokens(
                 f"(task, example_id, n_supervised); the shipped base and the data disagree"
             )
     val = splits["validation"]
-    here = reference_tokens(model, cfg, tokenizer, {"validation": val}, log=lambda m: None).b
+    here = reference_tokens(model, entangle_cfg, tokenizer, {"validation": val}, log=lambda m: None).b
     shipped = tokens[tokens.split == "validation"].b
     diffs = [
         float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
@@ -216,25 +213,27 @@ def shipped_tokens(
     return tokens, diffs[worst]
 
 
-def run_reference(cfg, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
-    """The reference stage (see module doc). With `entangle.mode: shipped` the table shipped with
-    the base (`shipped_tokens`), else b computed here; T_ref at the config's cells' tokcc
-    exponents. Returns the scales dict."""
+def run_reference(sections, data_dir, entangle_dir, out_dir, threads: int = 1, log=print) -> dict:
+    """The reference stage (see module doc), with its config sections (`sections`: jobs.Sections,
+    or a whole config: it reads every section, to expand the collection's cells). With
+    `entangle.mode: shipped` the table shipped with the base (`shipped_tokens`), else b computed
+    here; T_ref at the config's cells' tokcc exponents (cells.config_alphas). Returns the scales
+    dict."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
     for name in [DATA_FILES[s] for s in encoding.SPLITS] + [DATA_FILES["tokenizer"]]:
         if not (data_dir / name).exists():
             raise FileNotFoundError(f"reference: input {data_dir / name} does not exist (run the data stage)")
     torch.set_num_threads(int(threads))
-    alphas = config_alphas(cfg)
+    alphas, base = config_alphas(sections), Base.of(sections)
     tokenizer = encoding.load_tokenizer(data_dir)
     splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
-    model = _load_entangled_model(cfg, data_dir, entangle_dir, tokenizer).to(device_for(cfg))
-    mode = cfg["entangle"]["mode"]
+    model = _load_entangled_model(base, data_dir, entangle_dir, tokenizer).to(device_for(sections["resources"]))
+    mode, ecfg = base.mode, base.entangle
     if mode == "shipped":
-        tokens, diff = shipped_tokens(entangle_dir / SHIPPED_REFERENCE_FILE, model, cfg, tokenizer, splits, log)
+        tokens, diff = shipped_tokens(entangle_dir / SHIPPED_REFERENCE_FILE, model, ecfg, tokenizer, splits, log)
         source = f"the table shipped with the base (validation recomputed here: max |b difference| {diff:.2g})"
     else:
-        tokens = reference_tokens(model, cfg, tokenizer, splits, log)
+        tokens = reference_tokens(model, ecfg, tokenizer, splits, log)
         source = "computed here"
     scales = compute_scales(tokens, alphas)
     scales["entangled_model"] = "backbone (entangle.mode skip)" if mode == "skip" else str(entangle_dir / "model")

@@ -10,7 +10,7 @@ A shipped base is a folder `resources/bases/<base>/`:
 | model/ | the entangled model (save_pretrained), its tokenizer and a model card (transformers' Auto classes) |
 | history.parquet, quality.json | the entangle stage's training history and quality report |
 | reference/tokens.parquet | the reference table: b of every example of every split under this model |
-| provenance.json | the recipe (config.base_settings), data fingerprint, code, host and step settings of its training |
+| provenance.json | the recipe (config.Base.recipe), data fingerprint, code, host and step settings of its training |
 | SHA256SUMS | sha256 of every other file (`sha256sum -c` format) |
 
 With `entangle.mode: shipped` the entangle stage installs it (`install`): every checksum is
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from latentstrat import encoding
-from latentstrat.config import base_settings, config_for_command, settings_diff
+from latentstrat.config import Base, config_for_command, settings_diff
 from latentstrat.io import dump_json
 from latentstrat.paths import ENTANGLE_FILES, ENTANGLE_RECORDS, SHIPPED_REFERENCE_FILE, Paths
 from latentstrat.runtime import host
@@ -47,11 +47,6 @@ class ShippedBaseError(RuntimeError):
 
 def bases_root(repo_root: str | Path) -> Path:
     return Path(repo_root) / "resources" / "bases"
-
-
-def recipe(cfg: dict) -> dict:
-    """What the entangled model is a function of: the base settings (config.base_settings)."""
-    return json.loads(json.dumps(base_settings(cfg), default=str))
 
 
 def data_fingerprint(data_dir: str | Path) -> str:
@@ -81,8 +76,8 @@ def _files(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str | Path) -> dict:
-    """Write the shipped base `out_dir` from a trained base (its data and entangle folders).
+def ship(base: Base, data_dir: str | Path, entangle_dir: str | Path, out_dir: str | Path) -> dict:
+    """Write the shipped base `out_dir` from the trained `base` (its data and entangle folders).
     Refuses a base whose quality checks failed. Returns the provenance."""
     data_dir, entangle_dir, out_dir = Path(data_dir), Path(entangle_dir), Path(out_dir)
     quality = json.loads((entangle_dir / ENTANGLE_FILES["quality"]).read_text())
@@ -98,8 +93,8 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
         shutil.copy2(entangle_dir / name, tmp / name)
     training = quality.get("training", {})
     provenance = {
-        "base": cfg["base"],
-        "recipe": recipe(cfg),
+        "base": base.name,
+        "recipe": base.recipe(),
         "data_fingerprint": data_fingerprint(data_dir),
         "trained": {
             **training.get("code", {"code_version": "unknown"}),
@@ -111,7 +106,7 @@ def ship(cfg: dict, data_dir: str | Path, entangle_dir: str | Path, out_dir: str
         "quality_passed": True,
         "shipped_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    provenance["reference"] = write_reference(cfg, data_dir, tmp)
+    provenance["reference"] = write_reference(base, data_dir, tmp)
     dump_json(provenance, tmp / PROVENANCE)
     _write_manifest(tmp)
     if out_dir.exists():
@@ -124,7 +119,7 @@ def _write_manifest(d: Path) -> None:
     (d / MANIFEST).write_text("".join(f"{_sha256(d / f)}  {f}\n" for f in _files(d)))
 
 
-def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, threads: int = 2) -> dict:
+def write_reference(base: Base, data_dir: str | Path, shipped_dir: str | Path, threads: int = 2) -> dict:
     """The reference table of the shipped model in `shipped_dir` (every split of the data stage's
     output, latentstrat.base.reference) as REFERENCE; returns its provenance (code, host, when)."""
     import torch
@@ -136,7 +131,7 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     torch.set_num_threads(threads)
     tokenizer = encoding.load_tokenizer(data_dir)
     splits = {s: encoding.load_split(data_dir, s) for s in encoding.SPLITS}
-    tokens = reference_tokens(load_entangled(shipped_dir), cfg, tokenizer, splits, log=lambda m: None)
+    tokens = reference_tokens(load_entangled(shipped_dir), base.entangle, tokenizer, splits, log=lambda m: None)
     write_parquet(tokens, Path(shipped_dir) / REFERENCE)
     return {
         **host.code_version(),
@@ -145,31 +140,31 @@ def write_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path, th
     }
 
 
-def add_reference(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
+def add_reference(base: Base, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     """(Re)write the reference table of an already shipped base, after its other files pass
-    their checksums and match the config and data (`verify`); the manifest and provenance are
+    their checksums and match `base` and the data (`verify`); the manifest and provenance are
     rewritten with it. Returns the provenance."""
     d = Path(shipped_dir)
-    prov = verify(d, cfg, data_dir, need_reference=False)
-    prov["reference"] = write_reference(cfg, data_dir, d)
+    prov = verify(d, base, data_dir, need_reference=False)
+    prov["reference"] = write_reference(base, data_dir, d)
     dump_json(prov, d / PROVENANCE)
     _write_manifest(d)
     return prov
 
 
-def add_model_extras(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> None:
+def add_model_extras(base: Base, data_dir: str | Path, shipped_dir: str | Path) -> None:
     """Put the tokenizer files and the model card (backbone.write_model_extras) into an already
-    shipped base's model/ folder, after its files pass their checksums and match the config and
+    shipped base's model/ folder, after its files pass their checksums and match `base` and the
     data (`verify`); the manifest is rewritten."""
     from latentstrat.modeling.backbone import write_model_extras
 
     d = Path(shipped_dir)
-    verify(d, cfg, data_dir, need_reference=False)
-    write_model_extras(d / "model", encoding.load_tokenizer(data_dir), cfg)
+    verify(d, base, data_dir, need_reference=False)
+    write_model_extras(d / "model", encoding.load_tokenizer(data_dir), base.name, base.data["tasks"], base.backbone)
     _write_manifest(d)
 
 
-def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
+def requalify(base: Base, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     """Rerun the quality checks of an already shipped base's model with this code (after a change
     to the sampler) and rewrite its quality.json, keeping its training record; refuses a model
     that no longer passes. The manifest is rewritten. Returns the new report."""
@@ -179,11 +174,11 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     from latentstrat.modeling.backbone import load_entangled
 
     d = Path(shipped_dir)
-    verify(d, cfg, data_dir)
+    verify(d, base, data_dir)
     torch.set_num_threads(2)
     old = json.loads((d / ENTANGLE_FILES["quality"]).read_text())
     splits = {s: encoding.load_split(data_dir, s) for s in ("train", "validation")}
-    ecfg = cfg["entangle"]
+    ecfg = base.entangle
     report, _ = check_quality(
         load_entangled(d),
         encoding.load_tokenizer(data_dir),
@@ -202,8 +197,8 @@ def requalify(cfg: dict, data_dir: str | Path, shipped_dir: str | Path) -> dict:
     return report
 
 
-def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_reference: bool = True) -> dict:
-    """Check a shipped base against its checksums, the config's recipe and the data stage's
+def verify(shipped_dir: str | Path, base: Base, data_dir: str | Path, need_reference: bool = True) -> dict:
+    """Check a shipped base against its checksums, `base`'s recipe and the data stage's
     output; return its provenance. Every failure names the file or the keys and how to go on."""
     d = Path(shipped_dir)
     retrain = "or retrain the base with `--config entangle='{mode: train}'`"
@@ -217,11 +212,11 @@ def verify(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, need_refere
         if name not in listed:
             raise ShippedBaseError(f"shipped base {d}: {name} is missing")
     prov = json.loads((d / PROVENANCE).read_text())
-    diff = settings_diff(prov["recipe"], recipe(cfg))
+    diff = settings_diff(prov["recipe"], base.recipe())
     if diff:
         raise ShippedBaseError(
             f"shipped base {d} was trained from another recipe than this config's base "
-            f"{cfg['base']!r}: {', '.join(diff)} differ; use a new `base` name with "
+            f"{base.name!r}: {', '.join(diff)} differ; use a new `base` name with "
             f"entangle.mode train for the new settings, {retrain}"
         )
     fp = data_fingerprint(data_dir)
@@ -260,10 +255,10 @@ def _checked_manifest(d: Path, retrain: str) -> dict:
     return listed
 
 
-def install(shipped_dir: str | Path, cfg: dict, data_dir: str | Path, out_dir: str | Path) -> dict:
+def install(shipped_dir: str | Path, base: Base, data_dir: str | Path, out_dir: str | Path) -> dict:
     """Verify the shipped base and copy its model and history into the entangle stage's folder
     (the model folder swapped in whole). Returns the provenance."""
-    prov = verify(shipped_dir, cfg, data_dir)
+    prov = verify(shipped_dir, base, data_dir)
     d, out_dir = Path(shipped_dir), Path(out_dir)
     tmp = out_dir / "model.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -299,23 +294,23 @@ def main(argv=None) -> None:
     )
     args = ap.parse_args(argv)
     cfg = config_for_command(args.configfile)
-    paths = Paths.from_config(cfg)
-    out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[3]) / cfg["base"]
+    paths, base = Paths.from_config(cfg), Base.of(cfg)
+    out = Path(args.to) if args.to else bases_root(Path(__file__).resolve().parents[3]) / base.name
     if args.quality:
-        report = requalify(cfg, paths.data_dir, out)
-        print(f"quality of {cfg['base']} -> {out / ENTANGLE_FILES['quality']} (passed {report['passed']})")
+        report = requalify(base, paths.data_dir, out)
+        print(f"quality of {base.name} -> {out / ENTANGLE_FILES['quality']} (passed {report['passed']})")
         return
     if args.model_extras:
-        add_model_extras(cfg, paths.data_dir, out)
+        add_model_extras(base, paths.data_dir, out)
         print(f"tokenizer and model card -> {out / 'model'}")
         return
     if args.reference:
-        prov = add_reference(cfg, paths.data_dir, out)
-        print(f"reference table of {cfg['base']} -> {out / REFERENCE} (code {prov['reference']['code_version']})")
+        prov = add_reference(base, paths.data_dir, out)
+        print(f"reference table of {base.name} -> {out / REFERENCE} (code {prov['reference']['code_version']})")
         return
-    prov = ship(cfg, paths.data_dir, paths.entangle_dir, out)
+    prov = ship(base, paths.data_dir, paths.entangle_dir, out)
     print(
-        f"shipped base {cfg['base']} -> {out} (code {prov['trained']['code_version']}, data "
+        f"shipped base {base.name} -> {out} (code {prov['trained']['code_version']}, data "
         f"{prov['data_fingerprint'][:12]})"
     )
 

@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from latentstrat.cells import beta_label, expand_cells
+from latentstrat.cells import Collection, beta_label
 from latentstrat.families import family_label
 from latentstrat.metrics import METRICS, M
 
@@ -190,10 +190,11 @@ SCENARIOS = {
 # ----------------------------------------------------------------------------- design
 
 
-def design(cfg: dict) -> pd.DataFrame:
-    """One row per cell of the config: cell id, arm, role, settings, the setting (pair) index and
-    the replicate index (the rank of the cell's seed within its arm and setting)."""
-    rows = [c.to_json() for c in expand_cells(cfg)]
+def design(cells) -> pd.DataFrame:
+    """One row per cell of a collection (`cells`, cells.expand_cells): cell id, arm, role,
+    settings, the setting (pair) index and the replicate index (the rank of the cell's seed
+    within its arm and setting)."""
+    rows = [c.to_json() for c in cells]
     d = pd.DataFrame(rows)
     d["setting"] = d.groupby(["reconstruction_family", "beta"], sort=False).ngroup()
     d["replicate"] = d.groupby(["arm", "setting"])["seed"].rank(method="dense").astype(int) - 1
@@ -281,10 +282,11 @@ def _seed_effects(rng, size: int, df: float) -> np.ndarray:
     return rng.standard_t(df, size) / math.sqrt(df / (df - 2))
 
 
-def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, cfg: dict | None = None) -> dict:
+def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, collection: Collection | None = None) -> dict:
     """The project's verdict on one simulated collection (aggregate.collection.verdict_tables), at
-    the level `thr` sets (its `look_alpha`, else the first look's); with `cfg`, also the follow-up
-    the collection's report would plan (aggregate.followup.followup_plan) under `plan`."""
+    the level `thr` sets (its `look_alpha`, else the first look's); with `collection`
+    (cells.Collection), also the follow-up its report would plan
+    (aggregate.followup.followup_plan) under `plan`."""
     from latentstrat.aggregate.collection import CollectionData, verdict_tables
     from latentstrat.aggregate.followup import followup_plan
 
@@ -296,9 +298,9 @@ def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, cfg: dict | 
         "known": bool(r.training_noise_in_interval),
         "sign_flip_p": float(r.sign_flip_p),
     }
-    if cfg is not None:
+    if collection is not None:
         contrasts = a[a.comparison_arm == arm]
-        out["plan"] = followup_plan(cfg, contrasts, pd.DataFrame(columns=["total_s"]), commons=t["common_cells"])
+        out["plan"] = followup_plan(collection, contrasts, pd.DataFrame(columns=["total_s"]), commons=t["common_cells"])
     return out
 
 
@@ -549,7 +551,8 @@ def main(argv=None) -> int:
     cfg = config_for_command(args.configfile)
     thr = report_settings(cfg.get("report"))
     arm = args.arm or thr.get("primary_contrast") or cfg["comparison_arms"][0]["name"]
-    d = design(cfg)
+    collection = Collection.of(cfg)
+    d = design(collection.cells)
     declared = args.scenario or ([] if args.fit else list(SCENARIOS))  # --fit alone: the fitted ones only
     scenarios = [SCENARIOS[s] for s in declared] + [fit_scenario(p) for p in args.fit]
     for sc in scenarios[len(declared) :]:
@@ -572,7 +575,7 @@ def main(argv=None) -> int:
         for i, sc in enumerate(scenarios):
             t0 = time.perf_counter()
             procs.append(
-                {"scenario": sc.name, **run_procedure(d, sc, arm, thr, cfg, args.procedure_draws, args.seed + i)}
+                {"scenario": sc.name, **run_procedure(d, sc, arm, thr, collection, args.procedure_draws, args.seed + i)}
             )
             print(f"  {sc.name}: the two-look procedure ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         print(procedure_table(procs))

@@ -135,11 +135,12 @@ def run_curve(
             cell_dir,
             threads=threads,
         )
-    t = curve_table(pd.read_parquet(history_path), int(cfg["train"]["batch_size"]))
+    tcfg = cfg["train"]
+    t = curve_table(pd.read_parquet(history_path), int(tcfg["batch_size"]))
     t.insert(0, "cell_id", cid)
     for k in ("steps", "batch_size", "lr"):
-        t[k] = cfg["train"][k]
-    t["grad_clip"] = train_grad_clip_label(cfg["train"])
+        t[k] = tcfg[k]
+    t["grad_clip"] = train_grad_clip_label(tcfg)
     t["lora_r"] = cfg["lora"]["r"]
     cell_dir.mkdir(parents=True, exist_ok=True)
     t.to_csv(cell_dir / CURVE_FILE, index=False)

@@ -51,8 +51,9 @@ def naive_decode(model, tokenizer, x_texts: list[str], z: torch.Tensor, max_new_
     return outs
 
 
-def build_bench_model(cfg: dict, seed: int = 0):
-    """Tokenizer over the configured tasks' examples + a random embedded latent model."""
+def build_bench_model(tasks: list[str], backbone_cfg: dict, lora_cfg: dict, cell_cfg: dict, seed: int = 0):
+    """Tokenizer over the tasks' examples + a random latent model: the `backbone` section's,
+    with the `cell` section's latent and the `lora` section's adapters."""
     import tempfile
     from pathlib import Path
 
@@ -62,7 +63,7 @@ def build_bench_model(cfg: dict, seed: int = 0):
 
     rng = random.Random(seed)
     texts, xs = [], []
-    for name in cfg["data"]["tasks"]:
+    for name in tasks:
         task = TASKS[name]
         for _ in range(40):
             x = task.sample_input(rng)
@@ -72,15 +73,17 @@ def build_bench_model(cfg: dict, seed: int = 0):
         data.build_tokenizer(texts).save(str(Path(d) / DATA_FILES["tokenizer"]))
         tokenizer = encoding.load_tokenizer(d)
     torch.manual_seed(seed)
-    backbone = build_backbone(cfg["backbone"], tokenizer)
-    c = cfg["cell"]
-    model = LatentStrategyModel(backbone, c["latent_dim"], c["z_slots"], c["adaptation"], cfg["lora"])
+    backbone = build_backbone(backbone_cfg, tokenizer)
+    c = cell_cfg
+    model = LatentStrategyModel(backbone, c["latent_dim"], c["z_slots"], c["adaptation"], lora_cfg)
     rng.shuffle(xs)
     return model, tokenizer, xs
 
 
-def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) -> dict:
-    model, tokenizer, xs = build_bench_model(cfg, seed)
+def run(bench_model: tuple, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) -> dict:
+    """Decode `n` inputs of `bench_model` (build_bench_model's model, tokenizer and inputs) with
+    the batched KV cache and with the naive loop: their speed and whether they agree."""
+    model, tokenizer, xs = bench_model
     xs = xs[:n]
     z = torch.randn(len(xs), model.latent_dim, generator=torch.Generator().manual_seed(seed))
     decode.generate(model, tokenizer, xs[:2], z=z[:2], decoding=decode.Decoding(2))  # warm-up both paths
@@ -107,7 +110,7 @@ def run(cfg: dict, n: int, max_new_tokens: int, batch_size: int, seed: int = 0) 
         "naive_s": t_slow,
         "speedup": t_slow / t_fast,
         "threads": torch.get_num_threads(),
-        "model": {k: cfg["backbone"]["embedded"][k] for k in ("hidden_size", "num_hidden_layers")},
+        "model": {k: getattr(model.lm.config, k) for k in ("hidden_size", "num_hidden_layers")},
     }
 
 
@@ -126,7 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    res = run(config_for_command(a.configfile), a.n, a.max_new_tokens, a.batch_size, a.seed)
+    cfg = config_for_command(a.configfile)
+    bench_model = build_bench_model(cfg["data"]["tasks"], cfg["backbone"], cfg["lora"], cfg["cell"], a.seed)
+    res = run(bench_model, a.n, a.max_new_tokens, a.batch_size, a.seed)
     if a.json:
         print(json.dumps(res, indent=2))
     else:

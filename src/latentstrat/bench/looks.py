@@ -10,32 +10,34 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.bench.calibrate import Scenario, _pm, analyse, design, draw, rate
+from latentstrat.cells import Collection
 
 
-def followup_design(cfg: dict, plan: dict) -> pd.DataFrame:
+def followup_design(collection: Collection, plan: dict) -> pd.DataFrame:
     """The design of a planned follow-up's second look: its fresh seeds' cells alone (the cells
     its headline tests: report.headline_seeds)."""
-    then = {**cfg, "seeds": plan["seeds"], "report": {**cfg["report"], "headline_seeds": plan["fresh_seeds"]}}
-    d = design(then)
+    d = design(collection.followup(plan["seeds"], plan["fresh_seeds"]).cells)
     d = d[d.seed.isin(set(plan["fresh_seeds"]))].copy()
     d["replicate"] = d.groupby(["arm", "setting"])["seed"].rank(method="dense").astype(int) - 1
     d["pair"] = d.groupby(["setting", "seed"], sort=False).ngroup()
     return d.reset_index(drop=True)
 
 
-def procedure(d: pd.DataFrame, sc: Scenario, rng, arm: str, thr: dict, cfg: dict, shift: float = 0.0) -> dict:
+def procedure(
+    d: pd.DataFrame, sc: Scenario, rng, arm: str, thr: dict, collection: Collection, shift: float = 0.0
+) -> dict:
     """The whole procedure on one simulated collection: the first look; when it reads `cannot
     tell` and its report plans a follow-up with fresh seeds, that follow-up's cells drawn afresh
     (other training seeds, new test-input draws) and its second look at the second level. The
     procedure reads a sign when either look does."""
     from latentstrat.aggregate.power import look_alpha
 
-    first = analyse(*draw(d, sc, rng, shift), arm, thr, cfg)
+    first = analyse(*draw(d, sc, rng, shift), arm, thr, collection)
     out = {"first": first["verdict"], "second": None, "verdict": first["verdict"]}
     plan = first["plan"]
     if first["verdict"] == "cannot tell" and plan.get("needed") and plan.get("fresh_seeds"):
         second = analyse(
-            *draw(followup_design(cfg, plan), sc, rng, shift), arm, {**thr, "look_alpha": look_alpha(thr, True)}
+            *draw(followup_design(collection, plan), sc, rng, shift), arm, {**thr, "look_alpha": look_alpha(thr, True)}
         )
         out["second"] = out["verdict"] = second["verdict"]
     return out
@@ -44,11 +46,11 @@ def procedure(d: pd.DataFrame, sc: Scenario, rng, arm: str, thr: dict, cfg: dict
 # ----------------------------------------------------------------------------- a scenario
 
 
-def run_procedure(d, sc: Scenario, arm: str, thr: dict, cfg: dict, draws: int, seed: int) -> dict:
+def run_procedure(d, sc: Scenario, arm: str, thr: dict, collection: Collection, draws: int, seed: int) -> dict:
     """Null draws of the whole two-look procedure (`procedure`): false signs over both looks, how
     often a follow-up ran and how often each look read a sign."""
     rng = np.random.default_rng(seed)
-    runs = pd.DataFrame([procedure(d, sc, rng, arm, thr, cfg) for _ in range(draws)])
+    runs = pd.DataFrame([procedure(d, sc, rng, arm, thr, collection) for _ in range(draws)])
     followed = runs.second.notna()
     return {
         "procedure_draws": draws,

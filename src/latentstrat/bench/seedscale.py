@@ -176,6 +176,7 @@ def architecture(layers: int | None, hidden: int | None) -> dict:
 
 def run(args) -> dict:
     cfg = config_for_command(args.configfile)
+    cell_cfg, dtype = cfg["cell"], cfg["backbone"]["dtype"]
     dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     arch = architecture(args.layers, args.hidden)
@@ -183,12 +184,12 @@ def run(args) -> dict:
     assert len(tok) <= arch["vocab_size"], "the tokenizer's ids must lie inside the vocabulary"
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "config.json").write_text(json.dumps(arch))
-        bcfg = {"source": "config_json", "name_or_path": d, "dtype": cfg["backbone"]["dtype"]}
+        bcfg = {"source": "config_json", "name_or_path": d, "dtype": dtype}
         torch.manual_seed(0)
         t0 = time.perf_counter()
         backbone = build_backbone(bcfg).to(dev)
     build_s = time.perf_counter() - t0
-    z_slots, latent_dim = int(cfg["cell"]["z_slots"]), int(cfg["cell"]["latent_dim"])
+    z_slots, latent_dim = int(cell_cfg["z_slots"]), int(cell_cfg["latent_dim"])
     enc, val = encoding.encode(train_df, tok, z_slots), encoding.encode(val_df, tok, z_slots)
     b_train, b_val = reference_nll(backbone, enc, args.batch_size), reference_nll(backbone, val, args.batch_size)
     model = LatentStrategyModel(backbone, latent_dim, z_slots, "lora", cfg["lora"]).to(dev)
@@ -196,7 +197,7 @@ def run(args) -> dict:
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.trainable_parameters()})
     cell = {
         "reconstruction_family": "dist_norm",
-        "token_aggregation": cfg["cell"]["token_aggregation"],
+        "token_aggregation": cell_cfg["token_aggregation"],
         "beta": 0.01,
         "beta_schedule": "constant",
         "posterior_variance_weight": 0.0,
@@ -229,7 +230,7 @@ def run(args) -> dict:
         "threads": args.threads,
         "layers": arch["num_hidden_layers"],
         "hidden": arch["hidden_size"],
-        "backbone_dtype": cfg["backbone"]["dtype"],
+        "backbone_dtype": dtype,
         "trainable_dtypes": dtypes,
         "parameters": counts,
         "backbone_parameters": counts["frozen"],

@@ -1,6 +1,6 @@
 """Evaluate stage: one record per test example of a trained cell (design section 5.5, docs/design.md).
 
-    evaluate_cell(cfg, cell, base, train_dir, out_path, threads)
+    evaluate_cell(sections, cell, base, train_dir, out_path, threads)
 
 For every test example (or the first `evaluate.test_per_task` per task, by example_id):
 z is sampled from the router (seeded by `evaluate.seed`, the same noise for every cell),
@@ -86,12 +86,15 @@ def select_test_rows(df: pd.DataFrame, per_task: int | None) -> pd.DataFrame:
     return pd.concat(parts).reset_index(drop=True)
 
 
-def load_cell_model(cfg, cell: Cell | dict, tokenizer, entangle_dir, train_dir, new_token_ids=()):
-    """The cell's model (model.build_model) with its trained adapters and heads
+def load_cell_model(
+    backbone_cfg: dict, lora_cfg: dict, cell: Cell | dict, tokenizer, entangle_dir, train_dir, new_token_ids=()
+):
+    """The cell's model (model.build_model, from the `backbone` and `lora` sections) with its
+    trained adapters and heads
     (LatentStrategyModel.load_trained); a missing, unreadable or mismatched file gives an error
     naming it and the cell."""
     cell = as_cell(cell)
-    model = build_model(cfg, cell.work_json(), tokenizer, entangle_dir, new_token_ids)
+    model = build_model(backbone_cfg, lora_cfg, cell.work_json(), tokenizer, entangle_dir, new_token_ids)
     try:
         model.load_trained(train_dir)
     except FileNotFoundError as e:
@@ -132,17 +135,18 @@ def _check_inputs(data_dir: Path, reference_dir: Path, train_dir: Path) -> None:
 
 
 def evaluate_cell(
-    cfg, cell: Cell | dict, base: BaseFolders, train_dir, out_path, threads: int | None = None
+    sections, cell: Cell | dict, base: BaseFolders, train_dir, out_path, threads: int | None = None
 ) -> pd.DataFrame:
     """Write the records.parquet (RECORD_COLUMNS) of the cell trained in `train_dir` on `base`
-    (its data, entangled model and reference folders) and return it."""
+    (its data, entangled model and reference folders) with the evaluate stage's config sections
+    (`sections`: jobs.Sections, or a whole config) and return it."""
     cell = as_cell(cell)
     data_dir, entangle_dir, reference_dir, train_dir = base.data, base.entangle, base.reference, Path(train_dir)
     if reference_dir is None:
         raise ValueError("evaluate: the base has no reference folder (its b and scales); run the reference stage")
-    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    ecfg, resources = sections["evaluate"], sections["resources"]
+    torch.set_num_threads(int(threads or resources["threads"]))
     _check_inputs(data_dir, reference_dir, train_dir)
-    ecfg = cfg["evaluate"]
     tokenizer = encoding.load_tokenizer(data_dir)
     test = select_test_rows(encoding.load_split(data_dir, "test"), ecfg["test_per_task"])
     unknown = sorted(set(test.task) - set(TASKS))
@@ -150,9 +154,9 @@ def evaluate_cell(
         raise ValueError(f"evaluate: test split {data_dir / DATA_FILES['test']} has unknown tasks {unknown}")
     b = load_b(reference_dir, test)
     objective = Objective.for_cell(cell.settings, load_scales(reference_dir))
-    model = load_cell_model(cfg, cell, tokenizer, entangle_dir, train_dir, encoding.added_token_ids(data_dir)).to(
-        device_for(cfg)
-    )
+    added = encoding.added_token_ids(data_dir)
+    model = load_cell_model(sections["backbone"], sections["lora"], cell, tokenizer, entangle_dir, train_dir, added)
+    model = model.to(device_for(resources))
 
     with torch.no_grad(), model.merged():
         gen = decode.generate(
@@ -170,7 +174,7 @@ def evaluate_cell(
             objective,
             ecfg["batch_size"],
             ecfg["seed"] + 1,
-            cfg["train"]["steps"],
+            sections["train"]["steps"],
         )
     scored = score_generations(test, gen.texts)
     rec = pd.DataFrame(

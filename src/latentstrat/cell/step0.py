@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from latentstrat import encoding
-from latentstrat.cell.validation import GAUSSIANS, measure_model, prepare_validation
+from latentstrat.cell.validation import GAUSSIANS, ValidationSettings, measure_model, prepare_validation
 from latentstrat.cells import cell_training_seed, init_id
 from latentstrat.io import dump_json, read_parquet, write_parquet
 from latentstrat.metrics import M, history_name
@@ -89,19 +89,24 @@ def load_step0(step0_dir, fingerprint: str, val_df: pd.DataFrame) -> dict:
     }
 
 
-def step0_validation(cfg: dict, init: dict, base: BaseFolders, out_dir, threads: int | None = None) -> str:
-    """The step-0 validation, on `base` (its data and entangled model folders), that every cell
+def step0_validation(sections, init: dict, base: BaseFolders, out_dir, threads: int | None = None) -> str:
+    """The step-0 validation, on `base` (its data and entangled model folders) with the step0
+    stage's config sections (`sections`: jobs.Sections, or a whole config), that every cell
     starting from the model `init` (cells.init_settings:
     the settings that decide a cell's model as built, its training seed among them) shares:
     measured once here, read by each cell's trainer after it checks that its own model is this
     one. Returns the fingerprint."""
-    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    resources = sections["resources"]
+    torch.set_num_threads(int(threads or resources["threads"]))
     data_dir, entangle_dir = base.data, base.entangle
     tokenizer = encoding.load_tokenizer(data_dir)
     val_df = encoding.load_split(data_dir, "validation").reset_index(drop=True)
-    model = build_model(cfg, init, tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(device_for(cfg))
+    added = encoding.added_token_ids(data_dir)
+    model = build_model(sections["backbone"], sections["lora"], init, tokenizer, entangle_dir, added)
+    model = model.to(device_for(resources))
     seed = cell_training_seed(init)
-    val = prepare_validation(cfg, seed, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
+    settings = ValidationSettings.of(sections["train"], sections["evaluate"], sections["probes"])
+    val = prepare_validation(settings, seed, tokenizer, val_df, None, int(init["latent_dim"]), int(init["z_slots"]))
     fingerprint = step0_fingerprint(model, val)
     measured = measure_model(model, tokenizer, val, seed)
     save_step0(measured, fingerprint, init, val_df, out_dir)

@@ -34,7 +34,7 @@ import torch
 from latentstrat import batching, encoding
 from latentstrat.base.reference import load_b, load_scales
 from latentstrat.cell.step0 import load_step0, step0_fingerprint
-from latentstrat.cell.validation import prepare_validation, validate
+from latentstrat.cell.validation import ValidationSettings, prepare_validation, validate
 from latentstrat.cells import Cell, as_cell, cell_training_seed
 from latentstrat.families import TERMS
 from latentstrat.io import atomic_path, dump_json, write_parquet
@@ -238,14 +238,14 @@ def read_checkpoint(path: Path, log=print) -> dict | None:
         return None
 
 
-def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
+def run_fingerprint(shaping: dict, cell: dict, data_dir, entangle_dir) -> str:
     """What a checkpoint must have been written for to be resumed: the cell's settings, the
-    config sections that shape its training, and the bytes of the data and the entangled model
-    it starts from. A changed config or a rebuilt base gives a new fingerprint, so a stale
-    checkpoint in the cell directory is never resumed (Slurm preemption keeps it equal)."""
+    config sections that shape its training (`shaping`: base, data, backbone, entangle, lora
+    and train), and the bytes of the data and the entangled model it starts from. A changed
+    config or a rebuilt base gives a new fingerprint, so a stale checkpoint in the cell
+    directory is never resumed (Slurm preemption keeps it equal)."""
     h = hashlib.sha256()
-    sections = {k: cfg.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
-    seeded = {"cell": cell, "training_seed": cell_training_seed(cell), **sections}
+    seeded = {"cell": cell, "training_seed": cell_training_seed(cell), **shaping}
     h.update(json.dumps(seeded, sort_keys=True, default=str).encode())
     model_dir = Path(entangle_dir) / "model"  # every file: a sharded checkpoint has several
     files = [Path(data_dir) / DATA_FILES["train"]] + (sorted(model_dir.iterdir()) if model_dir.is_dir() else [])
@@ -262,12 +262,12 @@ def run_fingerprint(cfg: dict, cell: dict, data_dir, entangle_dir) -> str:
 
 @dataclass(frozen=True, eq=False)
 class CellSetup:
-    """What a cell's training loop reads and never changes: the config and the cell, its
-    objective J and gradient-clip threshold, the tokenizer, the encoded train split with its
+    """What a cell's training loop reads and never changes: the `train` section and the cell,
+    its objective J and gradient-clip threshold, the tokenizer, the encoded train split with its
     reference NLLs, the validation inputs (validation.prepare_validation) and the folder it
     trains into (its progress file: paths.PROGRESS_FILE)."""
 
-    cfg: dict
+    train_cfg: dict
     cell: Cell
     objective: Objective
     clip: float
@@ -311,20 +311,23 @@ def run_summary(cell: Cell, run, objective, fingerprint: str, started_at: str, d
     }
 
 
-def train_cell(cfg, cell: Cell | dict, base: BaseFolders, out_dir, threads: int | None = None, step0_dir=None) -> dict:
-    """Train one cell (a Cell, or its `to_json`) on `base` (its data, entangled model and reference folders); write its
-    adapters and heads (model.LatentStrategyModel.save_trained), history.parquet,
-    summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
+def train_cell(
+    sections, cell: Cell | dict, base: BaseFolders, out_dir, threads: int | None = None, step0_dir=None
+) -> dict:
+    """Train one cell (a Cell, or its `to_json`) on `base` (its data, entangled model and
+    reference folders) with the train stage's config sections (`sections`: jobs.Sections, or a
+    whole config); write its adapters and heads (model.LatentStrategyModel.save_trained),
+    history.parquet, summary.json. Resumes from out_dir/checkpoints/last.pt. `step0_dir`: the
     shared step-0 validation of the cell's init (step0.step0_validation), else the cell
     measures its model at step 0 itself. Returns the summary."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    torch.set_num_threads(int(threads or cfg["resources"]["threads"]))
+    tcfg, resources = sections["train"], sections["resources"]
+    torch.set_num_threads(int(threads or resources["threads"]))
     out_dir, cell = Path(out_dir), as_cell(cell)
     cid = cell.cell_id
     data_dir, entangle_dir, reference_dir = base.data, base.entangle, base.reference
     if reference_dir is None:
         raise ValueError(f"train {cid}: the base has no reference folder (its b and scales); run the reference stage")
-    tcfg = cfg["train"]
     # inputs first: clear errors before any model work
     tokenizer = encoding.load_tokenizer(data_dir)
     train_df = encoding.load_split(data_dir, "train")
@@ -333,20 +336,24 @@ def train_cell(cfg, cell: Cell | dict, base: BaseFolders, out_dir, threads: int 
     b_val = load_b(reference_dir, val_df)
     objective = Objective.for_cell(cell.settings, load_scales(reference_dir))
 
-    dev = device_for(cfg)
-    model = build_model(cfg, cell.work_json(), tokenizer, entangle_dir, encoding.added_token_ids(data_dir)).to(dev)
+    dev = device_for(resources)
+    added = encoding.added_token_ids(data_dir)
+    model = build_model(sections["backbone"], sections["lora"], cell.work_json(), tokenizer, entangle_dir, added)
+    model = model.to(dev)
     if tcfg["gradient_checkpointing"]:
         model.gradient_checkpointing_enable()
     backbone.COMPILE = bool(tcfg["compile"])
     opt = optimizer(model.trainable_parameters(), tcfg["lr"], tcfg["weight_decay"])
     s = cell.settings
     enc = encoding.encode(train_df, tokenizer, s.z_slots)
-    val = prepare_validation(cfg, cell.training_seed, tokenizer, val_df, b_val, s.latent_dim, s.z_slots)
+    settings = ValidationSettings.of(tcfg, sections["evaluate"], sections["probes"])
+    val = prepare_validation(settings, cell.training_seed, tokenizer, val_df, b_val, s.latent_dim, s.z_slots)
 
-    setup = CellSetup(cfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
+    setup = CellSetup(tcfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
-    fingerprint = run_fingerprint(cfg, cell.work_json(), data_dir, entangle_dir)
+    shaping = {k: sections.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
+    fingerprint = run_fingerprint(shaping, cell.work_json(), data_dir, entangle_dir)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 
     def checkpoint():
@@ -434,7 +441,7 @@ def training_loop(model, opt, setup: CellSetup, run: RunState, checkpoint, stop:
     end (`read_records`: a non-finite loss stops the cell there); validation and batch
     statistics every `eval_every` steps and at the end, `checkpoint()` every `checkpoint_every`
     steps and when `stop["flag"]` (SIGTERM) is set, then Preempted."""
-    tcfg, cid, seed, enc = setup.cfg["train"], setup.cell.cell_id, setup.cell.training_seed, setup.train
+    tcfg, cid, seed, enc = setup.train_cfg, setup.cell.cell_id, setup.cell.training_seed, setup.train
     dev = device_of(model)
     rows_of = EpochBatches(enc.task_idx, tcfg["batch_size"], seed)
     multiple = 1 if dev.type == "cpu" and not tcfg["compile"] else PAD_MULTIPLE

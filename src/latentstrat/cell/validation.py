@@ -22,6 +22,7 @@ same weights: latentstrat.cell.step0); `validate` adds the cell's own objective.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -51,14 +52,45 @@ def validation_subset(df: pd.DataFrame, per_task: int) -> list[int]:
     return rows
 
 
-def prepare_validation(cfg, seed: int, tokenizer, val_df, b_val, latent_dim: int, z_slots: int) -> dict:
+@dataclass(frozen=True)
+class ValidationSettings:
+    """What a validation reads of the config: the `train` section's validation sizes, the
+    `probes` section and the `evaluate` section's decode length. `recorded` is the form a
+    step-0 validation's fingerprint records (latentstrat.cell.step0)."""
+
+    probe_per_task: int
+    decode_per_task: int
+    batch_size: int
+    max_new_tokens: int
+    probes: dict
+
+    @classmethod
+    def of(cls, train_cfg: dict, evaluate_cfg: dict, probes_cfg: dict) -> ValidationSettings:
+        return cls(
+            int(train_cfg["val_probe_per_task"]),
+            int(train_cfg["val_decode_per_task"]),
+            int(train_cfg["val_batch_size"]),
+            int(evaluate_cfg["max_new_tokens"]),
+            dict(probes_cfg),
+        )
+
+    def recorded(self) -> dict:
+        return {
+            "train": {"val_probe_per_task": self.probe_per_task, "val_decode_per_task": self.decode_per_task},
+            "probes": self.probes,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+
+def prepare_validation(
+    settings: ValidationSettings, seed: int, tokenizer, val_df, b_val, latent_dim: int, z_slots: int
+) -> dict:
     """The fixed validation inputs of every evaluation: the split (losses), the probe subset
     `rows`, the decoded subset, one noise draw per row for z ~ q and z ~ router (seeded by the
     training seed of the cell, or of the model as built), and the settings the probes and the
-    decodes read (`settings`: what a step-0 validation's fingerprint records). The one place a
-    validation reads the config."""
+    decodes read (`settings`: what a step-0 validation's fingerprint records)."""
     val_df = val_df.reset_index(drop=True)
-    rows = validation_subset(val_df, cfg["train"]["val_probe_per_task"])
+    rows = validation_subset(val_df, settings.probe_per_task)
     gen = torch.Generator().manual_seed(int(seed) + 17)
     eps = torch.randn((len(val_df), latent_dim), generator=gen)
     router_eps = torch.randn((len(val_df), latent_dim), generator=gen)[rows]
@@ -67,15 +99,11 @@ def prepare_validation(cfg, seed: int, tokenizer, val_df, b_val, latent_dim: int
         "enc": encoding.encode(val_df, tokenizer, z_slots),
         "b": b_val,
         "rows": rows,
-        "batch_size": int(cfg["train"]["val_batch_size"]),
+        "batch_size": settings.batch_size,
         "eps": eps,
         "router_eps": router_eps,
-        "decode_rows": validation_subset(val_df, cfg["train"]["val_decode_per_task"]),
-        "settings": {
-            "train": {k: cfg["train"][k] for k in ("val_probe_per_task", "val_decode_per_task")},
-            "probes": cfg["probes"],
-            "max_new_tokens": cfg["evaluate"]["max_new_tokens"],
-        },
+        "decode_rows": validation_subset(val_df, settings.decode_per_task),
+        "settings": settings.recorded(),
     }
 
 

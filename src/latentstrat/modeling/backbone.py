@@ -186,9 +186,10 @@ neutral `[Z]` slot (no strategy code) and samples a strategy itself. A trained c
 """
 
 
-def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
+def write_model_extras(folder: Path, tokenizer, base: str, tasks: list[str], backbone_cfg: dict) -> None:
     """Beside a saved entangled model: its tokenizer (transformers' files) and a short model
-    card, so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
+    card (the base's name, its tasks and where its backbone came from, the `backbone`
+    section), so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
     import math
 
     from safetensors import safe_open
@@ -210,13 +211,13 @@ def write_model_extras(folder: Path, tokenizer, cfg: dict) -> None:
         with safe_open(str(f), framework="pt") as st:
             n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     card = MODEL_CARD.format(
-        base=cfg["base"],
+        base=base,
         arch=(c.get("architectures") or ["?"])[0],
         params=n,
-        tasks=", ".join(cfg["data"]["tasks"]),
+        tasks=", ".join(tasks),
         tokenizer="word-level"
-        if cfg["backbone"]["source"] != "pretrained"
-        else f"{cfg['backbone']['name_or_path']}'s, extended",
+        if backbone_cfg["source"] != "pretrained"
+        else f"{backbone_cfg['name_or_path']}'s, extended",
     )
     (folder / "README.md").write_text(card)
 
@@ -447,6 +448,7 @@ def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def device_for(cfg: dict) -> torch.device:
-    """The device of a config's model jobs: CUDA when `resources.gpu` > 0 and one is present."""
-    return torch.device("cuda") if cfg["resources"]["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")
+def device_for(resources: dict) -> torch.device:
+    """The device of a model job given `resources` (the job's: jobs.given_resources): CUDA when
+    its `gpu` > 0 and one is present."""
+    return torch.device("cuda") if resources["gpu"] > 0 and torch.cuda.is_available() else torch.device("cpu")

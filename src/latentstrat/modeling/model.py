@@ -531,16 +531,19 @@ def _read_safetensors(path: Path, what: str) -> dict:
 # ----------------------------------------------------------------------------- a cell's model
 
 
-def build_model(cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()) -> LatentStrategyModel:
-    """Backbone per `init` (entangled: the entangle stage's model; direct: from the config, with
-    the tokens the data stage added, `data.added_token_ids`, at the mean embedding), wrapped
-    with the cell's latent settings. Seeded by the cell's training seed (cells.cell_training_seed):
-    the same cell, or the other arm of its pair, builds the same model."""
+def build_model(
+    backbone_cfg: dict, lora_cfg: dict, cell: dict, tokenizer, entangle_dir, new_token_ids=()
+) -> LatentStrategyModel:
+    """Backbone per `init` (entangled: the entangle stage's model; direct: from the `backbone`
+    section, with the tokens the data stage added, `data.added_token_ids`, at the mean
+    embedding), wrapped with the cell's latent settings and the `lora` section's adapters.
+    Seeded by the cell's training seed (cells.cell_training_seed): the same cell, or the other
+    arm of its pair, builds the same model."""
     torch.manual_seed(cell_training_seed(cell))
     if cell["init"] == "entangled":
         backbone = load_entangled(
-            entangle_dir, dtype=cfg["backbone"]["dtype"], attn_implementation=cfg["backbone"]["attn_implementation"]
+            entangle_dir, dtype=backbone_cfg["dtype"], attn_implementation=backbone_cfg["attn_implementation"]
         )
     else:
-        backbone = build_backbone(cfg["backbone"], tokenizer, list(new_token_ids))
-    return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], cfg["lora"])
+        backbone = build_backbone(backbone_cfg, tokenizer, list(new_token_ids))
+    return LatentStrategyModel(backbone, int(cell["latent_dim"]), int(cell["z_slots"]), cell["adaptation"], lora_cfg)
