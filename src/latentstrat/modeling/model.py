@@ -90,17 +90,17 @@ def add_lora(backbone, lora_cfg: dict | None, adapters=ADAPTERS):
     float32 master copies (modeling.optim.CellOptimizer)."""
     from peft import get_peft_model
 
-    cfg = lora_config(lora_cfg, getattr(backbone, "name_or_path", None) or None)
+    first = lora_config(lora_cfg, getattr(backbone, "name_or_path", None) or None)
     try:
         with warnings.catch_warnings():  # peft asks transformers a question transformers 5 renamed
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            peft_model = get_peft_model(backbone, cfg, adapter_name=adapters[0], autocast_adapter_dtype=False)
+            peft_model = get_peft_model(backbone, first, adapter_name=adapters[0], autocast_adapter_dtype=False)
     except ValueError as e:
         raise ValueError(
-            f"config key lora.target_modules: {cfg.target_modules!r} does not fit the backbone: {e}"
+            f"config key lora.target_modules: {first.target_modules!r} does not fit the backbone: {e}"
         ) from None
     for name in adapters[1:]:
-        peft_model.add_adapter(name, lora_config(lora_cfg, cfg.base_model_name_or_path), autocast_adapter_dtype=False)
+        peft_model.add_adapter(name, lora_config(lora_cfg, first.base_model_name_or_path), autocast_adapter_dtype=False)
     return peft_model
 
 
@@ -414,7 +414,7 @@ class LatentStrategyModel(nn.Module):
             for name, lm in (("generator", self.lm), ("posterior", self.lm_post)):
                 lm.save_pretrained(str(out / BACKBONES_DIR / name))
         heads = {n: t.cpu().clone() for n, t in self.heads_state_dict().items()}
-        cfg = {
+        described = {
             "adaptation": self.adaptation,
             "latent_dim": self.latent_dim,
             "z_slots": self.z_slots,
@@ -425,7 +425,7 @@ class LatentStrategyModel(nn.Module):
             "logvar_q)",
             "z_proj": "Linear(latent_dim, z_slots hidden_size): z -> slot embeddings added at the [Z] positions",
         }
-        write_text(json.dumps(cfg, indent=2) + "\n", out / HEADS_DIR / HEADS_CONFIG)
+        write_text(json.dumps(described, indent=2) + "\n", out / HEADS_DIR / HEADS_CONFIG)
         with atomic_path(out / HEADS_DIR / HEADS_WEIGHTS, suffix=".safetensors") as tmp:
             save_file(heads, str(tmp), metadata={"adaptation": self.adaptation})
 
@@ -433,14 +433,14 @@ class LatentStrategyModel(nn.Module):
         """The weights `save_trained` wrote; a missing, unreadable or mismatched file gives an
         error naming it."""
         d = Path(train_dir)
-        cfg = _read_json(d / HEADS_DIR / HEADS_CONFIG, "trained heads config")
+        saved = _read_json(d / HEADS_DIR / HEADS_CONFIG, "trained heads config")
         want = {
             "adaptation": self.adaptation,
             "latent_dim": self.latent_dim,
             "z_slots": self.z_slots,
             "hidden_size": self.hidden,
         }
-        diff = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
+        diff = {k: (saved.get(k), v) for k, v in want.items() if saved.get(k) != v}
         if diff:
             raise ValueError(f"{d / HEADS_DIR / HEADS_CONFIG} does not fit this cell: (saved, expected) {diff}")
         heads = _read_safetensors(d / HEADS_DIR / HEADS_WEIGHTS, "trained heads")
