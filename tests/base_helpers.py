@@ -9,6 +9,7 @@ import torch
 from latentstrat import encoding
 from latentstrat.base import data
 from latentstrat.base.reference import run_reference
+from latentstrat.config import Base
 from latentstrat.modeling.backbone import build_backbone, write_model_extras
 from latentstrat.paths import BaseFolders
 
@@ -55,9 +56,7 @@ def make_base(root: Path, cfg: dict) -> dict:
     tok = encoding.load_tokenizer(dd)
     torch.manual_seed(0)
     build_backbone(cfg["backbone"], tok).save_pretrained(ed / "model")
-    write_model_extras(
-        ed / "model", tok, cfg["base"], cfg["data"]["tasks"], cfg["backbone"]
-    )  # as the entangle stage does: tokenizer and card
+    write_model_extras(ed / "model", tok, Base.of(cfg))  # as the entangle stage does: tokenizer and card
     run_reference(cfg, dd, ed, rd, threads=1, log=lambda *_: None)
     return {"data_dir": dd, "entangle_dir": ed, "reference_dir": rd}
 

@@ -242,7 +242,7 @@ def test_all_shipped_configs_validate():
 def test_followup_extends_default_and_adds_matched_and_scaled_arms():
     cfg = C.load_config(ROOT / "config" / "followup.yaml")
     default = default_cfg()
-    assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"]
+    assert C.Base.of(cfg).settings() == C.Base.of(default).settings() and cfg["base"] == default["base"]
     cells = K.expand_cells(C.check_config(cfg))
     by_arm = {}
     for c in cells:
@@ -268,7 +268,10 @@ def test_aa_collection_is_sum_against_itself_on_the_default_base_with_its_own_se
     seeds at beta 0.1 and for raw at 0.01, two at the other beta 0.01 settings) in both arms."""
     cfg = C.load_config(ROOT / "config" / "aa.yaml")
     default = default_cfg()
-    assert C.base_settings(cfg) == C.base_settings(default) and cfg["base"] == default["base"] == "embedded-6task-v7"
+    assert (
+        C.Base.of(cfg).settings() == C.Base.of(default).settings()
+        and cfg["base"] == default["base"] == "embedded-6task-v7"
+    )
     assert cfg["report"]["primary_contrast"] == "aa" and cfg["train"] == default["train"]
     cells = K.expand_cells(cfg)
     by_arm = {}
@@ -318,7 +321,7 @@ def test_extends_resolves_relative_to_the_extending_file(tmp_path, monkeypatch):
 
 def test_base_guard_names_the_changed_keys_and_ignores_how_the_model_is_obtained_and_run():
     cfg = C.load_config(ROOT / "config" / "config.yaml")
-    stored = json.loads(json.dumps(C.base_settings(cfg), default=str))
+    stored = json.loads(json.dumps(C.Base.of(cfg).settings(), default=str))
     assert C.base_guard(stored, C.Base.of(cfg)) is None
     # how the entangled model is obtained (trained, shipped) and run (attention) are not the base
     other = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from latentstrat.base.guard import BASE_STAGES, base_problem, lost_base_stages, upstream
 from latentstrat.cells import expand_cells, init_id
-from latentstrat.config import Base, base_settings, load_config
+from latentstrat.config import Base, load_config
 from latentstrat.paths import Paths
 from latentstrat.rules import WILDCARD, layout_problem
 from latentstrat.stages import STAGES
@@ -29,9 +29,9 @@ def test_a_base_built_with_other_settings_or_a_missing_shipped_base_is_named(tmp
     cfg, p = _smoke(tmp_path)
     assert base_problem(Base.of(cfg), p, ROOT) is None  # nothing built yet: the positive control
     _touch([p.base_config])
-    p.base_config.write_text(json.dumps(base_settings(cfg)))
+    p.base_config.write_text(json.dumps(Base.of(cfg).settings()))
     assert base_problem(Base.of(cfg), p, ROOT) is None  # built with these settings
-    other = {**base_settings(cfg), "data": {**base_settings(cfg)["data"], "seed": 1}}
+    other = {**Base.of(cfg).settings(), "data": {**Base.of(cfg).settings()["data"], "seed": 1}}
     p.base_config.write_text(json.dumps(other))
     why = base_problem(Base.of(cfg), p, ROOT)
     assert why and "was built with different settings" in why and str(p.base_dir) in why

@@ -243,7 +243,7 @@ def test_each_figures_caption_quotes_the_numbers_of_the_frame_it_draws(partial_r
     import pandas as pd
 
     from latentstrat.report.figures import FIGURE_NOTES
-    from latentstrat.report.frames import caption_frame, fmt, heatmap_frame
+    from latentstrat.report.frames import caption_frame, heatmap_frame, sig3
     from latentstrat.report.html import figure_caption
     from latentstrat.report.tables import load_aggregate
 
@@ -260,7 +260,7 @@ def test_each_figures_caption_quotes_the_numbers_of_the_frame_it_draws(partial_r
         assert when in caption, name
         for arm, g in rows.groupby("arm"):
             v = pd.to_numeric(g[col], errors="coerce").dropna()
-            assert f"`{arm}` median {fmt(v.median())} ({fmt(v.min())} to {fmt(v.max())}," in caption, (name, caption)
+            assert f"`{arm}` median {sig3(v.median())} ({sig3(v.min())} to {sig3(v.max())}," in caption, (name, caption)
         if note.frame.startswith("history"):  # both arms of the contrast drawn and quoted
             assert f"`{arms['primary_arm']}` median" in caption and f"`{arms['comparison_arm']}` median" in caption
         checked += 1

@@ -12,7 +12,7 @@ import pytest
 
 from latentstrat.base import data, shipped
 from latentstrat.base.entangle import run_entangle
-from latentstrat.config import Base, base_settings, load_config
+from latentstrat.config import Base, load_config
 from latentstrat.paths import Paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
     """A base trained with the recipe (entangle.mode train) and shipped from it."""
     root = tmp_path_factory.mktemp("shipped")
     cfg = cfg_with()
-    data.build_dataset(cfg["data"], root / "data", base_config=base_settings(cfg))
+    data.build_dataset(cfg["data"], root / "data", base_config=Base.of(cfg).settings())
     run_entangle(cfg, root / "data", root / "entangle", threads=1, log=lambda m: None)
     prov = shipped.ship(Base.of(cfg), root / "data", root / "entangle", root / "ship")
     return root, cfg, prov
@@ -61,7 +61,7 @@ def test_ship_then_install_gives_the_same_model_and_rechecks_quality(trained, tm
         "reference/tokens.parquet",
     } <= set(files)
     assert prov["reference"]["code_version"] and prov["reference"]["cpu"]
-    assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
+    assert prov["recipe"] == json.loads(json.dumps(Base.of(cfg).settings(), default=str))
     assert "mode" not in prov["recipe"]["entangle"]  # how the model is obtained is not the recipe
     assert prov["trained"]["code_version"] and prov["trained"]["cpu"]
     assert len(prov["data_fingerprint"]) == 64
@@ -191,7 +191,7 @@ def test_default_and_quick_collections_ship_their_base(config):
     manifest = (d / "SHA256SUMS").read_text()
     assert "model/model.safetensors" in manifest
     prov = json.loads((d / "provenance.json").read_text())
-    assert prov["recipe"] == json.loads(json.dumps(base_settings(cfg), default=str))
+    assert prov["recipe"] == json.loads(json.dumps(Base.of(cfg).settings(), default=str))
     assert not prov["trained"]["code_dirty"] and len(prov["trained"]["code_commit"]) == 40
     assert "reference/tokens.parquet" in manifest and not prov["reference"]["code_dirty"]
 
@@ -199,7 +199,7 @@ def test_default_and_quick_collections_ship_their_base(config):
 @pytest.mark.parametrize("config", ["quick.yaml", pytest.param("config.yaml", marks=pytest.mark.slow)])
 def test_shipped_base_verifies_against_a_fresh_data_stage(config, tmp_path):
     cfg = load_config(ROOT / "config" / config)
-    data.build_dataset(cfg["data"], tmp_path, base_config=base_settings(cfg))
+    data.build_dataset(cfg["data"], tmp_path, base_config=Base.of(cfg).settings())
     prov = shipped.verify(shipped.bases_root(ROOT) / cfg["base"], Base.of(cfg), tmp_path)
     assert prov["quality_passed"] and Paths.from_config(cfg).base == prov["base"]
 

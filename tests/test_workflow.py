@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from latentstrat.cells import expand_cells, init_id
-from latentstrat.config import base_settings, load_config
+from latentstrat.config import Base, load_config
 from latentstrat.io import dump_json
 from latentstrat.paths import Paths
 from workflow_helpers import copy_workflow, dry_run, outputs_of, rules, snakemake, tiny_collection
@@ -114,7 +114,7 @@ def test_bad_config_fails_before_any_job_naming_the_key(wd, config, key):
 def write_base_config(wd: Path) -> None:
     """What the data rule writes: the smoke config's base settings."""
     cfg = load_config(wd / "config" / "smoke.yaml", overrides={"results_dir": str(wd / "results")})
-    dump_json(base_settings(cfg), wd / "results" / "base" / "smoke-v2" / "data" / "base_config.json")
+    dump_json(Base.of(cfg).settings(), wd / "results" / "base" / "smoke-v2" / "data" / "base_config.json")
 
 
 def test_base_config_guard_names_changed_keys(tmp_path):

@@ -297,27 +297,12 @@ def _deep_merge(dst: dict, src: dict) -> None:
 # ----------------------------------------------------------------------------- the base
 
 
-def base_settings(cfg: dict) -> dict:
-    """The config sections that define the shared base (data, backbone, entangle) and the
-    tokenizer the data is encoded with: a base built with one tokenizer is never reused with
-    another. `entangle.mode` is left out: it says how the entangled model is obtained (trained
-    here or shipped, latentstrat.base.shipped), not what it is; `backbone.attn_implementation` says
-    how the model is run."""
-    entangle = {k: v for k, v in cfg["entangle"].items() if k != "mode"}
-    backbone = {k: v for k, v in cfg["backbone"].items() if k != "attn_implementation"}
-    return {
-        "data": cfg["data"],
-        "backbone": backbone,
-        "entangle": entangle,
-        "tokenizer": tokenizer_identity(cfg["backbone"]),
-    }
-
-
 @dataclass(frozen=True)
 class Base:
     """A base as its stages read it: its name and the config sections that build it (data,
-    backbone, entangle: stages.BASE_SECTIONS), as validated. `recipe` is what its entangled
-    model is a function of (`base_settings`, in plain JSON values)."""
+    backbone, entangle: stages.BASE_SECTIONS), as validated. `settings` is what its entangled
+    model is a function of (the base's guard, the data stage's base_config.json), `recipe` the
+    same in plain JSON values (a shipped base's provenance)."""
 
     name: str
     data: dict
@@ -335,8 +320,16 @@ class Base:
         return self.entangle["mode"]
 
     def settings(self) -> dict:
-        """`base_settings` of its sections."""
-        return base_settings({"data": self.data, "backbone": self.backbone, "entangle": self.entangle})
+        """Its sections and the tokenizer the data is encoded with: a base built with one
+        tokenizer is never reused with another. `entangle.mode` is left out: it says how the
+        entangled model is obtained (trained here or shipped, latentstrat.base.shipped), not what
+        it is; `backbone.attn_implementation` says how the model is run."""
+        return {
+            "data": self.data,
+            "backbone": {k: v for k, v in self.backbone.items() if k != "attn_implementation"},
+            "entangle": {k: v for k, v in self.entangle.items() if k != "mode"},
+            "tokenizer": tokenizer_identity(self.backbone),
+        }
 
     def recipe(self) -> dict:
         return json.loads(json.dumps(self.settings(), default=str))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from latentstrat.aggregate import power
-from latentstrat.aggregate.columns import FALLBACK_METRIC
 from latentstrat.cells import Collection, next_seeds
 from latentstrat.io import write_text
+from latentstrat.metrics import ENDPOINT_FALLBACK
 from latentstrat.paths import CELL_JOB_FOLDER
 from latentstrat.stages import names as stage_names
 
@@ -78,7 +78,7 @@ def followup_plan(
     if len(report.get("alpha_by_look") or []) < 2:
         return {"needed": False, "metric": metric, "why": "report.alpha_by_look declares one look"}
     if contrasts.empty or contrasts.loc[contrasts.metric == metric, "mean_delta"].isna().all():
-        metric = FALLBACK_METRIC  # external tables without the primary metric (as settings.ranking_metric)
+        metric = ENDPOINT_FALLBACK  # external tables without the primary metric (as settings.ranking_metric)
     seeds = list(collection.seeds)
     rows = contrasts[contrasts.metric == metric] if not contrasts.empty else contrasts
     needs = [

@@ -13,10 +13,18 @@ import math
 import numpy as np
 import pandas as pd
 
-from latentstrat.aggregate.columns import FALLBACK_METRIC, FAMILY_COL
+from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.cells import CELL_KEYS, beta_label, format_value
 from latentstrat.families import family_label
-from latentstrat.metrics import DISTRIBUTION_METRICS, METRICS, PROBE_METRICS, M, interval, probe_label
+from latentstrat.metrics import (
+    DISTRIBUTION_METRICS,
+    ENDPOINT_FALLBACK,
+    METRICS,
+    PROBE_METRICS,
+    M,
+    interval,
+    probe_label,
+)
 
 
 def setting_keys(df: pd.DataFrame) -> list[str]:
@@ -175,8 +183,8 @@ def ranking_metric(rows: pd.DataFrame, wanted: str) -> tuple[str, str]:
     """(the metric rows are ranked by, a note when it is not the one asked for)."""
     if wanted in rows.columns and rows[wanted].notna().any():
         return wanted, ""
-    if wanted != FALLBACK_METRIC and FALLBACK_METRIC in rows.columns:
-        return FALLBACK_METRIC, f"ranked by {FALLBACK_METRIC}: the rows have no {wanted}"
+    if wanted != ENDPOINT_FALLBACK and ENDPOINT_FALLBACK in rows.columns:
+        return ENDPOINT_FALLBACK, f"ranked by {ENDPOINT_FALLBACK}: the rows have no {wanted}"
     return wanted, ""
 
 

@@ -397,7 +397,7 @@ def run_entangle(sections, data_dir, out_dir, threads: int = 1, log=print, shipp
     )
     model.to(dtype).save_pretrained(out_dir / "model.tmp")  # saved in the backbone's dtype
     # tokenizer files and model card
-    write_model_extras(out_dir / "model.tmp", tokenizer, base.name, base.data["tasks"], base.backbone)
+    write_model_extras(out_dir / "model.tmp", tokenizer, base)
     _replace_dir(out_dir / "model.tmp", out_dir / "model")
     write_parquet(pd.DataFrame(history, columns=ENTANGLE_HISTORY_COLUMNS), out_dir / ENTANGLE_FILES["entangle_history"])
 

@@ -160,7 +160,7 @@ def add_model_extras(base: Base, data_dir: str | Path, shipped_dir: str | Path) 
 
     d = Path(shipped_dir)
     verify(d, base, data_dir, need_reference=False)
-    write_model_extras(d / "model", encoding.load_tokenizer(data_dir), base.name, base.data["tasks"], base.backbone)
+    write_model_extras(d / "model", encoding.load_tokenizer(data_dir), base)
     _write_manifest(d)
 
 

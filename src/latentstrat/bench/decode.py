@@ -74,8 +74,7 @@ def build_bench_model(tasks: list[str], backbone_cfg: dict, lora_cfg: dict, cell
         tokenizer = encoding.load_tokenizer(d)
     torch.manual_seed(seed)
     backbone = build_backbone(backbone_cfg, tokenizer)
-    c = cell_cfg
-    model = LatentStrategyModel(backbone, c["latent_dim"], c["z_slots"], c["adaptation"], lora_cfg)
+    model = LatentStrategyModel(backbone, cell_cfg["latent_dim"], cell_cfg["z_slots"], cell_cfg["adaptation"], lora_cfg)
     rng.shuffle(xs)
     return model, tokenizer, xs
 

@@ -40,7 +40,7 @@ def step0_fingerprint(model, val) -> str:
         t = t.detach().cpu().contiguous().reshape(-1)
         h.update(f"{name}:{t.dtype}:{t.numel()}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes())
-    h.update(json.dumps(val["settings"], sort_keys=True, default=str).encode())
+    h.update(json.dumps(val["settings"].recorded(), sort_keys=True, default=str).encode())
     h.update(val["df"][["task", "example_id", "strategy", "x", "y"]].to_json(orient="values").encode())
     for k in ("eps", "router_eps"):
         h.update(val[k].numpy().tobytes())

@@ -47,6 +47,7 @@ from latentstrat.modeling.optim import CellOptimizer
 from latentstrat.paths import DATA_FILES, PROGRESS_FILE, TRAIN_FILES, BaseFolders
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import Progress
+from latentstrat.stages import TRAIN_SECTIONS
 
 if TYPE_CHECKING:
     from latentstrat.jobs import Job
@@ -240,8 +241,8 @@ def read_checkpoint(path: Path, log=print) -> dict | None:
 
 def run_fingerprint(shaping: dict, cell: dict, data_dir, entangle_dir) -> str:
     """What a checkpoint must have been written for to be resumed: the cell's settings, the
-    config sections that shape its training (`shaping`: base, data, backbone, entangle, lora
-    and train), and the bytes of the data and the entangled model it starts from. A changed
+    config sections that shape its training (`shaping`: the train stage's,
+    stages.TRAIN_SECTIONS), and the bytes of the data and the entangled model it starts from. A changed
     config or a rebuilt base gives a new fingerprint, so a stale checkpoint in the cell
     directory is never resumed (Slurm preemption keeps it equal)."""
     h = hashlib.sha256()
@@ -352,7 +353,7 @@ def train_cell(
     setup = CellSetup(tcfg, cell, objective, grad_clip_for(tcfg, objective), tokenizer, enc, b_train, val, out_dir)
 
     ckpt_path = out_dir / "checkpoints" / CHECKPOINT
-    shaping = {k: sections.get(k) for k in ("base", "data", "backbone", "entangle", "lora", "train")}
+    shaping = {k: sections.get(k) for k in TRAIN_SECTIONS}
     fingerprint = run_fingerprint(shaping, cell.work_json(), data_dir, entangle_dir)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
 

@@ -88,7 +88,7 @@ def prepare_validation(
     """The fixed validation inputs of every evaluation: the split (losses), the probe subset
     `rows`, the decoded subset, one noise draw per row for z ~ q and z ~ router (seeded by the
     training seed of the cell, or of the model as built), and the settings the probes and the
-    decodes read (`settings`: what a step-0 validation's fingerprint records)."""
+    decodes read (`settings`, whose `recorded()` a step-0 validation's fingerprint records)."""
     val_df = val_df.reset_index(drop=True)
     rows = validation_subset(val_df, settings.probe_per_task)
     gen = torch.Generator().manual_seed(int(seed) + 17)
@@ -99,11 +99,10 @@ def prepare_validation(
         "enc": encoding.encode(val_df, tokenizer, z_slots),
         "b": b_val,
         "rows": rows,
-        "batch_size": settings.batch_size,
         "eps": eps,
         "router_eps": router_eps,
         "decode_rows": validation_subset(val_df, settings.decode_per_task),
-        "settings": settings.recorded(),
+        "settings": settings,
     }
 
 
@@ -166,7 +165,7 @@ def validation_passes(model, val) -> dict:
     draw, in the split's row order: `l` (per row, a float32 array of its n_supervised token
     NLLs) and the Gaussians [N, D]."""
     df, enc = val["df"], val["enc"]
-    bs = val["batch_size"]
+    bs = val["settings"].batch_size
     acc: dict[str, list] = {k: [] for k in GAUSSIANS}
     l_rows: list = [None] * len(df)
     order: list[int] = []
@@ -224,10 +223,10 @@ def probe_metrics(model, tokenizer, val, on_subset: dict, per_task: dict) -> dic
     """Posterior probe (mu_q -> true strategy, unambiguous rows) and the scored router probes
     (router-sampled z -> the strategy scored as followed by likelihood; SCORED_NAMES) per task
     into `per_task`; their means and the scored global router probe returned."""
-    rows, df, probes = val["rows"], val["df"], val["settings"]["probes"]
+    rows, df, probes = val["rows"], val["df"], val["settings"].probes
     sub = df.loc[rows]
     z_router = on_subset["mu_r"] + torch.exp(0.5 * on_subset["logvar_r"]) * val["router_eps"]
-    followed = scored_strategies(model, tokenizer, df, rows, z_router, val["batch_size"])
+    followed = scored_strategies(model, tokenizer, df, rows, z_router, val["settings"].batch_size)
     mu_q, zr = on_subset["mu_q"].numpy(), z_router.numpy()
     amb, task_arr, strat = sub.ambiguous.to_numpy(), sub.task.to_numpy(), sub.strategy.to_numpy()
     fol = np.array([f if f is not None else "" for f in followed], dtype=object)
@@ -317,7 +316,7 @@ def _decoded_metrics(model, tokenizer, val, seed: int) -> tuple[dict, dict]:
         model,
         tokenizer,
         sub.x.tolist(),
-        decoding=Decoding(val["settings"]["max_new_tokens"], val["batch_size"], seed=seed),
+        decoding=Decoding(val["settings"].max_new_tokens, val["settings"].batch_size, seed=seed),
     )
     scored = score_generations(sub, gen.texts)
     correct = scored.correct.to_numpy(dtype=float)

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from latentstrat.batching import to_device
-from latentstrat.config import pretrained_source
+from latentstrat.config import Base, pretrained_source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -186,10 +186,10 @@ neutral `[Z]` slot (no strategy code) and samples a strategy itself. A trained c
 """
 
 
-def write_model_extras(folder: Path, tokenizer, base: str, tasks: list[str], backbone_cfg: dict) -> None:
-    """Beside a saved entangled model: its tokenizer (transformers' files) and a short model
-    card (the base's name, its tasks and where its backbone came from, the `backbone`
-    section), so the folder opens with AutoTokenizer and AutoModelForCausalLM alone."""
+def write_model_extras(folder: Path, tokenizer, base: Base) -> None:
+    """Beside a saved entangled model of `base`: its tokenizer (transformers' files) and a short
+    model card (the base's name, its tasks and where its backbone came from), so the folder opens
+    with AutoTokenizer and AutoModelForCausalLM alone."""
     import math
 
     from safetensors import safe_open
@@ -211,13 +211,13 @@ def write_model_extras(folder: Path, tokenizer, base: str, tasks: list[str], bac
         with safe_open(str(f), framework="pt") as st:
             n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
     card = MODEL_CARD.format(
-        base=base,
+        base=base.name,
         arch=(c.get("architectures") or ["?"])[0],
         params=n,
-        tasks=", ".join(tasks),
+        tasks=", ".join(base.data["tasks"]),
         tokenizer="word-level"
-        if backbone_cfg["source"] != "pretrained"
-        else f"{backbone_cfg['name_or_path']}'s, extended",
+        if base.backbone["source"] != "pretrained"
+        else f"{base.backbone['name_or_path']}'s, extended",
     )
     (folder / "README.md").write_text(card)
 

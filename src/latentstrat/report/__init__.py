@@ -39,12 +39,11 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     meta = {**agg_meta, **(meta or {}), "aggregate_dir": str(aggregate_dir)}
     thresholds = report_thresholds(meta)
     meta.setdefault("primary_metric", thresholds["primary_metric"])
-    # the declared primary contrast, for the figures that draw it (the forest plot)
+    # the declared primary contrast and endpoint, for the figures that draw them (the forest plot,
+    # the endpoint per cell); a collection without a comparison arm has its endpoint alone
     arm = primary_contrast_arm(tables, meta)
     tables["primary_contrast"] = pd.DataFrame(
         [{"primary_arm": meta.get("primary_arm") or "primary", "comparison_arm": arm, "metric": meta["primary_metric"]}]
-        if arm
-        else []
     )
     out_dir = Path(out_dir)
     made, skipped = make_figures(tables, out_dir / "figures") if figures else ([], [])

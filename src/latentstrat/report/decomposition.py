@@ -20,7 +20,7 @@ import math
 import pandas as pd
 
 from latentstrat.metrics import M, label
-from latentstrat.report.tables import md_table
+from latentstrat.report.tables import md_table, primary_arms
 
 PARTS = (M.single_strategy_share, M.followed_strategy_entropy, M.router_information_of_followed)
 DECOMPOSITION_METRICS = (*PARTS, M.router_information)
@@ -47,13 +47,6 @@ def decomposition(t: dict) -> dict:
     return out
 
 
-def _primary_arms(t: dict) -> list[str]:
-    st = t.get("collection_state", pd.DataFrame())
-    if st is None or st.empty or "role" not in st.columns:
-        return []
-    return [str(a) for a in st.loc[st.role == "primary", "arm"].unique()]
-
-
 def decomposition_md(t: dict) -> list[str]:
     """analysis.md's section: per arm, the means over its settings of the three parts and of
     router_information, and per comparison arm the primary arm's difference in each (a row
@@ -64,7 +57,7 @@ def decomposition_md(t: dict) -> list[str]:
     cols = ["arm", "settings", *DECOMPOSITION_METRICS]
     nan = lambda v: math.nan if v is None else v  # noqa: E731
     rows = [{"arm": arm, **{k: nan(x) for k, x in v.items()}} for arm, v in d.items()]
-    primary = [a for a in _primary_arms(t) if a in d]
+    primary = [a for a in primary_arms(t) if a in d]
     for p in primary[:1]:
         for arm in d:
             if arm == p:

@@ -22,7 +22,7 @@ from latentstrat.report.frames import (  # noqa: E402
     ENDPOINT_NOTE,
     FAM,
     FRAMES,
-    contrast_arms,
+    drawn_arms,
     endpoint,
     heatmap_frame,
     history_rows,
@@ -207,7 +207,7 @@ def dynamics(t, metrics: list[str], title: str):
     metrics = [m for m in metrics if (h.metric == m).any()]
     if not metrics:
         return None
-    arms = [a for a in contrast_arms(t) if (h.arm == a).any()] or list(dict.fromkeys(h.arm))
+    arms = drawn_arms(t, h)
     fig, axes = plt.subplots(
         len(metrics), len(arms), figsize=(5.5 * len(arms) + 1.5, 3.6 * len(metrics)), squeeze=False, sharey="row"
     )
@@ -241,7 +241,7 @@ def trajectory(t):
     w = w.pivot_table(index=["cell_id", "arm", "step", FAM, BETA], columns="metric", values="value").reset_index()
     if not _need(w, M.base_relative_reconstruction, "scored_matched_router_score"):
         return None
-    arms = [a for a in contrast_arms(t) if (w.arm == a).any()] or list(dict.fromkeys(w.arm))
+    arms = drawn_arms(t, w)
     fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms) + 1.5, 4.5), squeeze=False, sharex=True, sharey=True)
     for j, (ax, arm) in enumerate(zip(axes[0], arms)):
         a = w[w.arm == arm].sort_values("step")

@@ -47,13 +47,6 @@ def _arm_aggs(t) -> dict:
     return out
 
 
-def _deltas(t, arm, metric=M.matched_router_score) -> pd.Series:
-    c = t["common_cells"]
-    if c.empty or f"delta_{metric}" not in c.columns:
-        return pd.Series(dtype=float)
-    return c.loc[c.comparison_arm == arm, f"delta_{metric}"].dropna()
-
-
 def q_scale_vs_weighting(t, thr):
     q = (
         "Is sum failing because raw per-example reconstruction scale changes, or because token-sum changes "

@@ -17,13 +17,14 @@ import pandas as pd
 
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
 from latentstrat.metrics import ENDPOINT, history_label, label
-from latentstrat.report.tables import plural
+from latentstrat.report.tables import plural, primary_arms
 
 FAM, BETA = "family", "beta"
 
 
-def fmt(v) -> str:
-    """A number as the report prints it: three significant digits, NA when missing."""
+def sig3(v) -> str:
+    """A number as a caption or the landing page prints it: three significant digits, NA when
+    missing (tables.fmt: a table's number, to 4 decimals)."""
     if v is None or not math.isfinite(float(v)):
         return "NA"
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
@@ -47,12 +48,17 @@ def setting_rows(t: dict, table: str = "summary_by_setting") -> pd.DataFrame:
 
 def contrast_arms(t: dict) -> list[str]:
     """The arms of the primary contrast (primary first); the primary arm alone without one."""
-    st = t.get("collection_state", pd.DataFrame())
-    arms = list(dict.fromkeys(st.loc[st.role == "primary", "arm"])) if not st.empty else []
+    arms = primary_arms(t)
     pc = t.get("primary_contrast", pd.DataFrame())
     if not pc.empty and "comparison_arm" in pc.columns:
-        arms += [a for a in pc.comparison_arm if a not in arms]
+        arms += [a for a in pc.comparison_arm if a and a not in arms]
     return arms
+
+
+def drawn_arms(t: dict, rows: pd.DataFrame) -> list[str]:
+    """The arms a per-arm figure draws from `rows`: those of the primary contrast it has (primary
+    first), else every arm in it."""
+    return [a for a in contrast_arms(t) if (rows.arm == a).any()] or list(dict.fromkeys(rows.arm))
 
 
 def primary_rows(t: dict) -> pd.DataFrame:
@@ -115,7 +121,7 @@ def arm_numbers(t: dict, frame: str | None, metric: str | None) -> str:
         v = pd.to_numeric(g[col], errors="coerce").dropna()
         if len(v):
             parts.append(
-                f"``{arm}`` median {fmt(v.median())} ({fmt(v.min())} to {fmt(v.max())}, {plural(len(v), what)})"
+                f"``{arm}`` median {sig3(v.median())} ({sig3(v.min())} to {sig3(v.max())}, {plural(len(v), what)})"
             )
     name = history_label(metric) if frame.startswith("history") else label(metric)
     return f"In this collection, {name} {when}: " + "; ".join(parts) + "." if parts else ""
@@ -150,6 +156,6 @@ def heatmap_numbers(t: dict) -> str:
     text = f"In this collection: {clear} of {n} deltas have an interval clear of 0"
     if z.notna().any().any():
         row, col = z.abs().stack().idxmax()
-        big = f"{fmt(delta.loc[row, col])} ({fmt(z.loc[row, col])} half-widths)"
+        big = f"{sig3(delta.loc[row, col])} ({sig3(z.loc[row, col])} half-widths)"
         text += f"; the largest relative to its noise: {row} at {col}, {big}"
     return text + "."

@@ -15,16 +15,14 @@ import pandas as pd
 from latentstrat.aggregate.columns import FAMILY_COL
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import ENDPOINT, M, label
-from latentstrat.report.tables import fmt, md_table, normalized_labels, plural
+from latentstrat.report.tables import fmt, md_table, normalized_labels, plural, primary_arms
 
 SECONDARY = M.matched_router_score  # the original study's router score, kept in every table
 ALPHA = 0.05  # the sign-flip test's level, the interval's (95%)
 
 
 def _primary_arm(t: dict) -> str:
-    st = t["collection_state"]
-    arms = st.loc[st.role == "primary", "arm"].unique() if not st.empty else []
-    return str(arms[0]) if len(arms) else "primary"
+    return (primary_arms(t) or ["primary"])[0]
 
 
 def primary_contrast_arm(t: dict, meta: dict) -> str | None:

@@ -1,15 +1,13 @@
 """The collection's pages in `snakemake --report` (the HTML report a Snakemake user shares):
 
-- `landing.rst`: the report's landing page (the workflow's `report:` directive points to it once
-  the report job has written it): the collection, its question, the headline verdict with its
-  interval, the cell states, the cell sanity check and how to read the rest;
+- `landing.rst`: the report's landing page (report.landing; the workflow's `report:` directive
+  points to it once the report job has written it);
 - `captions.rst`: one caption per figure, selected by the figure's name (a Jinja `if` over
   `snakemake.wildcards.figure`, as Snakemake renders captions): the question it answers, what is
   plotted, how to read it, and the collection's own numbers for it (figures.FIGURE_NOTES);
 - `html/`: analysis.md and results.md rendered, and the tables a reader checks a verdict with
-  (contrasts, cell states, cell sanity, fairness, data availability) as HTML pages.
-
-The headline's text is analysis.md's (headline.headline_md), rendered, so the two never differ.
+  (contrasts, cell states, cell sanity, fairness, data availability) as HTML pages;
+- `figure_pages/`: each figure with its caption under it (the report's Figures section).
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from markdown_it import MarkdownIt
 from latentstrat.io import write_text
 from latentstrat.report.figures import FIGURE_NOTES, FIGURES, QUESTIONS
 from latentstrat.report.forest import primary_contrast_frame
-from latentstrat.report.frames import arm_numbers, heatmap_numbers
-from latentstrat.report.frames import fmt as _fmt
-from latentstrat.report.landing import landing_rst
+from latentstrat.report.frames import arm_numbers, heatmap_numbers, sig3
+from latentstrat.report.landing import jinja_raw, landing_rst
 from latentstrat.report.tables import md_table, plural
 
 # file name in html/ -> (title, aggregate table, what it shows)
@@ -69,11 +66,6 @@ def page(title: str, body: str) -> str:
     )
 
 
-def _jinja_raw(text: str) -> str:
-    """Text Snakemake's Jinja pass leaves alone."""
-    return "{% raw %}" + text + "{% endraw %}"
-
-
 # ----------------------------------------------------------------------------- figure captions
 
 
@@ -110,9 +102,9 @@ def forest_numbers(t: dict) -> str:
     below = int((frame.ci_high < 0).sum())
     level = f"{100 * (1 - float(head.get('alpha', 0.05))):.4g}%"
     return (
-        f"In this collection: grid mean {_fmt(head.mean_delta)} ({level} interval {_fmt(head.ci_low)} to "
-        f"{_fmt(head.ci_high)}: {head.verdict}) over {plural(len(frame), 'setting')}, {above} with an interval "
-        f"above 0 and {below} below; detectable difference {_fmt(head.detectable_delta)}."
+        f"In this collection: grid mean {sig3(head.mean_delta)} ({level} interval {sig3(head.ci_low)} to "
+        f"{sig3(head.ci_high)}: {head.verdict}) over {plural(len(frame), 'setting')}, {above} with an interval "
+        f"above 0 and {below} below; detectable difference {sig3(head.detectable_delta)}."
     )
 
 
@@ -132,17 +124,18 @@ def figure_caption(t: dict, name: str) -> str:
     return " ".join(x for x in (note.text, numbers.replace("``", "`")) if x)
 
 
-def captions_rst(t: dict, made: list[tuple[str, str]]) -> str:
-    """One caption per made figure, selected by `snakemake.wildcards.figure`."""
+def captions_rst(made: list[tuple[str, str]], captions: dict[str, str]) -> str:
+    """One caption per made figure (`captions`: figure -> its caption, figure_caption), selected
+    by `snakemake.wildcards.figure`."""
     blocks = []
     for name, title in made:
         note = FIGURE_NOTES[name]
-        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{_rst_text(figure_caption(t, name))}\n"
+        body = f"**{title}** ({QUESTIONS[note.question]})\n\n{_rst_text(captions[name])}\n"
         blocks.append(
             "{% "
             + ("if" if not blocks else "elif")
             + f' snakemake.wildcards.figure == "{name}" %}}\n'
-            + _jinja_raw(body)
+            + jinja_raw(body)
             + "\n"
         )
     if not blocks:
@@ -195,7 +188,7 @@ def write_pages(t: dict, out_dir: Path) -> list[str]:
     return written
 
 
-def write_figure_pages(t: dict, made: list[tuple[str, str]], out_dir: Path) -> list[str]:
+def write_figure_pages(made: list[tuple[str, str]], captions: dict[str, str], out_dir: Path) -> None:
     """figure_pages/<figure>.html: each figure with its caption under it (what the report's
     Figures section shows; the PNG travels inside the page)."""
     pages_dir = Path(out_dir) / FIGURE_PAGES
@@ -206,18 +199,18 @@ def write_figure_pages(t: dict, made: list[tuple[str, str]], out_dir: Path) -> l
         body = (
             f"<h2>{_html.escape(title)}</h2><p><em>{_html.escape(QUESTIONS[note.question])}</em></p>"
             f'<figure><img src="{png}" alt="{_html.escape(title)}">'
-            f"<figcaption>{markdown_html(figure_caption(t, name))}</figcaption></figure>"
+            f"<figcaption>{markdown_html(captions[name])}</figcaption></figure>"
         )
         write_text(page(title, body), pages_dir / f"{name}.html")
-    return [f"{name}.html" for name, _ in made]
 
 
 def write_html_report(t: dict, brief: dict, made, out_dir, meta: dict) -> None:
     """landing.rst, captions.rst, html/ and the figure pages into out_dir (the report folder)."""
     out_dir = Path(out_dir)
     write_pages(t, out_dir)
-    write_figure_pages(t, made, out_dir)
-    write_text(captions_rst(t, made), out_dir / "captions.rst")
+    captions = {name: figure_caption(t, name) for name, _ in made}
+    write_figure_pages(made, captions, out_dir)
+    write_text(captions_rst(made, captions), out_dir / "captions.rst")
     pages = {title: str(out_dir / "html" / f"{stem}.html") for stem, title in PAGES.items()}
     followup = (meta.get("followup") or {}).get("path")
     landing = landing_rst(brief, t, meta.get("setup") or {}, pages, followup)

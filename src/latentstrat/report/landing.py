@@ -14,7 +14,7 @@ import html as _html
 import pandas as pd
 
 from latentstrat.metrics import label, unit
-from latentstrat.report.frames import fmt
+from latentstrat.report.frames import sig3
 
 # the report's menu sections: report.smk's categories, the landing page's links
 FINDING, FIGURES, TABLES = "1. Finding", "2. Figures", "3. Tables"
@@ -49,9 +49,9 @@ def verdict_html(brief: dict) -> str:
     return (
         f"<p><strong>Verdict: {verdict}</strong>. {_code(arms.get('primary_arm'))} minus "
         f"{_code(arms.get('comparison_arm'))} in {_html.escape(label(metric))}{_unit(metric)}: "
-        f"<strong>{fmt(brief['delta'])}</strong>, {level} interval {fmt(brief['ci_low'])} to "
-        f"{fmt(brief['ci_high'])}; the smallest difference this collection could detect: "
-        f"{fmt(brief.get('detectable_delta'))}.{why}</p>"
+        f"<strong>{sig3(brief['delta'])}</strong>, {level} interval {sig3(brief['ci_low'])} to "
+        f"{sig3(brief['ci_high'])}; the smallest difference this collection could detect: "
+        f"{sig3(brief.get('detectable_delta'))}.{why}</p>"
     )
 
 
@@ -71,7 +71,7 @@ def arm_rows(summary: pd.DataFrame, brief: dict) -> list[tuple[str, str, str, st
         if arm is None or summary.empty or metric not in summary.columns:
             continue
         v = pd.to_numeric(summary.loc[summary.arm == arm, metric], errors="coerce").dropna()
-        value = f"{fmt(v.mean())} ({fmt(v.min())} to {fmt(v.max())})" if len(v) else "NA"
+        value = f"{sig3(v.mean())} ({sig3(v.min())} to {sig3(v.max())})" if len(v) else "NA"
         state = ", ".join(f"{n} {s}" for s, n in (states.get(arm) or {}).items())
         rows.append((str(arm), str(len(v)), value, state))
     return rows
@@ -92,14 +92,14 @@ def _table(head: list[str] | None, rows, first_code: bool = False, caption: str 
     return f"<table{_TABLE}>{cap}{th}<tbody>{body}</tbody></table>"
 
 
-def setup_rows(summary: pd.DataFrame, metadata: pd.DataFrame, setup: dict) -> list[tuple[str, str]]:
+def setup_rows(settings: pd.DataFrame, metadata: pd.DataFrame, setup: dict) -> list[tuple[str, str]]:
     """What the cells ran on: model, training, tasks, data (aggregate meta `setup`), the seeds per
-    setting, and the code, dates and hardware the cells recorded (the Collection Metadata table,
-    aggregate.fairness.collection_metadata)."""
+    setting (summary_by_setting's `n_seeds`), and the code, dates and hardware the cells recorded
+    (the Collection Metadata table, aggregate.fairness.collection_metadata)."""
     rows = [(k, str(setup.get(k) or "not recorded")) for k in ("model", "training", "tasks", "data per task")]
     seeds = "not recorded"
-    if not summary.empty and "seed" in summary.columns:
-        n = summary.groupby([c for c in ("arm", "family_label", "beta_label") if c in summary.columns]).seed.nunique()
+    if not settings.empty and "n_seeds" in settings.columns:
+        n = settings.n_seeds
         seeds = f"{n.min()}-{n.max()} per setting" if n.min() != n.max() else f"{n.min()} per setting"
     field = dict(zip(metadata.field, metadata.value)) if {"field", "value"} <= set(metadata.columns) else {}
 
@@ -173,7 +173,7 @@ def landing_html(brief: dict, t: dict, setup: dict, pages: dict, followup_path: 
             arms,
             next_step(brief, followup_path),
             sanity_line(brief),
-            _table(None, setup_rows(summary, metadata, setup), caption="Setup"),
+            _table(None, setup_rows(t.get("summary_by_setting", pd.DataFrame()), metadata, setup), caption="Setup"),
             links(pages),
         ]
     )
@@ -185,4 +185,9 @@ def landing_rst(brief: dict, t: dict, setup: dict, pages: dict, followup_path: s
     title = f"latentstrat: {brief.get('collection') or 'collection'}"
     body = landing_html(brief, t, setup, pages, followup_path)
     raw = ".. raw:: html\n\n" + "\n".join("   " + line for line in body.splitlines()) + "\n"
-    return "{% raw %}" + f"{title}\n{'=' * len(title)}\n\n" + raw + "{% endraw %}"
+    return jinja_raw(f"{title}\n{'=' * len(title)}\n\n" + raw)
+
+
+def jinja_raw(text: str) -> str:
+    """Text Snakemake's Jinja pass leaves alone."""
+    return "{% raw %}" + text + "{% endraw %}"

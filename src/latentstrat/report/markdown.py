@@ -9,14 +9,13 @@ from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.html import figure_caption
-from latentstrat.report.tables import fmt, md_table
+from latentstrat.report.tables import fmt, md_table, primary_arms
 
 ID = [FAMILY_COL, "beta_label"]
 
 
 def _primary_arm(t) -> str:
-    st = t["collection_state"]
-    return ", ".join(st.loc[st.role == "primary", "arm"].unique()) if not st.empty else "primary"
+    return ", ".join(primary_arms(t)) or "primary"
 
 
 def entangle_quality_md(quality: dict | None) -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from latentstrat.families import family_label, parse_family
-from latentstrat.metrics import DIAGNOSTICS, METRICS, label
+from latentstrat.metrics import DIAGNOSTICS, METRICS, label, probe_label
 
 TABLES = [
     "summary",
@@ -59,6 +59,15 @@ def load_aggregate(aggregate_dir: str | Path) -> tuple[dict, dict]:
     return tables, meta
 
 
+def primary_arms(t: dict) -> list[str]:
+    """The primary arm's name(s) in the collection state (one, unless tables of several were
+    aggregated); [] without a state."""
+    st = t.get("collection_state", pd.DataFrame())
+    if st is None or st.empty or "role" not in st.columns:
+        return []
+    return [str(a) for a in st.loc[st.role == "primary", "arm"].unique()]
+
+
 def fmt(v) -> str:
     """Seeds' number style: round to 4 decimals, drop trailing zeros (1.0000 -> 1, 214.2840 -> 214.284);
     a missing number is "NA", never an empty string."""
@@ -85,14 +94,14 @@ HEADERS = {
     "family_label": "family",
     "beta_label": "beta",
     "cell_id": "cell",
-    "n": "n",
 }
-SUFFIXES = {"_ci_low": "CI low", "_ci_high": "CI high", "_std": "SD", "_se_test": "SE (test)", "_n_seeds": "seeds"}
+SUFFIXES = {"_ci_low": "CI low", "_ci_high": "CI high", "_std": "SD", "_se_test": "SE (test)"}
 MAX_COLUMNS = 9  # a wider table is split into parts that repeat its key columns
 
 
 def header(col: str) -> str:
-    """A column's header: its metric label, with the interval or spread it is (`CI low`)."""
+    """A column's header: its metric label (metrics.probe_label: a probe control's too), with the
+    interval or spread it is (`CI low`)."""
     if col in HEADERS:
         return HEADERS[col]
     if col in METRICS or col in DIAGNOSTICS:
@@ -102,7 +111,7 @@ def header(col: str) -> str:
             return f"{header(col[: -len(suffix)])}: {word}"
     if col.startswith("delta_") and col[len("delta_") :] in METRICS:
         return "delta " + label(col[len("delta_") :])
-    return col.replace("_", " ")
+    return probe_label(col)
 
 
 def column_decimals(values: pd.Series) -> int | None:
@@ -129,11 +138,12 @@ def _cell(v, decimals: int | None) -> str:
     return f"{f:,.{decimals}f}" if abs(f) >= 10_000 else f"{f:.{decimals}f}"
 
 
-def key_columns(df: pd.DataFrame, cols: list[str]) -> list[str]:
-    """The leading columns that name a row (not numbers): repeated in each part of a split table."""
+def key_columns(decimals: dict[str, int | None]) -> list[str]:
+    """The leading columns that name a row (not numbers: no precision in `decimals`, column ->
+    column_decimals, in the table's order): repeated in each part of a split table."""
     keys = []
-    for c in cols:
-        if column_decimals(df[c]) is not None or len(keys) == 3:
+    for c, d in decimals.items():
+        if d is not None or len(keys) == 3:
             break
         keys.append(c)
     return keys
@@ -146,11 +156,11 @@ def md_table(df: pd.DataFrame, columns: list[str] | None = None, max_rows: int |
         return "_(no rows)_\n"
     cols = [c for c in (columns or list(df.columns)) if c in df.columns]
     rows = df[cols].head(max_rows) if max_rows else df[cols]
-    keys = key_columns(rows, cols)
+    decimals = {c: column_decimals(rows[c]) for c in cols}
+    keys = key_columns(decimals)
     rest = [c for c in cols if c not in keys]
     width = max(1, MAX_COLUMNS - len(keys))
     parts = [rest[i : i + width] for i in range(0, len(rest), width)] or [[]]
-    decimals = {c: column_decimals(rows[c]) for c in cols}
     out = []
     for part in parts:
         shown = keys + part
