@@ -23,9 +23,11 @@ def default_design():
 
 def test_design_pairs_the_arms_cells_by_setting_and_replicate(default_design):
     d, _ = default_design
-    assert d.setting.nunique() == 12 and set(d.arm) == {"sum", "matched_mean"}
-    # a pair: the same setting and replicate in both arms, one cell each
-    assert (d.groupby(["setting", "replicate"]).arm.nunique() == 2).all()
+    assert d.setting.nunique() == 12 and set(d.arm) == {"sum", "matched_mean", "sum_scaled"}
+    # a pair: the same setting and replicate in every arm, one cell each (raw: sum_scaled too)
+    arms = d.groupby(["setting", "replicate"]).arm.nunique()
+    raw = d.groupby(["setting", "replicate"]).reconstruction_family.first() == "raw"
+    assert (arms[~raw] == 2).all() and (arms[raw] == 3).all()
     assert d.groupby(["arm", "setting"]).replicate.nunique().max() >= 2
 
 
@@ -146,8 +148,8 @@ def test_the_two_look_procedure_runs_through_the_harness(default_design):
     assert thr["alpha_by_look"] == [0.04, 0.01]
     plan = {"seeds": [314159, 314162, 314163], "fresh_seeds": [314162, 314163]}
     fd = looks.followup_design(Collection.of(cfg), plan)
-    assert len(fd) == 2 * 12 * 2 and set(fd.seed) == {314162, 314163}
-    assert (fd.groupby(["setting", "replicate"]).arm.nunique() == 2).all()
+    assert len(fd) == 2 * (12 * 2 + 3) and set(fd.seed) == {314162, 314163}  # raw's sum_scaled cells too
+    assert (fd.groupby(["setting", "replicate"]).arm.nunique() >= 2).all()
     row = looks.run_procedure(d, calibrate.SCENARIOS["default"], "matched_mean", thr, Collection.of(cfg), 60, seed=3)
     assert row["followup_rate"] > 0.1 and row["second_look_false_sign"] is not None
     fs, se = row["procedure_false_sign"]

@@ -28,7 +28,14 @@ def test_default_collection_is_sum_against_the_matched_mean_arm_with_replicates_
     cells = K.expand_cells(cfg)
     primary = [c for c in cells if c.role == "primary"]
     matched = [c for c in cells if c.arm == "matched_mean"]
-    assert len(primary) == 29 and len(matched) == 29 and len(cells) == 58  # 12 settings + 17 replicates each
+    scaled = [c for c in cells if c.arm == "sum_scaled"]
+    assert len(primary) == 29 and len(matched) == 29 and len(cells) == 66  # 12 settings + 17 replicates each
+    # the scale/weighting arm: raw alone, replicated as the other arms (3 seeds at 0.01 and 0.1, 2 at 1)
+    assert len(scaled) == 8 and {c.settings["reconstruction_family"] for c in scaled} == {"raw"}
+    assert {c.settings["token_aggregation"] for c in scaled} == {"sum_scaled"}
+    assert sorted(str(strip) for strip in (c.settings.replace(token_aggregation="sum") for c in scaled)) == sorted(
+        str(c.settings) for c in primary if c.settings["reconstruction_family"] == "raw"
+    )
     per_setting = {}
     for c in primary:
         key = (c.settings["reconstruction_family"], c.settings["beta"])
@@ -352,7 +359,7 @@ def test_config_reference_is_generated_from_the_schema_and_describes_every_key()
 
 
 @pytest.mark.parametrize(
-    "name", ["config", "aa", "qwen25-05b", "followup", "followup-3seeds", "study001", "study-scale", "quick-aa"]
+    "name", ["config", "aa", "qwen25-05b", "followup", "followup-3seeds", "study001", "quick-aa"]
 )
 def test_every_setting_of_a_headline_has_its_own_replicates(name):
     """Every setting of the headline's two arms trains at least two seeds, so every stratum of

@@ -32,12 +32,13 @@ def pairs(cells):
 def test_both_cells_of_a_pair_share_a_training_seed_and_every_setting_has_its_own():
     cells = default_cells()
     pp = pairs(cells)
-    assert len(pp) == 29  # every cell of the matched arm has its pair in the sum arm
+    assert len(pp) == 37  # every cell of the matched and the sum_scaled arm has its pair in the sum arm
     for a, b in pp:
         assert a.settings["token_aggregation"] != b.settings["token_aggregation"]
         assert K.training_seed(a.settings) == K.training_seed(b.settings)
         assert K.init_id(a.settings) == K.init_id(b.settings)
-    # 58 cells, 29 settings-and-replicate-seeds: 29 training seeds, none shared across them
+    # 66 cells, 29 settings-and-replicate-seeds: 29 training seeds, none shared across them (a raw
+    # setting's sum_scaled cell shares its pair's)
     assert len({K.training_seed(c.settings) for c in cells}) == 29
     assert len({K.init_id(c.settings) for c in cells}) == 29
     # non-negative 31-bit ints (torch / numpy seeds)
@@ -89,9 +90,9 @@ def test_training_seed_is_canonical_and_pinned():
 
 
 def test_step0_keying_default_and_smoke_collections():
-    """One step-0 validation per pair: the default collection's 58 cells start from 29 models, the
+    """One step-0 validation per pair: the default collection's 66 cells start from 29 models, the
     smoke collection's 24 from 12, the quick collection's 2 from 1."""
-    for name, n_cells, n_inits in (("config", 58, 29), ("smoke", 24, 12), ("quick", 2, 1), ("aa", 42, 42)):
+    for name, n_cells, n_inits in (("config", 66, 29), ("smoke", 24, 12), ("quick", 2, 1), ("aa", 42, 42)):
         cells = K.expand_cells(load_config(ROOT / "config" / f"{name}.yaml"))
         assert (len(cells), len({K.init_id(c.settings) for c in cells})) == (n_cells, n_inits), name
 

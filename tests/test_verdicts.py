@@ -576,6 +576,6 @@ def test_a_followup_trains_exactly_the_cells_it_plans_and_its_headline_reads_all
     added = {c.cell_id for c in cells} - first
     assert first <= {c.cell_id for c in cells} and len(added) == plan["cells_added"]
     fresh = set(plan["fresh_seeds"])
-    assert len(added) == len(fresh) * 12 * 2  # every setting, both arms, each fresh seed
+    assert len(added) == len(fresh) * (12 * 2 + 3)  # every setting, both arms, raw's sum_scaled, each fresh seed
     assert added == {c.cell_id for c in cells if c.settings["seed"] in fresh}  # the headline's cells
     assert set(follow["report"]["headline_seeds"]) == fresh

@@ -35,19 +35,20 @@ def test_default_config_lists_sum_grid_and_comparison_arm(wd):
     rc, jobs, out = dry_run(wd, configfile="config/config.yaml")
     assert rc == 0, out[-3000:]
     train = [c for r, c, _ in jobs if r == "train"]
-    assert len(train) == len(set(train)) == 58
+    assert len(train) == len(set(train)) == 66
     # 12 settings + 17 replicates: a second seed at every beta, a third at 0.1 and for raw at 0.01
-    assert sum(c.startswith("agg-sum_") for c in train) == 29
+    assert sum(c.startswith("agg-sum_fam-") for c in train) == 29
     assert sum(c.startswith("agg-mean_") for c in train) == 29  # the matched arm
+    assert sum(c.startswith("agg-sum_scaled_fam-raw_") for c in train) == 8  # scale or weighting: raw alone
     assert all("_sched-lin300_" in c for c in train)  # the same warm-up in both arms
     second = [c for c in train if c.endswith("seed-314160")]
-    assert len(second) == 24  # every setting, both arms
+    assert len(second) == 27  # every setting, both arms, and raw's sum_scaled cells
     third = [c for c in train if c.endswith("seed-314161")]
-    assert len(third) == 10 and all("beta-0.1_" in c or "fam-raw_beta-0.01_" in c for c in third)
+    assert len(third) == 12 and all("beta-0.1_" in c or "fam-raw_beta-0.01_" in c for c in third)
     assert "agg-sum_fam-raw_beta-1_sched-lin300_seed-314159" in train  # 1 == 1.0, canonical id
     n = rules(jobs)
     assert (n["data"], n["entangle"], n["reference"], n["aggregate"], n["report"]) == (1, 1, 1, 1, 1)
-    assert n["probes"] == n["tabulate"] == n["evaluate"] == 58  # one probe job per cell, every task in it
+    assert n["probes"] == n["tabulate"] == n["evaluate"] == 66  # one probe job per cell, every task in it
     # one step-0 validation per pair: the two arms of a setting and replicate seed start from one
     # model (their training seed), every other cell from its own
     assert n["step0"] == 29

@@ -340,6 +340,30 @@ def expand_cells(cfg: dict) -> list[Cell]:
     return cells
 
 
+def pair_priorities(cells: list[Cell]) -> dict[str, int]:
+    """cell id -> its scheduling priority: the cells of one pair (one setting and replicate in
+    every arm: the same settings but token_aggregation and seed, the same place in their arm's
+    seeds) share one, and pairs come in replicate order (every setting's first seed, then each
+    setting's second, ...), grid order within, the first pair highest. A run that stops between
+    jobs then leaves at most the pairs in flight half done, never half of every pair."""
+    seeds_of: dict[str | None, list] = {}
+    for c in cells:
+        arm_seeds = seeds_of.setdefault(c.arm, [])
+        if c.settings["seed"] not in arm_seeds:
+            arm_seeds.append(c.settings["seed"])
+
+    def key(c: Cell) -> tuple:
+        rest = tuple(
+            format_value(c.settings[k]) for k in CELL_KEYS if k not in ("token_aggregation", "seed")
+        )
+        return (seeds_of[c.arm].index(c.settings["seed"]), rest)
+
+    order: dict[tuple, int] = {}
+    for c in sorted(cells, key=lambda c: seeds_of[c.arm].index(c.settings["seed"])):
+        order.setdefault(key(c), len(order))
+    return {c.cell_id: len(order) - order[key(c)] for c in cells}
+
+
 @dataclass(frozen=True, eq=False)
 class Collection:
     """A collection as what comes after its cells reads it: its name, its `report` section, its

@@ -18,6 +18,12 @@ import pandas as pd
 from latentstrat.stages import STAGES
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path, suffix: str | None = None):
     """Yield a temp path in the target's folder; rename it onto `path` on success."""
@@ -25,6 +31,7 @@ def atomic_path(path: str | Path, suffix: str | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600: collaborators read what the umask allows
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -33,10 +40,21 @@ def atomic_path(path: str | Path, suffix: str | None = None):
             os.unlink(tmp)
 
 
-def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
-    """Deterministic parquet (no pandas index, fixed compression), written atomically."""
+def write_parquet(df: pd.DataFrame, path: str | Path, provenance: dict | None = None) -> None:
+    """Deterministic parquet (no pandas index, fixed compression), written atomically.
+    `provenance`: who wrote it where (runtime.host.provenance), kept in the file's metadata
+    (pandas attrs) and read back by `parquet_provenance`."""
+    if provenance is not None:
+        df = df.copy(deep=False)
+        df.attrs = {"provenance": provenance}
     with atomic_path(path, suffix=".parquet") as tmp:
         df.to_parquet(tmp, index=False, compression="zstd")
+
+
+def parquet_provenance(df: pd.DataFrame) -> dict:
+    """The provenance a table was written with (write_parquet), {} without one."""
+    prov = df.attrs.get("provenance") if isinstance(df.attrs, dict) else None
+    return dict(prov) if isinstance(prov, dict) else {}
 
 
 def write_text(text: str, path: str | Path) -> None:

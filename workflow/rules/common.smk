@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from latentstrat.base.guard import base_problem, lost_base_stages, shipped_manifest, upstream
-from latentstrat.cells import expand_cells, external_arms, init_id, init_settings
+from latentstrat.cells import expand_cells, external_arms, init_id, init_settings, pair_priorities
 from latentstrat.config import Base, ConfigError, from_snakemake
 from latentstrat.metrics import CELL_TABLES_VERSION
 from latentstrat.paths import Paths
@@ -37,6 +37,8 @@ CELLS = {c.cell_id: c for c in expand_cells(CFG)}
 TASKS = list(CFG["data"]["tasks"])
 # the cells' models as built (the training seed among them): the two arms of a pair share one
 INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
+PRIORITY = pair_priorities(list(CELLS.values()))  # a pair's cells run together, pairs in replicate order
+INIT_PRIORITY = {init_id(c.settings): PRIORITY[cid] for cid, c in CELLS.items()}  # a pair's init is one
 RES = CFG["resources"]
 MODE = CFG["entangle"]["mode"]
 THREADS_BASE = RES["threads_base"] or RES["threads"]  # entangle and reference run before any cell
@@ -80,6 +82,15 @@ def _cell(wildcards):
 def cell_json(wildcards):
     """The cell as this collection sees it (arm and role too): for its metrics row."""
     return _cell(wildcards).to_json()
+
+
+def cell_priority(wildcards):
+    """A cell job's priority: its pair's (cells.pair_priorities); a stopped run leaves only the pairs in flight."""
+    return PRIORITY.get(wildcards.cell, 0)
+
+
+def init_priority(wildcards):
+    return INIT_PRIORITY.get(wildcards.init, 0)
 
 
 def init_json(wildcards):

@@ -11,6 +11,7 @@ rule evaluate:
         f"{COLLECTION}/logs/evaluate/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/evaluate/{{cell}}.tsv"
+    priority: cell_priority
     conda:
         "../../envs/latentstrat.yaml"
     threads: RES["threads"]

@@ -14,6 +14,7 @@ rule probes:
         f"{COLLECTION}/logs/probe/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/probe/{{cell}}.tsv"
+    priority: cell_priority
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1

@@ -12,6 +12,7 @@ checkpoint step0:
         f"{COLLECTION}/logs/step0/{{init}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/step0/{{init}}.tsv"
+    priority: init_priority
     conda:
         "../../envs/latentstrat.yaml"
     threads: RES["threads"]

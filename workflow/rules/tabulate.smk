@@ -22,6 +22,7 @@ rule tabulate:
         f"{COLLECTION}/logs/tabulate/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/tabulate/{{cell}}.tsv"
+    priority: cell_priority
     conda:
         "../../envs/latentstrat.yaml"
     threads: 1

@@ -15,6 +15,7 @@ rule train:
         f"{COLLECTION}/logs/train/{{cell}}.log",
     benchmark:
         f"{COLLECTION}/benchmarks/train/{{cell}}.tsv"
+    priority: cell_priority
     conda:
         "../../envs/latentstrat.yaml"
     threads: RES["threads"]

@@ -50,6 +50,7 @@ from latentstrat.modeling.model import build_model
 from latentstrat.modeling.objective import Objective, forward_losses
 from latentstrat.modeling.scoring import score_generations
 from latentstrat.paths import DATA_FILES, REFERENCE_FILES, TRAIN_FILES, BaseFolders
+from latentstrat.runtime import host
 from latentstrat.tasks import TASKS
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def evaluate_cell(
     bad = [c for c in LOSS_METRICS if not np.isfinite(rec[c]).all()]
     if bad:
         raise FloatingPointError(f"evaluate: cell {cell.cell_id}: non-finite per-example {bad[0]}")
-    write_parquet(rec, out_path)
+    write_parquet(rec, out_path, provenance=host.provenance(str(device_of(model))))
     print(
         f"evaluate {cell.cell_id}: {len(rec)} examples, accuracy {rec.correct.mean():.3f}, "
         f"strategy match {rec.matched_strategies.map(len).gt(0).mean():.3f}"

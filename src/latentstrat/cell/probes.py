@@ -55,6 +55,7 @@ import pandas as pd
 
 from latentstrat.io import read_parquet, write_parquet
 from latentstrat.metrics import M
+from latentstrat.runtime import host
 
 if TYPE_CHECKING:
     from latentstrat.jobs import Job
@@ -500,8 +501,9 @@ def probe_cell(p: dict, records_path, tasks, out_paths) -> pd.DataFrame:
         raise ValueError(f"probe_cell: {len(tasks)} tasks need {len(tasks) + 1} output paths, got {len(out_paths)}")
     df = _read_records(records_path)
     tables = [task_table(p, df, t, records_path) for t in tasks] + [global_table(p, df, records_path)]
+    prov = host.provenance("cpu")  # the probes fit on the CPU
     for table, path in zip(tables, out_paths):
-        write_parquet(table, path)
+        write_parquet(table, path, provenance=prov)
     return pd.concat(tables, ignore_index=True)
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 from latentstrat.aggregations import aggregation as declared_aggregation
 from latentstrat.cell.probes import INFORMATION_PROBES, entropy_bits, read_probes
 from latentstrat.cells import CELL_KEYS, Cell, as_cell, beta_label
-from latentstrat.io import read_parquet, write_parquet
+from latentstrat.io import parquet_provenance, read_parquet, write_parquet
 from latentstrat.metrics import (
     ACTIVE_UNIT_VARIANCE,
     BOOT_SEED,
@@ -57,12 +57,15 @@ METRIC_RECORD_COLUMNS = [
     "n_supervised",
     *LOSS_METRICS,
 ]
+# what a cell's row records of the machine and code its evaluation and probes ran on
+STAGE_PROVENANCE = ("host", "cpu", "cpu_capability", "code_hash")
 # the reference stage's table (base.reference.TOKENS_COLUMNS) as token_base_relative_reconstruction reads it
 REFERENCE_TOKEN_COLUMNS = ["task", "example_id", "split", "n_supervised", "b"]
 PROVENANCE = [
     "code_version",
     "code_commit",
     "code_dirty",
+    "code_hash",
     "torch_version",
     "started_at",
     "finished_at",
@@ -430,6 +433,12 @@ def write_cell_row(
     if train_summary_path is not None:  # provenance: the code, host and times the cell trained with
         summary = json.loads(Path(train_summary_path).read_text())
         row.update({f"train_{k}": summary.get(k) for k in PROVENANCE})
+        # every machine the cell trained on (a resumed cell may have moved): JSON, one segment each
+        row["train_hosts"] = json.dumps(summary["hosts"]) if "hosts" in summary else None
+    # where the evaluation and the probes ran (their tables' metadata; None where not recorded)
+    probe_prov = parquet_provenance(read_parquet(probe_paths[0], "probe table")) if len(probe_paths) else {}
+    for stage, prov in (("evaluate", parquet_provenance(records)), ("probes", probe_prov)):
+        row.update({f"{stage}_{k}": prov.get(k) for k in STAGE_PROVENANCE})
     reps = bootstrap_replicates(records, probes, aggregation=cell.settings.token_aggregation.name, reference=reference)
     for m in BOOTSTRAP_METRICS:
         row[f"{m}_ci_low"], row[f"{m}_ci_high"] = interval(reps[m])

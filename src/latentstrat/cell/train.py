@@ -283,13 +283,35 @@ class CellSetup:
 class RunState:
     """Where a cell's training stands: the optimizer steps taken, the history rows so far, the
     training seconds and tokens, and per step taken the pre-clip gradient norm and the batch's
-    rows per task (`step_records`). A checkpoint holds it; `resume` restores it."""
+    rows per task (`step_records`), and every machine it trained on (`hosts`: one segment per
+    start on another host or code, from the step it started at). A checkpoint holds it; `resume`
+    restores it."""
 
     step: int = 0
     history: list = field(default_factory=list)
     wall: float = 0.0
     tokens: int = 0
     step_records: list = field(default_factory=list)
+    hosts: list = field(default_factory=list)
+
+    def started_here(self, dev) -> None:
+        """Record this start's machine and code (host_segment) unless the last segment is the same."""
+        seg = host_segment(self.step, dev)
+        last = self.hosts[-1] if self.hosts else None
+        if last is None or {k: v for k, v in last.items() if k != "from_step"} != {
+            k: v for k, v in seg.items() if k != "from_step"
+        }:
+            self.hosts.append(seg)
+
+
+# what a training segment records of the machine and code it ran on (a resumed cell may have moved)
+SEGMENT_KEYS = ("host", "cpu", "cpu_capability", "device", "torch_version", "code_hash", "code_version")
+
+
+def host_segment(step: int, dev) -> dict:
+    """The machine and code of a training segment that starts at `step`."""
+    prov = host.provenance(str(dev))
+    return {"from_step": int(step), **{k: prov[k] for k in SEGMENT_KEYS}}
 
 
 def run_summary(cell: Cell, run, objective, fingerprint: str, started_at: str, dev) -> dict:
@@ -309,6 +331,7 @@ def run_summary(cell: Cell, run, objective, fingerprint: str, started_at: str, d
         "started_at": started_at,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **host.provenance(str(dev)),
+        "hosts": run.hosts,
     }
 
 
@@ -356,6 +379,7 @@ def train_cell(
     shaping = {k: sections.get(k) for k in TRAIN_SECTIONS}
     fingerprint = run_fingerprint(shaping, cell.work_json(), data_dir, entangle_dir)
     run = resume(ckpt_path, model, opt, cid, fingerprint)
+    run.started_here(dev)
 
     def checkpoint():
         save_checkpoint(
@@ -370,6 +394,7 @@ def train_cell(
                 "wall_time_s": run.wall,
                 "train_tokens": run.tokens,
                 "step_records": run.step_records,
+                "hosts": run.hosts,
             },
         )
 
@@ -420,6 +445,7 @@ def resume(ckpt_path: Path, model, opt, cid: str, fingerprint: str) -> RunState:
         wall=ck["wall_time_s"],
         tokens=ck["train_tokens"],
         step_records=list(ck.get("step_records", [])),
+        hosts=list(ck.get("hosts", [])),
         history=[dict(zip(HISTORY_COLUMNS, v)) for v in zip(*(ck["history"][c] for c in HISTORY_COLUMNS))],
     )
     print(f"[{cid}] resumed from step {run.step}")

@@ -129,6 +129,39 @@ def code_version() -> dict:
         return {"code_commit": None, "code_dirty": None, "code_version": f"latentstrat {v}"}
 
 
+# what a job's code is: the package and the workflow that runs it (rules, scripts, Snakefile)
+CODE_SUFFIXES = (".py", ".smk", ".yaml", ".json")
+
+
+def code_files(root: Path) -> list[Path]:
+    """The files whose content is the code a job ran: the package's sources and data files, and
+    the workflow's rules and scripts beside it (a checkout) when they are there."""
+    package = Path(__file__).resolve().parents[1]
+    files = [f for f in package.rglob("*") if f.suffix in CODE_SUFFIXES and "__pycache__" not in f.parts]
+    for extra in (root / "workflow", root / "Snakefile"):
+        if extra.is_dir():
+            files += [f for f in extra.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+        elif extra.is_file():
+            files.append(extra)
+    return sorted(f for f in files if f.is_file())
+
+
+@functools.cache
+def code_hash() -> str:
+    """The sha256 (16 hex digits) of the code's content as it is on disk, uncommitted edits
+    included: two jobs share it only when they ran the same code (a commit with `+dirty` does not
+    say which edits)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in code_files(root):
+        rel = f.relative_to(package.parent if f.is_relative_to(package) else root)
+        h.update(str(rel).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def torch_version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -143,6 +176,7 @@ def provenance(device: str | None = None) -> dict:
     (recorded in a cell's summary)."""
     return {
         **code_version(),
+        "code_hash": code_hash(),
         "torch_version": torch_version(),
         "host": platform.node(),
         "cpu": cpu_model(),
