@@ -358,9 +358,7 @@ def test_config_reference_is_generated_from_the_schema_and_describes_every_key()
         assert key in text
 
 
-@pytest.mark.parametrize(
-    "name", ["config", "aa", "qwen25-05b", "followup", "followup-3seeds", "study001", "quick-aa"]
-)
+@pytest.mark.parametrize("name", ["config", "aa", "qwen25-05b", "followup", "followup-3seeds", "study001", "quick-aa"])
 def test_every_setting_of_a_headline_has_its_own_replicates(name):
     """Every setting of the headline's two arms trains at least two seeds, so every stratum of
     the interval (a KL weight and a state) measures its own training noise; the quick collection,

@@ -353,9 +353,7 @@ def pair_priorities(cells: list[Cell]) -> dict[str, int]:
             arm_seeds.append(c.settings["seed"])
 
     def key(c: Cell) -> tuple:
-        rest = tuple(
-            format_value(c.settings[k]) for k in CELL_KEYS if k not in ("token_aggregation", "seed")
-        )
+        rest = tuple(format_value(c.settings[k]) for k in CELL_KEYS if k not in ("token_aggregation", "seed"))
         return (seeds_of[c.arm].index(c.settings["seed"]), rest)
 
     order: dict[tuple, int] = {}

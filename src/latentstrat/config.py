@@ -85,6 +85,7 @@ def _check_semantics(cfg: dict) -> None:
             f"config key report.primary_contrast: {contrast!r} is not a comparison arm "
             f"(comparison arms: {', '.join(names[1:]) or 'none'})"
         )
+    _check_split(cfg["report"]["contrast_split"], names, contrast or (names[1] if len(names) > 1 else None))
     levels = cfg["report"]["alpha_by_look"]
     if sum(levels) > 0.05 + 1e-12:
         raise ConfigError(
@@ -107,6 +108,32 @@ def _check_semantics(cfg: dict) -> None:
                 f"primary arm's in {', '.join(diff.keys)}, not in {ABLATED_KEY} alone. Match its settings, or "
                 f"declare the confound meant with `confounded: true` at {where}"
             )
+
+
+def _check_split(split, names: list[str], contrast: str | None) -> None:
+    """report.contrast_split names known arms, in a chain from the primary arm to the primary
+    contrast's arm (each part's subtrahend the next part's minuend), so its parts add up to the
+    primary contrast on the settings they share."""
+    if not split:
+        return
+    for i, part in enumerate(split):
+        for arm in part["arms"]:
+            if arm not in names:
+                raise ConfigError(
+                    f"config key report.contrast_split[{i}].arms: {arm!r} is not an arm of this collection "
+                    f"(arms: {', '.join(names)}); a config that drops an arm sets `contrast_split: null`"
+                )
+    chain = [split[0]["arms"][0]] + [p["arms"][1] for p in split]
+    joined = all(split[i]["arms"][1] == split[i + 1]["arms"][0] for i in range(len(split) - 1))
+    if not joined or chain[0] != names[0] or chain[-1] != contrast:
+        raise ConfigError(
+            f"config key report.contrast_split: its parts ({', '.join(' - '.join(p['arms']) for p in split)}) must "
+            f"run from the primary arm {names[0]!r} to the primary contrast {contrast!r}, each part's second arm "
+            "the next part's first, so that they add up to the primary contrast"
+        )
+    seen = [p["name"] for p in split]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"config key report.contrast_split: part names repeat ({', '.join(seen)})")
 
 
 def _check_names(cfg: dict) -> None:

@@ -109,6 +109,39 @@ def stage_settings(cfg: dict, stage: str) -> dict:
     return dict(cfg) if names == EVERY_SECTION else {k: cfg[k] for k in names}
 
 
+def archived(paths: Paths, cells: list) -> dict:
+    """The archived cells (latentstrat.archive.archived_cells); a bad archive stops the workflow
+    before any job, with the archive's message."""
+    from snakemake.exceptions import WorkflowError
+
+    from latentstrat.archive import ArchiveError, archived_cells
+
+    try:
+        return archived_cells(paths, cells)
+    except ArchiveError as e:
+        raise WorkflowError(str(e)) from None
+
+
+def final_targets(paths: Paths, cells: dict, mode: str, tasks, archived: dict) -> list[str]:
+    """Every output of every stage's jobs (rule all's input) but those of the archived cells
+    (latentstrat.archive: their jobs are not in the DAG) and of the step-0 validations only archived
+    cells start from. Snakemake checks missing outputs only for target jobs, so a deleted cell file
+    reruns its job and what reads it, nothing else."""
+    from latentstrat.cells import init_id
+
+    live = [cid for cid in cells if cid not in archived]
+    keys = {"init": sorted({init_id(cells[cid].settings) for cid in live}), "cell": live}
+    return [f for s in STAGES for f in paths.job_files(s.name, keys.get(s.level, []), mode, tasks)]
+
+
+def cell_file_list(paths: Paths, cells, archived: dict, name: str) -> list[str]:
+    """The aggregate's input `name` (row, bootstrap, history) of every cell, in the collection's
+    order: an archived cell's from the archive, any other's from its stage's output."""
+    from latentstrat.archive import source_files
+
+    return [archived[c][name] if c in archived else str(source_files(paths, c)[name]) for c in cells]
+
+
 def code_files(repository: str | Path, *relpaths: str) -> list[str]:
     """Existing package sources under src/latentstrat (files, or folders of *.py): inputs of
     the aggregate and report rules only, so editing them reruns those and never trains."""

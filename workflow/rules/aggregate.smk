@@ -9,9 +9,9 @@ rule aggregate:
             after_base(
                 "cell",
                 lambda w: {
-                    "rows": [str(P.row_path(c)) for c in CELLS],
-                    "bootstrap": [str(P.bootstrap_path(c)) for c in CELLS],
-                    "history": [P.train_files(c)["history"] for c in CELLS],
+                    "rows": package_rules.cell_file_list(P, CELLS, ARCHIVED, "row"),
+                    "bootstrap": package_rules.cell_file_list(P, CELLS, ARCHIVED, "bootstrap"),
+                    "history": package_rules.cell_file_list(P, CELLS, ARCHIVED, "history"),
                     "comparison_tables": comparison_tables(),
                     "quality": P.entangle_files(MODE)["quality"],
                     "code": package_rules.code_files(workflow.basedir, "aggregate", "metrics.py"),

@@ -34,6 +34,7 @@ WORK = str(P.cell_dir("{cell}"))  # <BASE>/cells/<work key>/{cell}: a cell's wor
 INIT = str(P.step0_dir("{init}"))  # <BASE>/step0/<work key>/{init}: one model as built
 COLLECTION = str(P.collection_dir)  # <results_dir>/<collection>: rows, logs, tables, report
 CELLS = {c.cell_id: c for c in expand_cells(CFG)}
+ARCHIVED = package_rules.archived(P, list(CELLS.values()))  # read from results/archive, never run
 TASKS = list(CFG["data"]["tasks"])
 # the cells' models as built (the training seed among them): the two arms of a pair share one
 INITS = {init_id(c.settings): init_settings(c.settings) for c in CELLS.values()}
@@ -158,10 +159,8 @@ def after_base(stage, files):
 
 # ----------------------------------------------------------------------------- final targets
 def all_targets():
-    """Every output of every stage's jobs (not only the report): Snakemake checks missing outputs
-    only for target jobs, so a deleted cell file reruns its job and what reads it, nothing else."""
-    keys = {"init": list(INITS), "cell": list(CELLS)}
-    return [f for s in STAGES for f in P.job_files(s.name, keys.get(s.level, []), MODE, TASKS)]
+    """Every stage's outputs but the archived cells' (latentstrat.rules.final_targets)."""
+    return package_rules.final_targets(P, CELLS, MODE, TASKS, ARCHIVED)
 
 
 def partial_report(log):

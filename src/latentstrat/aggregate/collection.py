@@ -48,6 +48,7 @@ from latentstrat.aggregate.settings import (
     setting_rows,
     top_bottom,
 )
+from latentstrat.aggregate.split import split_contrasts
 from latentstrat.aggregate.states import cell_states, state_counts
 from latentstrat.cells import CELL_KEYS, Collection, external_arms, format_value
 from latentstrat.families import family_label, parse_family
@@ -142,21 +143,34 @@ def verdict_tables(data: CollectionData, settings: dict, descriptive: bool = Tru
     t["cell_states"] = cell_states(summary, settings)
     t["cell_state_counts"] = state_counts(t["cell_states"])
     arms = comparison_arm_rows(summary, role, data.comparisons, bootstrap)
+    cells = cell_rows(summary, data.comparisons)
     contrasts, commons, unmatched = contrast_tables(
-        primary_rows,
-        arms,
-        data.grid_axes,
-        bootstrap,
-        t["cell_states"],
-        cell_rows(summary, data.comparisons),
-        settings,
-        descriptive,
+        primary_rows, arms, data.grid_axes, bootstrap, t["cell_states"], cells, settings, descriptive
     )
     t.update(contrasts)
+    if settings.get("contrast_split"):  # the declared split of the primary contrast (aggregate.split)
+        t["contrast_split"] = split_table(settings, data, primary_rows, arms, cells, t["cell_states"])
     fresh = settings.get("headline_seeds")
     if fresh:  # a follow-up: the headline tests its fresh seeds on their own (the pooled contrast beside it)
         t["headline_contrasts"] = fresh_seed_contrasts(data, settings, fresh)
     return t, {"primary_rows": primary_rows, "arms": arms, "commons": commons, "unmatched": unmatched}
+
+
+def split_table(settings: dict, data: CollectionData, primary_rows, arms: dict, cells: dict, states) -> pd.DataFrame:
+    """report.contrast_split read on the collection's setting rows (aggregate.split), at the look's level."""
+    summary = data.summary
+    primary = summary[summary["role"] == "primary"] if "role" in summary.columns else summary
+    name = str(primary["arm"].iloc[0]) if "arm" in primary.columns and len(primary) else "primary"
+    return split_contrasts(
+        settings["contrast_split"],
+        {name: primary_rows, **arms},
+        data.grid_axes,
+        data.bootstrap,
+        cells,
+        dict(zip(states.cell_id, states.state)) if len(states) else None,
+        settings.get("primary_metric") or ENDPOINT,
+        settings.get("look_alpha") or look_alpha(settings, followup=False),
+    )
 
 
 def normalized_contrasts(primary_rows, commons: dict, bootstrap, metric: str, alpha: float) -> pd.DataFrame:

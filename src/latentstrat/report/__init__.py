@@ -32,6 +32,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     from latentstrat.report.headline import headline, primary_contrast_arm
     from latentstrat.report.html import write_html_report
     from latentstrat.report.markdown import analysis_md, results_md
+    from latentstrat.report.split import split_parts
     from latentstrat.report.tables import load_aggregate
 
     t0 = time.perf_counter()
@@ -67,6 +68,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
         "title": meta.get("title") or meta.get("collection"),
         "description": meta.get("description", ""),
         **{k: v for k, v in head.items() if k != "attribution_evidence"},
+        "contrast_split": split_parts(tables),
         "decomposition": decomposition(tables),
         "cells": {
             "expected": len(st),

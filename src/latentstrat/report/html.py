@@ -35,6 +35,11 @@ TABLE_PAGES = {
         "contrast_by_family",
         "the primary endpoint per reconstruction family: the family alone and the grid without it",
     ),
+    "contrast_split": (
+        "Scale or weighting",
+        "contrast_split",
+        "the declared split of the primary contrast: each part with its interval, and their total",
+    ),
     "cell_states": ("Cell states", "cell_states", "each cell's state (empty / strategy / other) and its evidence"),
     "cell_sanity": ("Cell sanity", "cell_sanity", "each cell against the entangled model: the sanity check"),
     "fairness": ("Fairness", "fairness", "what the comparison can claim: matched settings, coverage, seeds"),

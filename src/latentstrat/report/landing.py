@@ -15,6 +15,7 @@ import pandas as pd
 
 from latentstrat.metrics import label, unit
 from latentstrat.report.frames import sig3
+from latentstrat.report.split import split_sentence
 
 # the report's menu sections: report.smk's categories, the landing page's links
 FINDING, FIGURES, TABLES = "1. Finding", "2. Figures", "3. Tables"
@@ -53,6 +54,12 @@ def verdict_html(brief: dict) -> str:
         f"{sig3(brief['ci_high'])}; the smallest difference this collection could detect: "
         f"{sig3(brief.get('detectable_delta'))}.{why}</p>"
     )
+
+
+def split_html(brief: dict) -> str:
+    """The declared split of the contrast (scale / weighting) in one line under the verdict."""
+    line = split_sentence(brief.get("contrast_split") or [], brief.get("primary_endpoint") or "")
+    return f"<p>{_html.escape(line)}</p>" if line else ""
 
 
 def _unit(metric: str) -> str:
@@ -170,6 +177,7 @@ def landing_html(brief: dict, t: dict, setup: dict, pages: dict, followup_path: 
     return "\n".join(
         [
             verdict_html(brief),
+            split_html(brief),
             arms,
             next_step(brief, followup_path),
             sanity_line(brief),

@@ -9,6 +9,7 @@ from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.html import figure_caption
+from latentstrat.report.split import split_md
 from latentstrat.report.tables import fmt, md_table, primary_arms
 
 ID = [FAMILY_COL, "beta_label"]
@@ -380,6 +381,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, hea
     title = meta.get("title") or meta.get("collection", "collection")
     out = [f"# {title}: Analysis\n"]
     out += headline_md(t, meta, head)
+    out += split_md(t, meta.get("primary_metric") or ENDPOINT)  # the declared scale / weighting split
     out += decomposition_md(t)  # which part of router_information moved, per arm
     out += empty_groups_md(t, thresholds)
     out += [

@@ -22,6 +22,7 @@ TABLES = [
     "arm_contrasts",
     "headline_contrasts",
     "normalized_contrasts",
+    "contrast_split",
     "contrast_by_family",
     "unmatched_rows",
     "reference_scale",
