@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from latentstrat.cells import Cell, pair_priorities
-from latentstrat.io import dump_json
+from latentstrat.io import current_umask, dump_json
 from latentstrat.metrics import BOOTSTRAP_FILE, CELL_TABLES_VERSION
 from latentstrat.paths import Paths
 
@@ -107,8 +107,24 @@ def archived_cells(paths: Paths, cells: list[Cell]) -> dict[str, dict[str, str]]
     m = read_manifest(paths)
     if m is None:
         return {}
+    check_manifest(m, paths, cells)
+    out = {cid: checked_files(paths, m, cid) for cid in m["cells"]}
+    for members in pairs_of(cells).values():
+        have = [c for c in members if c in out]
+        if have and len(have) != len(members):
+            missing = sorted(set(members) - set(have))
+            raise ArchiveError(
+                f"archive {archive_dir(paths)} holds half of a pair: {missing} missing beside {have}: {FIX}"
+            )
+    return out
+
+
+FIX = "export it again from the results it came from, or restore the folder from git"
+
+
+def check_manifest(m: dict, paths: Paths, cells: list[Cell]) -> None:
+    """The manifest is this code's, this collection's and this grid's (ArchiveError otherwise)."""
     where = archive_dir(paths) / MANIFEST
-    fix = "export it again from the results it came from, or restore the folder from git"
     if m.get("archive_version") != ARCHIVE_VERSION:
         raise ArchiveError(
             f"archive manifest {where}: version {m.get('archive_version')}, this code reads {ARCHIVE_VERSION}"
@@ -125,34 +141,28 @@ def archived_cells(paths: Paths, cells: list[Cell]) -> dict[str, dict[str, str]]
                 f"archive manifest {where}: made for {key} {m.get(key)!r}, this config has {want!r} (a change of the "
                 "lora/train/evaluate/probes sections makes new cells): undo the change, or move the archive aside"
             )
-    ids = {c.cell_id for c in cells}
-    foreign = sorted(set(m.get("cells", {})) - ids)
+    foreign = sorted(set(m.get("cells", {})) - {c.cell_id for c in cells})
     if foreign:
-        raise ArchiveError(f"archive manifest {where}: cells {foreign[:3]} are not in this collection's grid: {fix}")
-    out = {}
-    for cid, entry in m["cells"].items():
-        files = {}
-        for name, rel in CELL_FILES.items():
-            f = archive_dir(paths) / "cells" / cid / rel
-            if not f.exists():
-                raise ArchiveError(f"archive file {f} is missing (archive partial): {fix}")
-            if sha256(f) != entry["sha256"][name]:
-                raise ArchiveError(f"archive file {f} does not match its checksum in {where} (changed by hand?): {fix}")
-            files[name] = str(f)
-        if entry.get("code_hash") != m.get("code_hash"):
-            raise ArchiveError(
-                f"archive manifest {where}: cell {cid} was trained with code {entry.get('code_hash')}, the archive's "
-                f"cells with {m.get('code_hash')}: one archive holds one code. {fix}"
-            )
-        out[cid] = files
-    for p, members in pairs_of(cells).items():
-        have = [c for c in members if c in out]
-        if have and len(have) != len(members):
-            missing = sorted(set(members) - set(have))
-            raise ArchiveError(
-                f"archive {archive_dir(paths)} holds half of a pair: {missing} missing beside {have}: {fix}"
-            )
-    return out
+        raise ArchiveError(f"archive manifest {where}: cells {foreign[:3]} are not in this collection's grid: {FIX}")
+
+
+def checked_files(paths: Paths, m: dict, cid: str) -> dict[str, str]:
+    """One archived cell's files, each present and matching its checksum, its code the archive's."""
+    entry, files = m["cells"][cid], {}
+    for name, rel in CELL_FILES.items():
+        f = archive_dir(paths) / "cells" / cid / rel
+        if not f.exists():
+            raise ArchiveError(f"archive file {f} is missing (the archive is partial): {FIX}")
+        if sha256(f) != entry["sha256"][name]:
+            where = archive_dir(paths) / MANIFEST
+            raise ArchiveError(f"archive file {f} does not match its checksum in {where} (changed by hand?): {FIX}")
+        files[name] = str(f)
+    if entry.get("code_hash") != m.get("code_hash"):
+        raise ArchiveError(
+            f"archive manifest {archive_dir(paths) / MANIFEST}: cell {cid} was trained with code "
+            f"{entry.get('code_hash')}, the archive's cells with {m.get('code_hash')}: one archive, one code. {FIX}"
+        )
+    return files
 
 
 # ----------------------------------------------------------------------------- exporting
@@ -189,8 +199,8 @@ def pair_problem(machines: dict[str, list[dict]]) -> str | None:
 def export(source: Paths, dest: Paths, cells: list[Cell], log=print) -> dict:
     """Copy every finished pair of `source` (a results folder's cells) that the archive of `dest`
     does not hold yet into it, with its checksums, and rewrite the manifest. A pair is finished
-    when all its cells have their four files; it is exported only when pair_problem finds
-    nothing and its code is the archive's. Returns {exported, skipped: {pair cells: why}, cells}."""
+    when all its cells have their four files; it is exported only when `export_problem` finds
+    nothing. Returns {exported, skipped: {pair cells: why}, cells}."""
     held = archived_cells(dest, cells)
     m = read_manifest(dest) or {
         "archive_version": ARCHIVE_VERSION,
@@ -202,7 +212,6 @@ def export(source: Paths, dest: Paths, cells: list[Cell], log=print) -> dict:
         "code_commit": None,
         "cells": {},
     }
-    root = archive_dir(dest)
     exported, skipped = [], {}
     for _, members in sorted(pairs_of(cells).items(), reverse=True):
         if all(c in held for c in members):
@@ -213,39 +222,52 @@ def export(source: Paths, dest: Paths, cells: list[Cell], log=print) -> dict:
             if len(absent) < len(members):
                 skipped[", ".join(members)] = f"not finished: {', '.join(absent)}"
             continue
-        why = pair_problem({c: cell_machines(files[c]) for c in members})
         summaries = {c: json.loads(files[c]["summary"].read_text()) for c in members}
-        code = {s.get("code_hash") for s in summaries.values()}
-        if why is None and m["code_hash"] is not None and code != {m["code_hash"]}:
-            why = (
-                f"trained with code {', '.join(map(str, code))}, the archive's cells with {m['code_hash']} (commit "
-                f"{m['code_commit']}): train the rest from a checkout of that commit (docs/archive.md)"
-            )
+        why = export_problem(files, summaries, m)
         if why:
             skipped[", ".join(members)] = why
             continue
         for c in members:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{c}.", dir=_mkdir(root / "cells")))
-            for name, rel in CELL_FILES.items():
-                shutil.copyfile(files[c][name], tmp / rel)
-            target = root / "cells" / c
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-            s = summaries[c]
-            m["cells"][c] = {
-                "sha256": {name: sha256(target / rel) for name, rel in CELL_FILES.items()},
-                "code_hash": s.get("code_hash"),
-                "code_commit": s.get("code_commit"),
-                "machines": sorted({f"{h.get('cpu')} ({h.get('cpu_capability')})" for h in s.get("hosts") or [s]}),
-                "finished_at": s.get("finished_at"),
-            }
-            m["code_hash"], m["code_commit"] = s.get("code_hash"), s.get("code_commit")
+            m["cells"][c] = copy_cell(files[c], summaries[c], archive_dir(dest) / "cells" / c)
+            m["code_hash"], m["code_commit"] = summaries[c].get("code_hash"), summaries[c].get("code_commit")
         exported += members
         log(f"exported pair {', '.join(members)}")
     if exported:
-        dump_json(m, root / MANIFEST)
+        dump_json(m, archive_dir(dest) / MANIFEST)
     return {"exported": exported, "skipped": skipped, "cells": len(m["cells"])}
+
+
+def export_problem(files: dict, summaries: dict, m: dict) -> str | None:
+    """Why a finished pair (cell id -> its files, its train summary) may not join the archive
+    `m`: its cells' machines or code differ (pair_problem), or its code is not the archive's."""
+    why = pair_problem({c: cell_machines(f) for c, f in files.items()})
+    code = {s.get("code_hash") for s in summaries.values()}
+    if why is None and m["code_hash"] is not None and code != {m["code_hash"]}:
+        why = (
+            f"trained with code {', '.join(map(str, code))}, the archive's cells with {m['code_hash']} (commit "
+            f"{m['code_commit']}): train the rest from a checkout of that commit (docs/archive.md)"
+        )
+    return why
+
+
+def copy_cell(files: dict[str, Path], summary: dict, target: Path) -> dict:
+    """Copy one cell's files into `target` (a temporary folder renamed into place, so a cell is
+    there whole or not at all); returns its manifest entry."""
+    parent = _mkdir(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700
+    for name, rel in CELL_FILES.items():
+        shutil.copyfile(files[name], tmp / rel)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return {
+        "sha256": {name: sha256(target / rel) for name, rel in CELL_FILES.items()},
+        "code_hash": summary.get("code_hash"),
+        "code_commit": summary.get("code_commit"),
+        "machines": sorted({f"{h.get('cpu')} ({h.get('cpu_capability')})" for h in summary.get("hosts") or [summary]}),
+        "finished_at": summary.get("finished_at"),
+    }
 
 
 def _mkdir(p: Path) -> Path:

@@ -18,7 +18,8 @@ import pandas as pd
 from latentstrat.stages import STAGES
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (os.umask can only be read by setting it)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -31,7 +32,7 @@ def atomic_path(path: str | Path, suffix: str | None = None):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix or ".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600: collaborators read what the umask allows
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600: collaborators read what the umask allows
     try:
         yield Path(tmp)
         os.replace(tmp, path)
