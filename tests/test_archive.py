@@ -14,7 +14,6 @@ from latentstrat.config import load_config
 from latentstrat.paths import Paths
 from workflow_helpers import copy_workflow, dry_run, rules, snakemake, tiny_collection
 
-
 # ----------------------------------------------------------------------------- fast
 
 
@@ -26,7 +25,9 @@ def test_a_pairs_cells_share_a_priority_and_pairs_come_in_replicate_order():
         by.setdefault(prio[c.cell_id], []).append(c)
     assert len(by) == 29  # 12 settings x their replicates
     for members in by.values():  # one setting and seed, one cell per arm
-        assert len({(c.settings["reconstruction_family"], c.settings["beta"], c.settings["seed"]) for c in members}) == 1
+        assert (
+            len({(c.settings["reconstruction_family"], c.settings["beta"], c.settings["seed"]) for c in members}) == 1
+        )
         assert len({c.arm for c in members}) == len(members) in (2, 3)
     # every setting's first seed before any second seed, every second before any third
     seed_rank = {p: members[0].settings["seed"] - 314159 for p, members in by.items()}

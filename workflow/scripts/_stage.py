@@ -17,6 +17,7 @@ _SRC = Path(__file__).resolve().parents[2] / "src"
 if (_SRC / "latentstrat" / "__init__.py").exists():
     sys.path.insert(0, str(_SRC))
 
+
 @contextlib.contextmanager
 def logged(snakemake):
     """Send stdout/stderr (Python and C level) to the rule's log; log the traceback on failure."""
