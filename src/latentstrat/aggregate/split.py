@@ -20,15 +20,10 @@ from __future__ import annotations
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
-from latentstrat.aggregate.contrasts import common_cells, contrast_row
+from latentstrat.aggregate.contrasts import CONTRAST_COLUMNS, common_cells, contrast_row
 
-SPLIT_COLUMNS = [
-    "part",
-    "minuend",
-    "subtrahend",
-    "metric",
-    "n_cells",
-    "settings",
+# a part's row: which arms, on which settings, then the headline's own columns (contrasts.CONTRAST_COLUMNS)
+SPLIT_READS = (
     "mean_delta",
     "ci_low",
     "ci_high",
@@ -38,6 +33,9 @@ SPLIT_COLUMNS = [
     "training_noise_in_interval",
     "se",
     "detectable_delta",
+)
+SPLIT_COLUMNS = ["part", "minuend", "subtrahend", "metric", "n_cells", "settings"] + [
+    c for c in CONTRAST_COLUMNS if c in SPLIT_READS
 ]
 
 
