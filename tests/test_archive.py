@@ -4,7 +4,9 @@ cell job of theirs, the report builds from them), and a partial, tampered, half-
 mixed-code archive refused with the file named before any job runs."""
 
 import json
+import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,20 @@ def test_a_pairs_cells_share_a_priority_and_pairs_come_in_replicate_order():
     seed_rank = {p: members[0].settings["seed"] - 314159 for p, members in by.items()}
     ranks = [seed_rank[p] for p in sorted(by, reverse=True)]
     assert ranks == sorted(ranks)
+
+
+def test_the_plan_prints_a_snakemake_command_that_targets_the_cells_left(tmp_path, capsys):
+    from snakemake.cli import get_argument_parser
+
+    cfg = load_config("config/config.yaml")
+    tmp = tmp_path / "c.yaml"
+    tmp.write_text(f"extends: {Path('config/config.yaml').resolve()}\nresults_dir: {tmp_path / 'results'}\n")
+    assert archive.main(["plan", "--configfile", str(tmp)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "snakemake" in x)
+    args = get_argument_parser().parse_args(shlex.split(line)[4:])  # after "nice -n 19 .venv/bin/snakemake"
+    assert [str(p) for p in args.configfile] == [str(tmp)]
+    assert len(args.targets) == len(expand_cells(cfg)) == 66
+    assert all(t.endswith("/row.parquet") for t in args.targets)
 
 
 def _machines(cpu="AMD EPYC", cap="AVX-512 + native bf16", code="abc"):

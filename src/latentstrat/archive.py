@@ -322,7 +322,8 @@ def main(argv=None) -> int:
         print(
             f"{len(left)} cells left. Train them with the archive's code (commit {commit}):\n"
             f"  git worktree add ../frozen {commit} && cd ../frozen && bash scripts/setup.sh\n"
-            f"  nice -n 19 .venv/bin/snakemake --cores 2 --configfile {args.configfile} {targets}\n"
+            # targets before --configfile: Snakemake's --configfile takes every word after it
+            f"  nice -n 19 .venv/bin/snakemake --cores 2 {targets} --configfile {args.configfile}\n"
             f"then, here: python -m latentstrat.archive export --configfile {args.configfile} --from ../frozen/results"
         )
     return 0
