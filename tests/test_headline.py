@@ -129,39 +129,91 @@ def test_a_sign_flip_test_that_cannot_reach_the_level_neither_agrees_nor_disagre
     assert headline(tables(sign_flip_p=0.875, n_settings=6), META)["randomization_agrees"] is False
 
 
-def test_a_pair_that_mixes_hosts_makes_the_headline_cannot_tell():
-    """The two cells of a pair trained on machines of another CPU capability (or device, torch or
-    code version) do not cancel what the machine does: the headline reads cannot tell (pair
-    mixes hosts) and names the setting, unless the config declares such pairs acceptable; pairs
-    by seed, and by replicate order for an arm with seeds of its own."""
-    from latentstrat.aggregate.columns import FAMILY_COL
-    from latentstrat.aggregate.hosts import pair_host_mix
+HOST = {
+    "train_cpu": "AMD EPYC",
+    "train_cpu_capability": "AVX-512 + native bf16",
+    "train_device": "cpu",
+    "train_torch_version": "2.13.0",
+    "train_code_hash": "a3bb973b9b7bc56a",
+    **{
+        f"{stage}_{k}": v
+        for stage in ("evaluate", "probes")
+        for k, v in (("cpu", "AMD EPYC"), ("code_hash", "a3bb973b9b7bc56a"))
+    },
+}
 
-    host = {"train_cpu_capability": "AVX-512 + native bf16", "train_device": "cpu", "train_torch_version": "2.13.0"}
+
+def test_a_pair_is_on_one_host_only_with_one_cpu_model_and_one_code_in_every_stage():
+    """The pair check compares the CPU model (an AMD EPYC and an Intel Xeon both read AVX-512 +
+    native bf16), the code's content hash, every machine a resumed cell trained on, and where it
+    was evaluated and probed; a field either cell did not record is unknown, never a pass."""
+    import json
+
+    from latentstrat.aggregate.hosts import pair_host_check
+
+    def check(**b):
+        cells = {"p1": {"seed": 1, **HOST}, "c1": {"seed": 1, **HOST, **b}}
+        return pair_host_check(pd.Series({"cell_ids": "p1"}), pd.Series({"cell_ids": "c1"}), cells)
+
+    assert check() == ("", "")  # control: one host
+    assert check(train_cpu="Intel Xeon") == ("seed 1: train CPU AMD EPYC vs Intel Xeon", "")
+    assert check(train_code_hash="0000000000000000")[0] == "seed 1: train code a3bb973b9b7bc56a vs 0000000000000000"
+    assert check(probes_cpu="Intel Xeon")[0] == "seed 1: probes CPU AMD EPYC vs Intel Xeon"
+    assert check(evaluate_code_hash="ffff")[0] == "seed 1: evaluate code a3bb973b9b7bc56a vs ffff"
+    assert check(train_cpu=None) == ("", "seed 1: train CPU of c1 not recorded")
+    assert check(evaluate_cpu=float("nan")) == ("", "seed 1: evaluate CPU of c1 not recorded")
+    # a resumed cell: its host segments, not the last host's columns
+    seg = {k[len("train_") :]: v for k, v in HOST.items() if k.startswith("train_")}
+    moved = json.dumps([{**seg, "from_step": 0}, {**seg, "cpu": "Intel Xeon", "from_step": 150}])
+    assert check(train_hosts=moved)[0] == "seed 1: c1 moved while training (CPU AMD EPYC then Intel Xeon)"
+    stayed = json.dumps([{**seg, "from_step": 0}])
+    assert check(train_hosts=stayed, train_cpu="ignored: the segments are the record") == ("", "")
+    # nothing to compare at all: every pair unknown
+    assert pair_host_check(pd.Series({"cell_ids": "p1"}), pd.Series({"cell_ids": "c1"}), None)[1]
+
+
+def test_a_pair_that_mixes_hosts_makes_the_headline_cannot_tell():
+    """The two cells of a pair on machines of another CPU capability (or device, torch or code)
+    do not cancel what the machine does: the headline reads cannot tell (pair mixes hosts) and
+    names the setting, as it does for a pair whose host is unknown, unless the config declares
+    such pairs acceptable; pairs by seed, and by replicate order for an arm with seeds of its own."""
+    from latentstrat.aggregate.columns import FAMILY_COL
+    from latentstrat.aggregate.hosts import pair_host_check
+
     cells = {
-        "p1": {"seed": 1, **host},
-        "p2": {"seed": 2, **host},
-        "c1": {"seed": 1, **host},
-        "c2": {"seed": 2, **host, "train_cpu_capability": "AVX2, no native bf16"},
-        "a7": {"seed": 7, **host},
-        "a8": {"seed": 8, **host, "train_torch_version": "2.12.0"},
+        "p1": {"seed": 1, **HOST},
+        "p2": {"seed": 2, **HOST},
+        "c1": {"seed": 1, **HOST},
+        "c2": {"seed": 2, **HOST, "train_cpu_capability": "AVX2, no native bf16"},
+        "a7": {"seed": 7, **HOST},
+        "a8": {"seed": 8, **HOST, "train_torch_version": "2.12.0"},
     }
     p = pd.Series({"cell_ids": "p1,p2"})
-    assert pair_host_mix(p, pd.Series({"cell_ids": "c1,c2"}), cells) == (
-        "seed 2: CPU capability AVX-512 + native bf16 vs AVX2, no native bf16"
+    assert pair_host_check(p, pd.Series({"cell_ids": "c1,c2"}), cells)[0] == (
+        "seed 2: train CPU capability AVX-512 + native bf16 vs AVX2, no native bf16"
     )
-    assert pair_host_mix(p, pd.Series({"cell_ids": "c1"}), cells) == ""  # seed 1 pairs on one host
-    assert pair_host_mix(p, pd.Series({"cell_ids": "a8,a7"}), cells) == "seed 2: torch 2.13.0 vs 2.12.0"
-    assert pair_host_mix(p, pd.Series({"cell_ids": "c1,c2"}), None) == ""  # nothing recorded to compare
+    assert pair_host_check(p, pd.Series({"cell_ids": "c1"}), cells) == ("", "")  # seed 1 pairs on one host
+    assert pair_host_check(p, pd.Series({"cell_ids": "a8,a7"}), cells)[0] == "seed 2: train torch 2.13.0 vs 2.12.0"
     t = tables()
     t["common_cells"] = t["common_cells"].assign(
-        **{FAMILY_COL: ["raw", "tokcc"], "beta_label": ["beta=.01", "beta=.1"], "pair_host_mix": ["", "seed 2: x"]}
+        **{
+            FAMILY_COL: ["raw", "tokcc"],
+            "beta_label": ["beta=.01", "beta=.1"],
+            "pair_host_mix": ["", "seed 2: x"],
+            "pair_host_unknown": ["", ""],
+        }
     )
     h = headline(t, META)
     assert h["verdict"] == "cannot tell" and h["verdict_before_host_check"] == "positive"
     assert "pair mixes hosts" in h["why"] and "tokcc beta=.1: seed 2: x" in h["why"]
     allowed = headline(t, {**META, "report": {**META["report"], "allow_mixed_host_pairs": True}})
     assert allowed["verdict"] == "positive" and allowed["pairs_mixing_hosts"] == ["tokcc beta=.1: seed 2: x"]
+    t["common_cells"] = t["common_cells"].assign(
+        pair_host_mix="", pair_host_unknown=["seed 1: train CPU of c1 not recorded", ""]
+    )
+    h = headline(t, META)
+    assert h["verdict"] == "cannot tell" and "pair host unknown: 1 setting" in h["why"]
+    assert h["pairs_with_unknown_hosts"] == ["raw beta=.01: seed 1: train CPU of c1 not recorded"]
     assert headline(tables(), META)["verdict"] == "positive"  # control: one host
 
 

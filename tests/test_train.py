@@ -128,7 +128,7 @@ def test_shared_step0_validation_is_the_cells_own_and_refuses_another_model(base
 
 
 @pytest.mark.slow
-def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
+def test_sigterm_resume_matches_uninterrupted(base, tmp_path, monkeypatch):
     cfg, cell = tiny_cfg(steps=8, eval_every=4, checkpoint_every=100)
     full = tmp_path / "full"
     run(cfg, cell, base, full)
@@ -165,7 +165,15 @@ def test_sigterm_resume_matches_uninterrupted(base, tmp_path):
     ck = torch.load(ckpt, weights_only=True)
     assert 0 < ck["step"] < 8, ck["step"]
     assert not (out / "history.parquet").exists()
+    from latentstrat.runtime import host
+
+    here = host.cpu_model()
+    monkeypatch.setattr(host, "cpu_model", lambda: "Another CPU")  # resumed on another machine
     run(cfg, cell, base, out)
+    # the summary keeps every machine the cell trained on, from the step each took over
+    segs = json.loads((out / "summary.json").read_text())["hosts"]
+    assert [(s["cpu"], s["from_step"]) for s in segs] == [(here, 0), ("Another CPU", ck["step"])]
+    assert [s["cpu"] for s in json.loads((full / "summary.json").read_text())["hosts"]] == [here]
     h_full = pd.read_parquet(full / "history.parquet")
     h_res = pd.read_parquet(out / "history.parquet")
     pd.testing.assert_frame_equal(h_full, h_res)

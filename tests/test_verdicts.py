@@ -528,6 +528,13 @@ def test_a_followup_headline_tests_its_fresh_seeds_on_their_own(tmp_path):
     assert report_cli(args) == 0
     brief = yaml.safe_load((out / "brief.yaml").read_text())
     assert brief["verdict"] == "negative" and brief["delta"] == pytest.approx(-0.2, abs=0.03)
+    # tables from outside the pipeline carry no step-0 history and no machine: the verdict stands
+    # and its line says what it did not check
+    assert brief["unchecked"] == [
+        "no cell has a step-0 history, so no cell sanity check ran",
+        "no cell records its machine, so the pairs' hosts were not compared",
+    ]
+    assert "(unchecked: no cell has a step-0 history" in (out / "analysis.md").read_text()
     assert brief["pooled"]["delta"] == pytest.approx(-0.1, abs=0.03) and brief["headline_seeds"] == "3,4"
     assert "fresh seeds (3,4) on their own" in (out / "analysis.md").read_text()
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from latentstrat.aggregate import power
 from latentstrat.aggregate.columns import DELTA_METRICS, FAMILY_COL
-from latentstrat.aggregate.hosts import pair_host_mix, seed_order
+from latentstrat.aggregate.hosts import pair_host_check, seed_order
 from latentstrat.aggregate.power import combine_terms
 from latentstrat.aggregate.settings import setting_replicates
 from latentstrat.cells import CELL_KEYS, format_value
@@ -359,7 +359,7 @@ def common_cells(
         row["primary_state"], row["comparison_state"] = _states_of(p, states), _states_of(c, states)
         row["stratum"] = stratum_of(row["primary_state"], row["comparison_state"])
         row["primary_n_seeds"], row["comparison_n_seeds"] = n_seeds(p), n_seeds(c)
-        row["pair_host_mix"] = pair_host_mix(p, c, cells)
+        row["pair_host_mix"], row["pair_host_unknown"] = pair_host_check(p, c, cells)
         pr, cr = setting_replicates(p, bootstrap), setting_replicates(c, bootstrap)
         for m in metrics:
             cv, pv = float(c.get(m, math.nan)), float(p.get(m, math.nan))

@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from latentstrat.aggregate.columns import FAMILY_COL
+from latentstrat.aggregate.hosts import NOT_RECORDED
 from latentstrat.aggregate.states import STATE_COLUMNS, STATES, states_by_arm
 from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.tables import fmt, md_table, normalized_labels, plural, primary_arms
@@ -162,22 +163,42 @@ def _cells_vouch(out: dict, t: dict, arm: str | None, meta: dict) -> None:
             )
             if ids
         )
-    mixed = mixed_host_pairs(t, arm)
-    out["pairs_mixing_hosts"] = mixed
+    # what could not be checked at all (summary tables from outside the pipeline): the verdict
+    # stands, and its line says so
+    out["unchecked"] = []
+    if not sanity_ran(t):
+        out["unchecked"].append("no cell has a step-0 history, so no cell sanity check ran")
+    mixed, unknown = host_pairs(t, arm, "pair_host_mix"), host_pairs(t, arm, "pair_host_unknown")
+    if unknown and all(u.endswith(f": {NOT_RECORDED}") for u in unknown):
+        out["unchecked"].append("no cell records its machine, so the pairs' hosts were not compared")
+        unknown = []
+    out["pairs_mixing_hosts"], out["pairs_with_unknown_hosts"] = mixed, unknown
     allowed = bool((meta.get("report") or {}).get("allow_mixed_host_pairs"))
-    if mixed and not allowed and out["verdict"] != "cannot tell":
+    if (mixed or unknown) and not allowed and out["verdict"] != "cannot tell":
         out["verdict_before_host_check"] = out["verdict"]
         out["verdict"] = "cannot tell"
-        out["why"] = "; ".join(
-            w
-            for w in (
-                out["why"],
-                f"pair mixes hosts: {plural(len(mixed), 'setting')} pair cells trained on different machines or code "
-                f"({mixed[0]}{', ...' if len(mixed) > 1 else ''}); rerun them on one host, or declare "
-                "`report.allow_mixed_host_pairs: true`",
+        reasons = [
+            f"{label}: {plural(len(rows), 'setting')} {what} ({rows[0]}{', ...' if len(rows) > 1 else ''})"
+            for label, rows, what in (
+                ("pair mixes hosts", mixed, "pair cells run on different machines or code"),
+                ("pair host unknown", unknown, "pair cells whose machine or code is not recorded"),
             )
-            if w
+            if rows
+        ]
+        out["why"] = "; ".join(
+            [w for w in (out["why"],) if w]
+            + reasons
+            + ["rerun them on one host with this version, or declare `report.allow_mixed_host_pairs: true`"]
         )
+
+
+def sanity_ran(t: dict) -> bool:
+    """Whether the cell sanity check could run on any cell (a step-0 history: the pipeline's
+    cells; summary tables from outside it have none)."""
+    sanity = t.get("cell_sanity", pd.DataFrame())
+    return not (
+        sanity.empty or "passed" not in sanity.columns or sanity.step0_base_relative_reconstruction.isna().all()
+    )
 
 
 def failing_cells(t: dict, arm: str | None) -> tuple[list[str], list[str]]:
@@ -190,7 +211,7 @@ def failing_cells(t: dict, arm: str | None) -> tuple[list[str], list[str]]:
         return [], []
     rows = c[c.comparison_arm == arm]
     ids = {i for col in ("primary_cell", "comparison_cell") for v in rows[col] for i in str(v).split(",") if i}
-    if sanity.empty or "passed" not in sanity.columns or sanity.step0_base_relative_reconstruction.isna().all():
+    if not sanity_ran(t):
         return [], []  # tables from outside the pipeline (no histories): no cell can be checked
     failed = set(sanity.loc[sanity.passed.eq(False), "cell_id"])
     passed = set(sanity.loc[sanity.passed.eq(True), "cell_id"])
@@ -219,14 +240,14 @@ def _normalized_secondary(t: dict, arm: str | None, metric: str, followup: bool,
     }
 
 
-def mixed_host_pairs(t: dict, arm: str | None) -> list[str]:
-    """The contrast's settings whose pairs mix CPU capability, device, torch or code version
-    (contrasts.pair_host_mix), each as `family beta: how`."""
+def host_pairs(t: dict, arm: str | None, column: str) -> list[str]:
+    """The contrast's settings whose pairs mix hosts (`pair_host_mix`) or leave them unknown
+    (`pair_host_unknown`; aggregate.hosts.pair_host_check), each as `family beta: how`."""
     c = t.get("common_cells", pd.DataFrame())
-    if arm is None or c.empty or "pair_host_mix" not in c.columns:
+    if arm is None or c.empty or column not in c.columns:
         return []
-    rows = c[(c.comparison_arm == arm) & c.pair_host_mix.fillna("").astype(bool)]
-    return [f"{r[FAMILY_COL]} {r['beta_label']}: {r['pair_host_mix']}" for _, r in rows.iterrows()]
+    rows = c[(c.comparison_arm == arm) & c[column].fillna("").astype(bool)]
+    return [f"{r[FAMILY_COL]} {r['beta_label']}: {r[column]}" for _, r in rows.iterrows()]
 
 
 def heterogeneity(t: dict, arm: str | None, metric: str, verdict: str) -> tuple[dict, list[str]]:
@@ -302,6 +323,8 @@ def headline_md(t: dict, meta: dict, h: dict) -> list[str]:
     seeds = h["seeds_per_cell"]
     seeds_txt = f"{seeds['min']}" if seeds["min"] == seeds["max"] else f"{seeds['min']} to {seeds['max']}"
     why = f" ({h['why']})" if h["why"] else ""
+    if h.get("unchecked"):
+        why += f" (unchecked: {'; '.join(h['unchecked'])})"
     primary = h["primary_contrast"]["primary_arm"]
     out.append(
         f"Primary endpoint {label(metric)} (declared before the data, docs/design.md), `{primary}` "

@@ -16,6 +16,7 @@ import pandas as pd
 from latentstrat.metrics import label, unit
 from latentstrat.report.frames import sig3
 from latentstrat.report.split import split_sentence
+from latentstrat.report.tables import plural
 
 # the report's menu sections: report.smk's categories, the landing page's links
 FINDING, FIGURES, TABLES = "1. Finding", "2. Figures", "3. Tables"
@@ -47,6 +48,8 @@ def verdict_html(brief: dict) -> str:
     metric = brief.get("primary_endpoint") or ""
     level = f"{100 * (1 - float(brief.get('alpha') or 0.05)):.4g}%"
     why = f" Why: {_inline(brief['why'])}." if brief.get("why") else ""
+    if brief.get("unchecked"):
+        why += f" <strong>Unchecked</strong>: {_inline('; '.join(brief['unchecked']))}."
     return (
         f"<p><strong>Verdict: {verdict}</strong>. {_code(arms.get('primary_arm'))} minus "
         f"{_code(arms.get('comparison_arm'))} in {_html.escape(label(metric))}{_unit(metric)}: "
@@ -162,8 +165,12 @@ def sanity_line(brief: dict) -> str:
         check = f"<strong>{len(unchecked)} not fully checked</strong> (Tables: Cell sanity)"
     else:
         check = "nothing checked yet"
-    mixed = brief.get("pairs_mixing_hosts") or []
-    hosts = f"; {len(mixed)} pair(s) mix hosts" if mixed else ""
+    mixed, unknown = brief.get("pairs_mixing_hosts") or [], brief.get("pairs_with_unknown_hosts") or []
+    hosts = "".join(
+        f"; <strong>{plural(len(rows), 'setting')} {what}</strong>"
+        for rows, what in ((mixed, "with pairs that mix hosts"), (unknown, "with pairs whose host is not recorded"))
+        if rows
+    )
     return f"<p>{done}; {check}{hosts}.</p>"
 
 
