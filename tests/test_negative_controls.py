@@ -139,6 +139,40 @@ def test_the_html_report_reads_in_a_browser(quick_aa, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_real_cell_broken_after_training_fails_its_sanity_check_and_is_named(quick_aa, tmp_path):
+    """Negative control for the cell sanity check on a state the code produces: one real trained
+    cell of the quick A/A collection gets noise on its generator's adapter, then is evaluated,
+    probed and tabulated again by the workflow: it fails the answer-accuracy and reconstruction
+    checks, is named in brief.yaml and as one the headline rests on; its partner still passes."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    wd, _ = quick_aa
+    new = tmp_path / "wd"
+    shutil.copytree(wd, new, symlinks=True)
+    cells = new / "results" / "quick-aa" / "cells"
+    victim = sorted(d.name for d in cells.iterdir() if d.name.startswith("agg-sum_"))[0]
+    adapter = cells / victim / "train" / "adapters" / "generator" / "adapter_model.safetensors"
+    gen = torch.Generator().manual_seed(0)
+    w = {k: v + torch.randn(v.shape, generator=gen, dtype=v.dtype) for k, v in load_file(adapter).items()}
+    save_file(w, adapter)
+    (cells / victim / "evaluate" / "records.parquet").unlink()
+    r = snakemake(new, "--cores", "2", "-q", configfile="config/quick-aa.yaml", timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert not re.search(r"\brule train\b", r.stdout + r.stderr)
+    brief = yaml.safe_load((new / "results" / "quick-aa" / "report" / "brief.yaml").read_text())
+    assert brief["cell_checks_passed"] is False
+    failing = {f["cell_id"]: f["why"] for f in brief["failing_cells"]}
+    assert list(failing) == [victim], failing
+    assert "answer accuracy" in failing[victim] and "final per-token base-relative reconstruction" in failing[victim]
+    assert brief["headline_failing_cells"] == [victim]
+    common = pd.read_parquet(new / "results" / "quick-aa" / "aggregate" / "common_cells.parquet")
+    assert common.loc[common.primary_cell.str.contains(victim), "cell_check"].eq("FAIL").all()
+
+
+@pytest.mark.slow
 def test_another_declared_endpoint_reaches_the_headline_and_the_endpoint_figure(quick_aa):
     """The quick A/A collection with `report.primary_metric: matched_router_score` declared: only
     the aggregate and the report run again (the cells are the same), and the headline, the landing

@@ -75,3 +75,30 @@ def test_a_split_that_does_not_chain_is_a_config_error(default_cfg, split, culpr
     with pytest.raises(ConfigError, match="report.contrast_split") as e:
         load_config("config/config.yaml", overrides={"report": {"contrast_split": split}})
     assert culprit in str(e.value)
+
+
+def test_the_report_says_which_verdicts_are_confirmatory_and_counts_the_rest(default_cfg):
+    """Multiplicity said: the headline and the split (Bonferroni over its 2 parts) are confirmatory;
+    the default collection's other verdicts are counted and labelled exploratory: 2 arms x 4
+    metrics less the headline's (7), 4 families x (alone, without) + raw against sum_scaled (9),
+    15 common settings x 4 metrics (60), the normalized families' secondary (1)."""
+    from latentstrat.report.headline import headline
+    from latentstrat.report.landing import landing_html
+    from latentstrat.report.multiplicity import multiplicity, multiplicity_md
+    from latentstrat.report.split import split_parts
+
+    t, _, _ = _tables(default_cfg, shift=0.0)
+    h = headline(t, {**default_cfg, "primary_metric": "router_information", "primary_arm": "sum"})
+    m = multiplicity(t, h, [p for p in split_parts(t) if p["part"] != "total"])
+    assert m["confirmatory"] == ["headline", "contrast split (2 parts, Bonferroni)"]
+    assert m["exploratory_by_kind"] == {
+        "other metrics and arms": 7,
+        "per-family contrasts": 9,
+        "per-setting verdicts": 60,
+        "normalized families' secondary": 1,
+    }
+    assert m["exploratory"] == 77
+    text = "".join(multiplicity_md(m))
+    assert "**exploratory (unadjusted)**" in text and "the 77 other verdicts" in text
+    page = landing_html({**h, "multiplicity": m}, t, {}, {}, None)
+    assert "77 other verdicts in the report are exploratory (unadjusted)" in page

@@ -32,6 +32,7 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     from latentstrat.report.headline import headline, primary_contrast_arm
     from latentstrat.report.html import write_html_report
     from latentstrat.report.markdown import analysis_md, results_md
+    from latentstrat.report.multiplicity import multiplicity
     from latentstrat.report.split import split_parts
     from latentstrat.report.tables import load_aggregate
 
@@ -52,6 +53,8 @@ def build_report(aggregate_dir, out_dir, meta: dict | None = None, figures: bool
     meta["followup"] = write_followup(Path(aggregate_dir), out_dir, meta.get("configfile"))
     write_text(results_md(tables, meta, made, skipped, thresholds), out_dir / "results.md")
     head = headline(tables, meta)
+    parts = [p for p in split_parts(tables) if p["part"] != "total"]
+    head["multiplicity"] = multiplicity(tables, head, parts)
     write_text(analysis_md(tables, meta, findings, thresholds, head), out_dir / "analysis.md")
     write_text(
         json.dumps(

@@ -402,7 +402,8 @@ def _normalized_md(h: dict) -> list[str]:
             else "the same reading: `raw` does not decide the verdict"
         )
         out.append(
-            f"Secondary endpoint (declared before the data, `report.normalized_secondary`): over the "
+            f"Secondary endpoint (declared before the data, `report.normalized_secondary`; exploratory, at its own "
+            "level with no adjustment): over the "
             f"{plural(nf['settings'], 'setting')} of the normalized families alone (the aggregation's scale change "
             f"does not reach their objective) the contrast is {fmt(nf['delta'])} ({fmt(nf['ci_low'])} to "
             f"{fmt(nf['ci_high'])}): **{nf['verdict']}**; {decides}.\n"

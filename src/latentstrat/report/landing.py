@@ -15,6 +15,7 @@ import pandas as pd
 
 from latentstrat.metrics import label, unit
 from latentstrat.report.frames import sig3
+from latentstrat.report.multiplicity import multiplicity_line
 from latentstrat.report.split import split_sentence
 from latentstrat.report.tables import plural
 
@@ -57,6 +58,10 @@ def verdict_html(brief: dict) -> str:
         f"{sig3(brief['ci_high'])}; the smallest difference this collection could detect: "
         f"{sig3(brief.get('detectable_delta'))}.{why}</p>"
     )
+
+
+def _p(line: str) -> str:
+    return f"<p>{_html.escape(line)}</p>" if line else ""
 
 
 def split_html(brief: dict) -> str:
@@ -185,6 +190,7 @@ def landing_html(brief: dict, t: dict, setup: dict, pages: dict, followup_path: 
         [
             verdict_html(brief),
             split_html(brief),
+            _p(multiplicity_line(brief)),
             arms,
             next_step(brief, followup_path),
             sanity_line(brief),

@@ -9,6 +9,7 @@ from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.decomposition import decomposition_md
 from latentstrat.report.headline import empty_groups_md, headline_md, states_md
 from latentstrat.report.html import figure_caption
+from latentstrat.report.multiplicity import EXPLORATORY, multiplicity_md
 from latentstrat.report.split import split_md
 from latentstrat.report.tables import fmt, md_table, primary_arms
 
@@ -64,10 +65,7 @@ def cell_sanity_md(t: dict, thr: dict) -> list[str]:
         f"{thr['sanity_min_answer_ratio']} and {thr['sanity_min_strategy_match_ratio']} x the entangled model's "
         f"(its quality check, mean over tasks), its step-0 base-relative reconstruction is 1 +- "
         f"{thr['sanity_step0_tolerance']} (it starts as the entangled model), its final per-token base-relative "
-        f"reconstruction (the same weighting in both arms) is at most {thr['sanity_max_base_relative']}, and its "
-        "within-task router probe is usable on at least "
-        f"{thr['sanity_min_probe_coverage']:.0%} of the tasks whose generations follow more than one strategy (a task "
-        "that follows one is a collapse, counted in `router_probe_collapsed_tasks`, not a failure; config "
+        f"reconstruction (the same weighting in both arms) is at most {thr['sanity_max_base_relative']} (config "
         "`report.sanity_*`). A cell passes only when every check ran: a verdict that rests on a cell that fails "
         "or could not be checked reads `cannot tell`."
     )
@@ -382,10 +380,11 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, hea
     out = [f"# {title}: Analysis\n"]
     out += headline_md(t, meta, head)
     out += split_md(t, meta.get("primary_metric") or ENDPOINT)  # the declared scale / weighting split
+    out += multiplicity_md(head["multiplicity"]) if head.get("multiplicity") else []
     out += decomposition_md(t)  # which part of router_information moved, per arm
     out += empty_groups_md(t, thresholds)
     out += [
-        "## Every Contrast\n",
+        f"## Every Contrast ({EXPLORATORY})\n",
         "Every statement below is computed from the aggregate tables; thresholds: near_zero_delta = "
         f"{thresholds['near_zero_delta']}, "
         f"base_relative_near_one = {thresholds['base_relative_near_one']} (config `report`).\n",
