@@ -168,3 +168,29 @@ def test_the_randomization_test_holds_when_one_arm_shares_its_test_inputs(defaul
     monkeypatch.setattr(contrasts, "sign_flip_p", lambda x, boot=None, draws=20000: real(x))
     plain = calibrate.run_scenario(d, sc, "matched_mean", thr, 150, 0, seed=4)
     assert plain["sign_flip"][0] > 0.15
+
+
+def test_each_look_is_held_to_its_own_level_over_enough_draws():
+    """The pass rule: a look's false signs (either sign) at most its own level, over enough draws
+    that the rate's Monte Carlo SE is at most a quarter of it; coverage at least 1 - alpha; the
+    procedure's second look over the runs that followed up, both looks at most the levels' sum."""
+    ok = {"false_sign": (0.03, 0.005), "draws": 1900, "alpha": 0.04, "coverage": (0.97, 0.004)}
+    assert calibrate.checks(ok) == []
+    assert calibrate.checks({**ok, "false_sign": (0.045, 0.005)}) == ["false-sign rate 0.045 > its level 0.04"]
+    assert "384 needed" in calibrate.checks({**ok, "draws": 300})[0]
+    assert calibrate.checks({**ok, "coverage": (0.95, 0.004)}) == ["coverage 0.950 < 0.96"]
+    assert calibrate.draws_for(0.01) == 1584 and calibrate.draws_for(0.04) == 384
+    proc = {
+        "levels": (0.04, 0.01),
+        "procedure_draws": 1900,
+        "first_look_false_sign": (0.02, 0.003),
+        "followups": 1700,
+        "second_look_false_sign": (0.008, 0.002),
+        "procedure_false_sign": (0.028, 0.004),
+    }
+    assert looks.procedure_checks(proc) == []
+    # 2 fresh seeds' 4.6% at the second look fails it, though both looks stay under 5% together
+    bad = {**proc, "second_look_false_sign": (0.046, 0.009), "procedure_false_sign": (0.045, 0.005)}
+    assert looks.procedure_checks(bad) == ["second look 0.046 > its level 0.01"]
+    few = {**proc, "followups": 200}
+    assert "1,584 needed" in looks.procedure_checks(few)[0]

@@ -570,7 +570,19 @@ def test_a_followup_trains_exactly_the_cells_it_plans_and_its_headline_reads_all
     plan = followup_plan(
         Collection.of(cfg), pd.DataFrame([contrast]), pd.DataFrame(columns=["total_s"]), cfg["resources"]["threads"]
     )
-    assert plan["needed"] and len(plan["fresh_seeds"]) >= 2
+    assert plan["needed"] and len(plan["fresh_seeds"]) >= 4  # report.followup_min_fresh_seeds
+    # the floor holds where power alone would ask for fewer (a large effect to detect)
+    big = followup_plan(
+        Collection.of(cfg),
+        pd.DataFrame([{**contrast, "mean_delta": 0.4, "ci_low": -0.05, "ci_high": 0.85, "detectable_delta": 0.5}]),
+        pd.DataFrame(columns=["total_s"]),
+    )
+    floor = followup_plan(
+        Collection.of({**cfg, "report": {**cfg["report"], "followup_min_fresh_seeds": 2}}),
+        pd.DataFrame([{**contrast, "mean_delta": 0.4, "ci_low": -0.05, "ci_high": 0.85, "detectable_delta": 0.5}]),
+        pd.DataFrame(columns=["total_s"]),
+    )
+    assert len(floor["fresh_seeds"]) < 4 == len(big["fresh_seeds"])
     path = tmp_path / "followup.yaml"
     path.write_text(
         followup_text(

@@ -86,6 +86,12 @@ def _check_semantics(cfg: dict) -> None:
             f"(comparison arms: {', '.join(names[1:]) or 'none'})"
         )
     _check_split(cfg["report"]["contrast_split"], names, contrast or (names[1] if len(names) > 1 else None))
+    r = cfg["report"]
+    if r["followup_min_fresh_seeds"] > r["followup_max_seeds"]:
+        raise ConfigError(
+            f"config key report.followup_min_fresh_seeds: {r['followup_min_fresh_seeds']} is more than "
+            f"report.followup_max_seeds ({r['followup_max_seeds']}): no follow-up could be planned"
+        )
     levels = cfg["report"]["alpha_by_look"]
     if sum(levels) > 0.05 + 1e-12:
         raise ConfigError(

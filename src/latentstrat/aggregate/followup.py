@@ -105,6 +105,9 @@ def followup_plan(
     # unknown, the seeds simply add up)
     now = collection.cells
     if any(x["training_noise_known"] for x in needs):
+        # a second look on fewer fresh seeds rests on too few df to hold its level (measured:
+        # report.followup_min_fresh_seeds, docs/design.md)
+        n = max(n, int(report["followup_min_fresh_seeds"]))
         fresh = next_seeds([max(int(c.settings["seed"]) for c in now)], n + 1)[1:]
         new_seeds = seeds + fresh
     else:
