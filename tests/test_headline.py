@@ -111,22 +111,30 @@ def test_the_family_that_carries_the_verdict_is_named_with_its_reason(monkeypatc
     assert headline(t, META)["carried_by"] == []
 
 
-def test_the_sign_flip_test_disagreeing_is_said():
-    agree = headline(tables(sign_flip_p=0.01), META)
-    assert agree["randomization_agrees"] is True
-    h = headline(tables(sign_flip_p=0.2), META)
-    assert h["randomization_agrees"] is False
-    assert "**disagrees**" in "\n".join(headline_md(tables(sign_flip_p=0.2), META, h))
+def test_the_sign_flip_test_is_a_diagnostic_outside_the_verdict():
+    """The randomization test is reported at the look's level in its own labelled section, and
+    neither confirms nor overturns the verdict: the headline reads the same whatever its p."""
+    from latentstrat.report.headline import randomization_md
+
+    below, above = headline(tables(sign_flip_p=0.01), META), headline(tables(sign_flip_p=0.2), META)
+    assert below["verdict"] == above["verdict"] == "positive" and below["why"] == above["why"]
+    assert below["randomization"]["below"] is True and above["randomization"]["below"] is False
+    assert "randomization_agrees" not in below
+    text = "\n".join(randomization_md(above))
+    assert "## Randomization Diagnostic" in text and "not part of the verdict" in text
+    assert f"not below the look's level {above['alpha']:g}" in text
+    assert "Randomization" not in "\n".join(headline_md(tables(sign_flip_p=0.2), META, above))
 
 
-def test_a_sign_flip_test_that_cannot_reach_the_level_neither_agrees_nor_disagrees():
-    """Over 4 settings the smallest two-sided p is 2/16 = 0.125: not a disagreement with a sign."""
+def test_a_sign_flip_test_that_cannot_reach_the_level_says_nothing_at_it():
+    """Over 4 settings the smallest two-sided p is 2/16 = 0.125: below the level is impossible."""
+    from latentstrat.report.headline import randomization_md
+
     h = headline(tables(sign_flip_p=0.875, n_settings=4), META)
-    assert h["randomization_agrees"] is None
-    text = "\n".join(headline_md(tables(sign_flip_p=0.875, n_settings=4), META, h))
-    assert "cannot go below 0.125" in text and "stands beside" in text and "disagrees" not in text
+    assert h["randomization"]["below"] is None
+    assert "cannot go below 0.125" in "\n".join(randomization_md(h))
     # six settings can reach it (2/64): the control
-    assert headline(tables(sign_flip_p=0.875, n_settings=6), META)["randomization_agrees"] is False
+    assert headline(tables(sign_flip_p=0.875, n_settings=6), META)["randomization"]["below"] is False
 
 
 HOST = {

@@ -235,7 +235,8 @@ JOINT_MIN_SETTINGS = 6  # the fewest settings whose plain sign flips can reach 0
 
 def sign_flip_p(deltas, boot=None, draws: int = 20000) -> float:
     """Two-sided p-value of the sign-flip (randomization) test of mean delta = 0 over the
-    settings' paired deltas.
+    settings' paired deltas: a diagnostic beside the verdict, not part of it (docs/design.md,
+    Randomization diagnostic).
 
     Without `boot`: the share of the 2^n sign assignments whose |mean| reaches the observed one
     (all of them up to 16 settings, else `draws` drawn with a fixed seed); it needs no variance
@@ -243,13 +244,16 @@ def sign_flip_p(deltas, boot=None, draws: int = 20000) -> float:
     of the others. Its smallest p-value is 2 / 2^n (n <= 5 settings can never reach 0.05).
 
     With `boot` (the paired bootstrap's replicates of the mean delta, every cell resampling the
-    same test inputs) and at least JOINT_MIN_SETTINGS settings (fewer say too little about how
-    settings vary): the settings share their test inputs, so a draw of test inputs that suits
-    one arm moves every setting's delta at once, a shift no sign assignment reproduces (the
-    plain test then rejects far too often). The null draw is then a sign assignment of the
-    settings' deltas about their mean (what varies setting by setting) plus one bootstrap draw of
-    the test inputs (what moves them together: the replicate minus the replicates' mean), `draws`
-    pairs with a fixed seed. Conservative: a setting's own test-input noise counts in both."""
+    same test inputs) and at least JOINT_MIN_SETTINGS settings: the settings share their test
+    inputs, so a draw of test inputs that suits one arm moves every setting's delta at once, a
+    shift no sign assignment reproduces (the plain test then rejects far too often). A null draw
+    is then a sign assignment of the settings' deltas about their mean (what varies setting by
+    setting) plus one bootstrap draw of the test inputs (the replicate minus the replicates'
+    mean: what moves them together), and the statistic is studentized, the mean over its own SE
+    (the flipped deltas' spread over n plus the bootstrap's variance), draw by draw: where the
+    arms' spreads differ the deltas are not exchangeable in sign, and the raw mean's null then
+    rejects too often (10% at 0.05, measured) while the studentized one holds closer to its
+    level. `draws` pairs with a fixed seed."""
     d = np.asarray([x for x in deltas if pd.notna(x)], dtype=float)
     n = len(d)
     if n == 0:
@@ -258,9 +262,12 @@ def sign_flip_p(deltas, boot=None, draws: int = 20000) -> float:
     rng = np.random.default_rng(0)
     b = np.asarray([x for x in (boot if boot is not None else []) if np.isfinite(x)], dtype=float)
     if len(b) >= 2 and n >= JOINT_MIN_SETTINGS:
-        signs = rng.choice([-1, 1], (draws, n))
-        null = signs @ (d - d.mean()) / n + rng.choice(b - b.mean(), draws)
-        return float(np.mean(np.abs(null) >= observed - 1e-12))
+        var_b = float(b.var(ddof=1))
+        t_obs = observed / math.sqrt(d.var(ddof=1) / n + var_b)
+        x = rng.choice([-1, 1], (draws, n)) * (d - d.mean())
+        null = x.mean(axis=1) + rng.choice(b - b.mean(), draws)
+        t_null = np.abs(null) / np.sqrt(x.var(axis=1, ddof=1) / n + var_b)
+        return float(np.mean(t_null >= t_obs - 1e-12))
     if n <= 16:
         signs = ((np.arange(2**n)[:, None] >> np.arange(n)) & 1) * 2 - 1
     else:

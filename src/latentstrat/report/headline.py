@@ -1,7 +1,7 @@
 """The headline: the primary endpoint's verdict on the primary contrast, declared before the data
 (docs/design.md, "Primary endpoint" and "Verdicts"), with its interval, the detectable
 difference, the seeds behind it, whether training noise is in the interval, the sign-flip test
-beside it, the cell states per arm, which families carry the mean, and the cell sanity check it
+as a diagnostic outside it, the cell states per arm, which families carry the mean, and the cell sanity check it
 rests on (a verdict over a failing cell reads `cannot tell`). analysis.md opens with it and
 brief.yaml carries it; every number is read off the aggregate tables.
 """
@@ -115,7 +115,7 @@ def headline(t: dict, meta: dict) -> dict:
             "ci_high": _num(pooled.ci_high),
             "verdict": str(pooled.verdict),
         }
-    out["randomization_agrees"] = _randomization_agrees(out)
+    out["randomization"] = _randomization(out)
     out["attribution"], out["attribution_evidence"] = _attribution(t, arm)
     out["by_family"], out["carried_by"] = heterogeneity(t, arm, metric, out["verdict"])
     _cells_vouch(out, t, arm, meta)
@@ -131,13 +131,44 @@ def headline(t: dict, meta: dict) -> dict:
     return out
 
 
-def _randomization_agrees(h: dict) -> bool | None:
-    """Does the sign-flip test (p below the look's level) agree with the interval (a sign)? None
-    without a p-value or without training noise in the interval."""
+def _randomization(h: dict) -> dict | None:
+    """The randomization diagnostic beside the verdict (never part of it): the sign-flip test's p,
+    the look's level, whether p is below it (None where the settings are too few for p to reach
+    it), and whether it is the joint variant (with the bootstrap's shared draw)."""
     p, alpha = h.get("sign_flip_p"), h.get("alpha", ALPHA)
-    if p is None or not h["training_noise_in_interval"] or not sign_flip_can_reach_alpha(h["common_cells"], alpha):
+    if p is None:
         return None
-    return (p < alpha) == (h["verdict"] in ("negative", "positive"))
+    reach = sign_flip_can_reach_alpha(h["common_cells"], alpha)
+    return {"p": p, "alpha": alpha, "below": (p < alpha) if reach else None, "joint": h.get("sign_flip_joint", False)}
+
+
+def randomization_md(h: dict) -> list[str]:
+    """analysis.md's Randomization Diagnostic: the sign-flip test of the headline's contrast, at
+    the look's level, labelled as a diagnostic outside the verdict."""
+    r = h.get("randomization")
+    if not r:
+        return []
+    n = h["common_cells"]
+    owner = "the 1 setting's" if n == 1 else f"the {n} settings'"
+    how = (
+        "studentized sign flips of the settings' deltas about their mean plus the bootstrap's draw of the test "
+        "inputs they share"
+        if r["joint"]
+        else "sign flips of the settings' deltas"
+    )
+    where = (
+        f"with {plural(n, 'setting')} it cannot go below {fmt(2.0 / 2**n)}, so it says nothing at this level"
+        if r["below"] is None
+        else f"{'' if r['below'] else 'not '}below the look's level {r['alpha']:g}"
+    )
+    return [
+        "## Randomization Diagnostic\n",
+        f"A diagnostic, not part of the verdict and not a second test of it: a randomization test over "
+        f"{owner} paired deltas ({how}), which needs no variance model for the training noise: "
+        f"p = {fmt(r['p'])}, {where}. Where the arms' spreads differ their deltas are not exchangeable in sign, so "
+        "the test asks a sharper question than the interval; its rate under no difference, measured through this "
+        "project's own code, is in docs/design.md (Randomization diagnostic).\n",
+    ]
 
 
 def sign_flip_can_reach_alpha(n_settings: int, alpha: float = ALPHA) -> bool:
@@ -412,7 +443,7 @@ def _normalized_md(h: dict) -> list[str]:
 
 
 def _qualifiers_md(t: dict, h: dict) -> list[str]:
-    """What qualifies the verdict: cell sanity, the sign-flip test, the families that carry it."""
+    """What qualifies the verdict: the follow-up's looks, the secondary, cell sanity, the families that carry it."""
     out, arm, primary = [], h["primary_contrast"]["comparison_arm"], h["primary_contrast"]["primary_arm"]
     if h.get("pooled"):
         pl = h["pooled"]
@@ -428,37 +459,6 @@ def _qualifiers_md(t: dict, h: dict) -> list[str]:
         out.append(
             f"**Cell sanity**: the interval alone reads {h['verdict_before_sanity']}, but {h['why']}: the finding "
             "reads `cannot tell` until those cells are fixed or rerun (Cell Sanity Check in results.md).\n"
-        )
-    p = h.get("sign_flip_p")
-    if p is not None:
-        agrees = h.get("randomization_agrees")
-        word = {True: "agrees with", False: "**disagrees** with", None: "stands beside"}[agrees]
-        n = h["common_cells"]
-        floor = (
-            ""
-            if sign_flip_can_reach_alpha(n, h.get("alpha", ALPHA))
-            else f"; with {plural(n, 'setting')} it cannot go below {fmt(2.0 / 2**n)}, so it can neither agree nor "
-            "disagree"
-        )
-        alpha = h.get("alpha", ALPHA)
-        owner = "the 1 setting's" if n == 1 else f"the {n} settings'"
-        how = (
-            "sign flips of the settings' deltas about their mean plus the bootstrap's draw of the test inputs they "
-            "share"
-            if h.get("sign_flip_joint")
-            else "sign flips"
-        )
-        out.append(
-            f"Randomization test over {owner} paired deltas ({how}), which needs no "
-            f"variance model: p = {fmt(p)} ({'' if p < alpha else 'not '}below {alpha:g}{floor}); it {word} the "
-            "interval"
-            + (
-                ". Where they disagree, read the verdict as fragile: the interval's variance model and the settings' "
-                "own signs tell different stories."
-                if agrees is False
-                else "."
-            )
-            + "\n"
         )
     by = h.get("by_family") or {}
     if by:

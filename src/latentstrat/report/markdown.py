@@ -7,7 +7,7 @@ import pandas as pd
 from latentstrat.aggregate.columns import CELL_CHECK_COL, FAMILY_COL
 from latentstrat.metrics import ENDPOINT, M, label
 from latentstrat.report.decomposition import decomposition_md
-from latentstrat.report.headline import empty_groups_md, headline_md, states_md
+from latentstrat.report.headline import empty_groups_md, headline_md, randomization_md, states_md
 from latentstrat.report.html import figure_caption
 from latentstrat.report.multiplicity import EXPLORATORY, multiplicity_md
 from latentstrat.report.split import split_md
@@ -339,7 +339,9 @@ def sign_sentences(t: dict, meta: dict) -> list[str]:
                 else "test inputs only"
             )
             flip = getattr(r, "sign_flip_p", None)
-            flip_text = f" Sign-flip test over the settings' deltas: p = {fmt(flip)}." if pd.notna(flip) else ""
+            flip_text = (
+                f" Sign-flip test over the settings' deltas (a diagnostic): p = {fmt(flip)}." if pd.notna(flip) else ""
+            )
             out.append(
                 f"Against `{arm}`, the mean common-cell {label(m)} delta (primary - {arm}) over {r.n_cells} cells is "
                 f"{fmt(r.mean_delta)} (95% interval {fmt(r.ci_low)} to {fmt(r.ci_high)}, {noise}): "
@@ -381,6 +383,7 @@ def analysis_md(t: dict, meta: dict, findings: list[dict], thresholds: dict, hea
     out += headline_md(t, meta, head)
     out += split_md(t, meta.get("primary_metric") or ENDPOINT)  # the declared scale / weighting split
     out += multiplicity_md(head["multiplicity"]) if head.get("multiplicity") else []
+    out += randomization_md(head)  # a diagnostic beside the verdict, outside it
     out += decomposition_md(t)  # which part of router_information moved, per arm
     out += empty_groups_md(t, thresholds)
     out += [
