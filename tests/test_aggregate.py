@@ -238,6 +238,40 @@ def test_collection_metadata_names_dates_code_versions_and_stale_cells():
     assert m["cells trained with other code than now"].startswith("1 ")
     empty = collection_metadata(pd.DataFrame({"x": [1]}), state).set_index("field").value
     assert empty["code versions"] == "NA (not recorded)"
+    assert empty["machines (pairs)"] == "NA (not recorded)"
+
+
+def test_the_setup_names_every_machine_and_the_pairs_it_ran():
+    """Three pairs on two machines (another CPU model under one host name, another day), one of
+    them split: each machine with its pairs and cells, and the split pair counted."""
+    from latentstrat.aggregate.fairness import machine_counts
+
+    epyc = {"train_host": "vm", "train_cpu": "AMD EPYC", "train_cpu_capability": "AVX-512 + native bf16"}
+    xeon = {**epyc, "train_cpu": "Intel Xeon"}
+    rows = []
+    for (fam, seed), arms in {
+        ("raw", 1): [epyc, epyc, epyc],
+        ("raw", 2): [xeon, xeon],
+        ("tokcc", 1): [epyc, xeon],
+    }.items():
+        for m in arms:
+            day = "2026-12-07" if m is epyc else "2026-12-08"
+            rows.append(
+                {
+                    "reconstruction_family": fam,
+                    "beta": 0.1,
+                    "seed": seed,
+                    **m,
+                    "train_code_hash": "a3bb973b9b7bc56a",
+                    "train_started_at": f"{day}T10:00:00Z",
+                }
+            )
+    text = machine_counts(pd.DataFrame(rows))
+    assert text == (
+        "vm, AMD EPYC (AVX-512 + native bf16), code a3bb973b9b7b, from 2026-12-07: 2 pairs (4 cells); "
+        "vm, Intel Xeon (AVX-512 + native bf16), code a3bb973b9b7b, from 2026-12-08: 2 pairs (3 cells); "
+        "1 pair split over machines"
+    )
 
 
 def test_metrics_older_than_their_records_are_not_complete(tmp_path, monkeypatch):

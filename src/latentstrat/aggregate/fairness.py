@@ -56,12 +56,43 @@ def collection_metadata(summary: pd.DataFrame, state: pd.DataFrame, code_now: st
         ("code versions", counts("train_code_version")),
         ("hosts", counts("train_host")),
         ("CPUs (capability)", cpu_counts(summary)),
+        ("machines (pairs)", machine_counts(summary)),
         ("devices", counts("train_device")),
     ]
     if code_now and "train_code_version" in summary.columns:
         other = summary[summary.train_code_version.notna() & (summary.train_code_version != code_now)]
         rows.append(("cells trained with other code than now", f"{len(other)} (now: {code_now})"))
     return pd.DataFrame(rows, columns=["field", "value"])
+
+
+# what names a machine in the cells' records: its host name, CPU model and capability, the code it
+# ran, and the day its stint started (lent machines may share a host name)
+MACHINE_KEYS = ("train_host", "train_cpu", "train_cpu_capability", "train_code_hash")
+PAIR_KEYS = ("reconstruction_family", "beta", "seed")
+
+
+def machine_counts(summary: pd.DataFrame) -> str:
+    """Each machine the cells trained on, with the pairs (one setting and seed, every arm) and
+    cells it ran, e.g. `vm, AMD EPYC (AVX-512 + native bf16), code a3bb973b9b7b, from 2026-12-07:
+    11 pairs (25 cells)`; a pair split over machines is counted apart."""
+    if any(k not in summary.columns for k in MACHINE_KEYS) or summary.train_cpu.isna().all():
+        return "NA (not recorded)"
+    s = summary.copy()
+    s["_day"] = s.get("train_started_at", pd.Series("", index=s.index)).fillna("").astype(str).str[:10]
+    keys = [*MACHINE_KEYS, "_day"]
+    s[list(MACHINE_KEYS)] = s[list(MACHINE_KEYS)].fillna("not recorded").astype(str)
+    pair_cols = [k for k in PAIR_KEYS if k in s.columns]
+    machine_of_pair = s.groupby(pair_cols, dropna=False)[keys].nunique().max(axis=1) if pair_cols else None
+    parts, split = [], 0
+    for (host, cpu, cap, code, day), g in s.groupby(keys, sort=True):
+        pairs = g.groupby(pair_cols, dropna=False).ngroups if pair_cols else 0
+        parts.append(
+            f"{host}, {cpu} ({cap}), code {code[:12]}, from {day or 'NA'}: {pairs} pair{'s' * (pairs != 1)} "
+            f"({len(g)} cell{'s' * (len(g) != 1)})"
+        )
+    if machine_of_pair is not None:
+        split = int((machine_of_pair > 1).sum())
+    return "; ".join(parts) + (f"; {split} pair{'s' * (split != 1)} split over machines" if split else "")
 
 
 def cpu_counts(summary: pd.DataFrame) -> str:

@@ -127,6 +127,7 @@ def setup_rows(settings: pd.DataFrame, metadata: pd.DataFrame, setup: dict) -> l
         ("code", said("code versions")),
         ("trained", f"{said('first cell started')} to {said('last cell finished')}"),
         ("hardware", f"{said('devices')}; {said('CPUs (capability)')}"),
+        ("machines", said("machines (pairs)")),
     ]
 
 
