@@ -78,7 +78,8 @@ def test_a_split_that_does_not_chain_is_a_config_error(default_cfg, split, culpr
 
 
 def test_the_report_says_which_verdicts_are_confirmatory_and_counts_the_rest(default_cfg):
-    """Multiplicity said: the headline and the split (Bonferroni over its 2 parts) are confirmatory;
+    """Multiplicity said: the headline is confirmatory, the split (Bonferroni over its 2 parts)
+    declared but secondary;
     the default collection's other verdicts are counted and labelled exploratory: 2 arms x 4
     metrics less the headline's (7), 4 families x (alone, without) + raw against sum_scaled (9),
     15 common settings x 4 metrics (60), the normalized families' secondary (1)."""
@@ -90,7 +91,8 @@ def test_the_report_says_which_verdicts_are_confirmatory_and_counts_the_rest(def
     t, _, _ = _tables(default_cfg, shift=0.0)
     h = headline(t, {**default_cfg, "primary_metric": "router_information", "primary_arm": "sum"})
     m = multiplicity(t, h, [p for p in split_parts(t) if p["part"] != "total"])
-    assert m["confirmatory"] == ["headline", "contrast split (2 parts, Bonferroni)"]
+    assert m["confirmatory"] == ["headline"]
+    assert m["declared_secondary"] == ["contrast split (2 parts, Bonferroni within)"]
     assert m["exploratory_by_kind"] == {
         "other metrics and arms": 7,
         "per-family contrasts": 9,

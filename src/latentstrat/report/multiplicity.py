@@ -1,9 +1,11 @@
 """Which of a report's verdicts are confirmatory and which exploratory (docs/design.md,
-Multiplicity). The headline is one endpoint on one contrast, both declared before the data, at the
-look's level; the declared split of that contrast (`report.contrast_split`) is a family of its own,
-each part at the level over the number of parts (Bonferroni). Every other verdict in the report is
-at its own level with no adjustment for the others, so it is labelled exploratory: a lead for the
-next declared collection, not a finding. This module counts them and says so in one place."""
+Multiplicity). The headline is the one confirmatory verdict: one endpoint on one contrast, both
+declared before the data, at the look's level, inside the looks' error budget. The declared split
+of that contrast (`report.contrast_split`) is declared too and adjusted within itself (each part at
+the level over the number of parts: Bonferroni), but outside the budget: secondary. Every other
+verdict in the report is at its own level with no adjustment for the others, so it is labelled
+exploratory: a lead for the next declared collection, not a finding. This module counts them and
+says so in one place."""
 
 from __future__ import annotations
 
@@ -37,26 +39,32 @@ def exploratory_verdicts(t: dict, head: dict) -> dict[str, int]:
 
 
 def multiplicity(t: dict, head: dict, split: list[dict]) -> dict:
-    """brief.yaml's `multiplicity`: the confirmatory verdicts and the count of exploratory ones."""
-    confirmatory = ["headline"] + ([f"contrast split ({len(split)} parts, Bonferroni)"] if split else [])
+    """brief.yaml's `multiplicity`: the confirmatory verdict, the declared secondary ones and the
+    count of exploratory ones."""
     counts = exploratory_verdicts(t, head)
-    return {"confirmatory": confirmatory, "exploratory": sum(counts.values()), "exploratory_by_kind": counts}
+    return {
+        "confirmatory": ["headline"],
+        "declared_secondary": [f"contrast split ({len(split)} parts, Bonferroni within)"] if split else [],
+        "exploratory": sum(counts.values()),
+        "exploratory_by_kind": counts,
+    }
 
 
 def multiplicity_md(m: dict) -> list[str]:
     """analysis.md's Multiplicity section."""
     kinds = ", ".join(f"{k} {v}" for k, v in m["exploratory_by_kind"].items()) or "none"
     split = (
-        " and the declared split of its contrast, each part at the look's level over the number of parts "
-        "(Bonferroni), so that the split as a whole holds that level"
-        if len(m["confirmatory"]) > 1
+        " Declared too, and adjusted within itself but outside that budget: the split of its contrast (each part "
+        "at the look's level over the number of parts, Bonferroni), secondary to the headline."
+        if m.get("declared_secondary")
         else ""
     )
     return [
         "## Multiplicity\n",
-        "Confirmatory: the headline verdict (one endpoint on one contrast, both declared before the data, at the "
-        f"look's level){split}. Every other verdict in this report is **{EXPLORATORY}**: each at its own level, "
-        f"with no adjustment for the {plural(m['exploratory'], 'other verdict')} beside it ({kinds}). Among that "
+        "Confirmatory: the headline verdict alone (one endpoint on one contrast, both declared before the data, at "
+        f"the look's level, inside the looks' error budget).{split} Every other verdict in this report is "
+        f"**{EXPLORATORY}**: each at its own level, with no adjustment for the "
+        f"{plural(m['exploratory'], 'other verdict')} beside it ({kinds}). Among that "
         "many, some read a sign by chance; take them as leads for a next collection that declares them.\n",
     ]
 
@@ -66,7 +74,8 @@ def multiplicity_line(brief: dict) -> str:
     m = brief.get("multiplicity") or {}
     if not m:
         return ""
+    split = f"; declared secondary: {', '.join(m['declared_secondary'])}" if m.get("declared_secondary") else ""
     return (
-        f"Confirmatory: {' and '.join(m['confirmatory'])}; {plural(m['exploratory'], 'other verdict')} in the "
-        f"report are {EXPLORATORY} (Analysis: Multiplicity)."
+        f"Confirmatory: the {' and '.join(m['confirmatory'])}{split}; {plural(m['exploratory'], 'other verdict')} "
+        f"in the report are {EXPLORATORY} (Analysis: Multiplicity)."
     )

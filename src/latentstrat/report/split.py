@@ -79,7 +79,8 @@ def split_md(t: dict, metric: str) -> list[str]:
     return [
         "## Scale Or Weighting\n",
         split_sentence(parts, metric) + " Each part is a difference of the same seed means, so the parts add up "
-        "to the total setting by setting; each carries its own test-input and training noise. Secondary to the "
-        "headline: its verdicts are outside the looks' error budget, Bonferroni-adjusted within the split.\n",
-        md_table(s[[c for c in cols if c in s.columns]], ["part"]),
+        "to the total setting by setting; each carries its own test-input and training noise. Declared before the "
+        "data and Bonferroni-adjusted within the split, but secondary to the headline: outside the looks' error "
+        "budget.\n",
+        md_table(s, cols),
     ]
