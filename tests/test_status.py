@@ -97,8 +97,8 @@ def test_unreadable_outputs_are_corrupt_and_the_base_is_in_the_summary(tmp_path,
     # the base: nothing built yet (no output, no log), every base stage pending and named in the summary
     assert st["base"]["data"]["state"] == st["base"]["reference"]["state"] == "pending"
     assert st["summary"].startswith(
-        "base: data pending, entangle pending, reference pending, 12 step0 pending;"
-    )  # smoke: 12 pairs
+        "smoke: base: data pending, entangle pending, reference pending, 12 step0 pending;"
+    )  # smoke: 12 pairs, the collection named
     records = p.records_path(cid)
     good = records.read_bytes()
     records.write_bytes(good[:8] + os.urandom(len(good) - 16) + good[-8:])  # random bytes inside, magic kept
@@ -168,10 +168,11 @@ def test_a_corrupt_cell_output_is_found_and_rerun_with_everything_downstream(tmp
     assert summary.stat().st_mtime_ns == train_mtime  # train did not rerun
     pd.testing.assert_frame_equal(pd.read_parquet(metrics), before)
     out = subprocess.run(status, cwd=wd, capture_output=True, text=True, timeout=120).stdout
-    assert out.rstrip().endswith(
-        "base: done; 1/1 cells done (trained 1/1, evaluated 1/1, probed 1/1, tabulated 1/1), 0 running, 0 failed\n"
-        "collection ETA: every cell done (the aggregate and the report follow)"
+    tail = out.rstrip().splitlines()[-2:]
+    assert tail[0].endswith(
+        "base: done; 1/1 cells done (trained 1/1, evaluated 1/1, probed 1/1, tabulated 1/1), 0 running, 0 failed"
     ), out
+    assert tail[1].startswith("collection ETA: every cell done; the report is in ") and tail[1].endswith("/report"), out
 
 
 def test_a_running_cell_shows_its_step_and_the_collection_an_eta(tmp_path, capsys):
@@ -241,6 +242,7 @@ def test_the_status_command_exits_non_zero_on_an_error(tmp_path):
     assert bad.returncode == 2 and "nope.yaml" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"extends: {ROOT / 'config' / 'smoke.yaml'}\nresults_dir: {tmp_path / 'results'}\n")
+    (tmp_path / "results").mkdir()
     none = subprocess.run(
         [sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg), "--requests"],
         capture_output=True,
@@ -248,6 +250,36 @@ def test_the_status_command_exits_non_zero_on_an_error(tmp_path):
         timeout=120,
     )
     assert none.returncode == 2 and "no benchmark file" in none.stderr
+    # a stray word (a config path without --configfile) and a results folder that does not exist:
+    # one-line errors, non-zero, never the default collection at 0 cells
+    for args, want in (
+        (["config/quick.yaml"], "unrecognized arguments: config/quick.yaml"),
+        (["--configfile", str(cfg), "results/nonexistent"], "unrecognized arguments: results/nonexistent"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "latentstrat.status", *args], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 2 and want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    gone = tmp_path / "g.yaml"
+    gone.write_text(f"extends: {ROOT / 'config' / 'smoke.yaml'}\nresults_dir: {tmp_path / 'nowhere'}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "latentstrat.status", "--configfile", str(gone)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "nowhere of " in r.stderr and "does not exist" in r.stderr and "smoke" in r.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "latentstrat.status", "--configfile", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0 and ok.stdout.startswith(f"collection smoke (results in {tmp_path / 'results'})")
+    from latentstrat.status import per_job_text
+
+    assert per_job_text({"train": float("nan")}) == "no job of this collection measured yet (the pace so far)"
+    assert per_job_text({"train": 600.0, "evaluate": float("nan")}) == "median per job measured here: train 10 min"
 
 
 def test_a_job_killed_for_memory_says_so_with_the_peak_and_the_request(tmp_path):

@@ -244,12 +244,22 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
         f"{BY_NAME[s].done_word} {sum(c['stages'][s]['state'] in ('done', 'stale') for c in cells)}/{n}" for s in STAGES
     )
     summary = (
-        f"base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), {running} running, {failed} failed"
+        f"{cfg['collection']}: base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), "
+        f"{running} running, {failed} failed"
         + (f" ({len(killed)} killed for memory)" if killed else "")
         + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
         + (f", {stale} stale" if stale else "")
     )
-    return {"collection": cfg["collection"], "base": base, "cells": cells, "corrupt": corrupt, "summary": summary}
+    report = p.report_dir / "brief.yaml"
+    return {
+        "collection": cfg["collection"],
+        "results_dir": str(p.results),
+        "report": str(p.report_dir) if report.exists() else None,
+        "base": base,
+        "cells": cells,
+        "corrupt": corrupt,
+        "summary": summary,
+    }
 
 
 def duration(seconds: float) -> str:
@@ -315,8 +325,10 @@ def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
     }
 
 
-def eta_text(eta: dict, walls: dict) -> str:
+def eta_text(eta: dict, walls: dict, report: str | None = None) -> str:
     if not eta["jobs_left"]:
+        if report:
+            return f"collection ETA: every cell done; the report is in {report}"
         return "collection ETA: every cell done (the aggregate and the report follow)"
     if eta["unmeasured"]:
         return f"collection ETA: {unmeasured_text(eta)} ({eta['jobs_left']} cell jobs left)"
@@ -336,9 +348,10 @@ def unmeasured_text(eta: dict) -> str:
 
 
 def per_job_text(walls: dict) -> str:
-    return "median per job measured here: " + ", ".join(
-        f"{k} {duration(v)}" for k, v in walls.items() if math.isfinite(v)
-    )
+    measured = [f"{k} {duration(v)}" for k, v in walls.items() if math.isfinite(v)]
+    if not measured:
+        return "no job of this collection measured yet (the pace so far)"
+    return "median per job measured here: " + ", ".join(measured)
 
 
 def base_states(base: dict, skip_done: bool = False) -> list[str]:
@@ -351,7 +364,10 @@ def base_states(base: dict, skip_done: bool = False) -> list[str]:
 
 
 def render(status: dict) -> str:
-    lines = ["base: " + "  ".join(base_states(status["base"]))]
+    lines = [
+        f"collection {status['collection']} (results in {status['results_dir']})",
+        "base: " + "  ".join(base_states(status["base"])),
+    ]
     notes = [
         f"  {k}: {v['state']}"
         + (f" (Slurm job {v['job']})" if v["job"] else "")
@@ -443,10 +459,24 @@ def main(argv=None) -> int:
     )
     ap.add_argument("snakemake_args", nargs="*", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.snakemake_args and not a.rerun_corrupt:  # words for snakemake only go with --rerun-corrupt
+        print(
+            f"error: unrecognized arguments: {' '.join(a.snakemake_args)} (the collection is --configfile FILE)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         cfg = load_config(a.configfile)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = Paths.from_config(cfg).results
+    if not results.is_dir():
+        print(
+            f"error: results_dir {results} of {a.configfile} does not exist: nothing has run for collection "
+            f"{cfg['collection']} here (check --configfile and results_dir)",
+            file=sys.stderr,
+        )
         return 2
     if a.requests:
         table = sizing.measured(Paths.from_config(cfg))
@@ -462,7 +492,7 @@ def main(argv=None) -> int:
     walls = stage_walls(Paths.from_config(cfg))
     running = sum(any(s["state"] == "running" for s in c["stages"].values()) for c in st["cells"])
     st["eta"] = collection_eta(st, walls, a.jobs or running or 1)
-    st["eta_text"] = eta_text(st["eta"], walls)
+    st["eta_text"] = eta_text(st["eta"], walls, st.get("report"))
     if not a.rerun_corrupt:
         print(json.dumps(st, indent=2) if a.json else render(st))
         return 0
