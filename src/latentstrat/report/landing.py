@@ -149,8 +149,11 @@ def links(pages: dict[str, str]) -> str:
 def next_step(brief: dict, followup_path: str | None) -> str:
     """The next step in one line: the follow-up's command, or why there is none."""
     if brief.get("followup") and followup_path:
-        cmd = f"snakemake --profile slurm --configfile {followup_path}"
-        return f"<p><strong>Next:</strong> {_code(cmd)} (its first lines say which seeds it adds and why).</p>"
+        cmd = f"snakemake --configfile {followup_path} --cores 2"
+        return (
+            f"<p><strong>Next:</strong> {_code(cmd)} here, or with {_code('--profile slurm')} in place of "
+            f"{_code('--cores 2')} on the cluster (its first lines say which seeds it adds and why).</p>"
+        )
     if brief.get("verdict") == "cannot tell":
         return "<p><strong>Next:</strong> no follow-up planned; the Analysis page says what limits the verdict.</p>"
     return "<p><strong>Next:</strong> none needed: the interval decides.</p>"
