@@ -10,7 +10,7 @@ import pytest
 
 from latentstrat.aggregate import contrasts
 from latentstrat.aggregate.collection import report_settings
-from latentstrat.bench import calibrate, looks
+from latentstrat.bench import calibrate, looks, targets
 from latentstrat.cells import Collection, expand_cells
 from latentstrat.config import load_config
 
@@ -176,11 +176,11 @@ def test_each_look_is_held_to_its_own_level_over_enough_draws():
     that the rate's Monte Carlo SE is at most a quarter of it; coverage at least 1 - alpha; the
     procedure's second look over the runs that followed up, both looks at most the levels' sum."""
     ok = {"false_sign": (0.03, 0.005), "draws": 1900, "alpha": 0.04, "coverage": (0.97, 0.004)}
-    assert calibrate.checks(ok) == []
-    assert calibrate.checks({**ok, "false_sign": (0.045, 0.005)}) == ["false-sign rate 0.045 > its level 0.04"]
-    assert "384 needed" in calibrate.checks({**ok, "draws": 300})[0]
-    assert calibrate.checks({**ok, "coverage": (0.95, 0.004)}) == ["coverage 0.950 < 0.96"]
-    assert calibrate.draws_for(0.01) == 1584 and calibrate.draws_for(0.04) == 384
+    assert targets.checks(ok) == []
+    assert targets.checks({**ok, "false_sign": (0.045, 0.005)}) == ["false-sign rate 0.045 > its level 0.04"]
+    assert "384 needed" in targets.checks({**ok, "draws": 300})[0]
+    assert targets.checks({**ok, "coverage": (0.95, 0.004)}) == ["coverage 0.950 < 0.96"]
+    assert targets.draws_for(0.01) == 1584 and targets.draws_for(0.04) == 384
     proc = {
         "levels": (0.04, 0.01),
         "procedure_draws": 1900,

@@ -66,6 +66,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from latentstrat.bench.targets import _pm, checks, rate
 from latentstrat.cells import Collection, beta_label
 from latentstrat.families import family_label
 from latentstrat.metrics import METRICS, M
@@ -308,13 +309,6 @@ def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, collection: 
     return out
 
 
-def rate(x) -> tuple[float, float]:
-    """(share, its Monte Carlo SE) of a boolean array."""
-    x = np.asarray(x, dtype=float)
-    p = float(x.mean()) if len(x) else math.nan
-    return p, math.sqrt(p * (1 - p) / len(x)) if len(x) else math.nan
-
-
 def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int, power_draws: int, seed: int) -> dict:
     """The null draws and the power draws of one scenario: the row `table` prints."""
     from latentstrat.aggregate.power import look_alpha
@@ -353,46 +347,6 @@ def run_scenario(d: pd.DataFrame, sc: Scenario, arm: str, thr: dict, draws: int,
         ok = alt[alt.known]
         row["coverage_alt"] = rate((ok.ci_low <= detect) & (detect <= ok.ci_high))
     return row
-
-
-def draws_for(alpha: float) -> int:
-    """The fewest draws at which a false-sign rate at `alpha` is measured to a Monte Carlo SE of
-    a quarter of alpha: 16 (1 - alpha) / alpha (384 at 0.04, 1,584 at 0.01)."""
-    return math.ceil(16 * (1 - alpha) / alpha)
-
-
-def look_checks(rate_se: tuple[float, float], draws: int, alpha: float, what: str = "false-sign rate") -> list[str]:
-    """What a look misses of its own level: its rate of false signs (a sign of either direction
-    where the arms do not differ) at most alpha, measured over enough draws (draws_for)."""
-    fs, _ = rate_se
-    if fs > alpha:
-        return [f"{what} {fs:.3f} > its level {alpha:g}"]
-    if draws < draws_for(alpha):
-        return [
-            f"{what}: {draws} draws measure it to a Monte Carlo SE above {alpha / 4:g} ({draws_for(alpha):,} needed)"
-        ]
-    return []
-
-
-def checks(row: dict) -> list[str]:
-    """The targets a scenario's row misses (empty when it passes): the first look's false signs
-    (either sign) at most its level `alpha`, over enough draws to measure that (look_checks);
-    coverage at least 1 - alpha and power at the detectable difference 75-85%, each within 2
-    Monte Carlo SEs."""
-    alpha = row.get("alpha", 0.05)
-    out = look_checks(row["false_sign"], row["draws"], alpha)
-    cov, cov_se = row["coverage"]
-    if cov + 2 * cov_se < 1 - alpha:
-        out.append(f"coverage {cov:.3f} < {1 - alpha:g}")
-    if "power" in row:
-        pw, pw_se = row["power"]
-        if not (0.75 - 2 * pw_se <= pw <= 0.85 + 2 * pw_se):
-            out.append(f"power {pw:.3f} outside 0.75-0.85")
-    return out
-
-
-def _pm(v: tuple[float, float]) -> str:
-    return f"{v[0]:.3f} ± {v[1]:.3f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -590,20 +544,9 @@ def main(argv=None) -> int:
         f"contrast {cfg['primary_arm']} vs {arm}"
     )
     if args.second_look_seeds:
-        from latentstrat.bench.looks import run_second_look
+        from latentstrat.bench.looks import second_look_table
 
-        print(
-            "| scenario | fresh seeds | draws | level | second look's false-sign rate | median df |\n"
-            "|---|---|---|---|---|---|"
-        )
-        for i, sc in enumerate(scenarios):
-            for n in args.second_look_seeds:
-                r = run_second_look(collection, sc, arm, thr, n, args.draws, args.seed + 100 * i + n)
-                print(
-                    f"| {sc.name} | {n} | {r['draws']} | {r['level']:g} | {_pm(r['false_sign'])} | "
-                    f"{r['median_df']:.1f} |",
-                    flush=True,
-                )
+        print(second_look_table(collection, scenarios, arm, thr, args.second_look_seeds, args.draws, args.seed))
         return 0
     rows = []
     for i, sc in enumerate(scenarios):

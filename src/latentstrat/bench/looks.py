@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from latentstrat.bench.calibrate import Scenario, _pm, analyse, design, draw, look_checks, rate
+from latentstrat.bench.calibrate import Scenario, analyse, design, draw
+from latentstrat.bench.targets import _pm, look_checks, rate
 from latentstrat.cells import Collection
 
 
@@ -65,6 +66,22 @@ def run_second_look(
         "false_sign": rate(runs.verdict != "cannot tell"),
         "median_df": float(runs.interval_df.median()),
     }
+
+
+def second_look_table(collection: Collection, scenarios, arm: str, thr: dict, seeds, draws: int, seed: int) -> str:
+    """The second look alone per scenario and number of fresh seeds (run_second_look), as a
+    Markdown table (± one Monte Carlo SE)."""
+    lines = [
+        "| scenario | fresh seeds | draws | level | second look's false-sign rate | median df |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, sc in enumerate(scenarios):
+        for n in seeds:
+            r = run_second_look(collection, sc, arm, thr, n, draws, seed + 100 * i + n)
+            lines.append(
+                f"| {sc.name} | {n} | {r['draws']} | {r['level']:g} | {_pm(r['false_sign'])} | {r['median_df']:.1f} |"
+            )
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- a scenario

@@ -244,7 +244,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
         f"{BY_NAME[s].done_word} {sum(c['stages'][s]['state'] in ('done', 'stale') for c in cells)}/{n}" for s in STAGES
     )
     summary = (
-        f"{cfg['collection']}: base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), "
+        f"{p.collection}: base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), "
         f"{running} running, {failed} failed"
         + (f" ({len(killed)} killed for memory)" if killed else "")
         + (f", {corrupt_cells} corrupt" if corrupt_cells else "")
@@ -470,11 +470,11 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    results = Paths.from_config(cfg).results
-    if not results.is_dir():
+    paths = Paths.from_config(cfg)
+    if not paths.results.is_dir():
         print(
-            f"error: results_dir {results} of {a.configfile} does not exist: nothing has run for collection "
-            f"{cfg['collection']} here (check --configfile and results_dir)",
+            f"error: results_dir {paths.results} of {a.configfile} does not exist: nothing has run for collection "
+            f"{paths.collection} here (check --configfile and results_dir)",
             file=sys.stderr,
         )
         return 2
