@@ -15,8 +15,8 @@ import yaml
 from latentstrat import stages
 from latentstrat.io import PRODUCERS
 from latentstrat.paths import BENCH_RULES, CELL_JOB_FOLDER
-from latentstrat.status import BASE_STAGES
-from latentstrat.status import STAGES as STATUS_STAGES
+from latentstrat.stages import BASE_STAGES
+from latentstrat.stages import CELL_STAGES as STATUS_STAGES
 from workflow_helpers import ROOT, SNAKEMAKE, copy_workflow, snakemake, tiny_collection
 
 

@@ -242,6 +242,10 @@ def names(*levels: str) -> tuple[str, ...]:
     return tuple(s.name for s in STAGES if not levels or s.level in levels)
 
 
+BASE_STAGES = names("base", "init")  # the base stages, step0 among them (once per init)
+CELL_STAGES = names("cell")
+
+
 def entry(name: str):
     """The function that runs one job of stage `name`."""
     if name not in BY_NAME:

@@ -120,8 +120,6 @@ def n_seeds(row) -> int:
 # weight sets how far a seed moves the latent; a stratum with no replicated setting leaves the
 # training noise unknown.
 
-STRATA = ("empty", "used", "all")
-
 
 def stratum_of(primary_state: str, comparison_state: str) -> str:
     """A setting's training-noise stratum: `empty` when every cell of both arms is `empty` (z

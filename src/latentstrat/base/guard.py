@@ -17,10 +17,7 @@ from pathlib import Path
 from latentstrat.base.shipped import MANIFEST, bases_root
 from latentstrat.config import Base, base_guard
 from latentstrat.paths import Paths
-from latentstrat.stages import BY_NAME
-from latentstrat.stages import names as stage_names
-
-BASE_STAGES = stage_names("base", "init")  # the base stages, step0 among them (once per init)
+from latentstrat.stages import BASE_STAGES, BY_NAME
 
 
 def base_problem(base: Base, paths: Paths, repository: str | Path) -> str | None:

@@ -60,7 +60,6 @@ from latentstrat.runtime import host
 if TYPE_CHECKING:
     from latentstrat.jobs import Job
 
-PROBE_NAMES = ("within_task_router", M.router_information, M.router_mu_information, "posterior", "global_router")
 # the information probes: probe name -> the record column of its features
 INFORMATION_PROBES = {M.router_information: "router_z", M.router_mu_information: "router_mu"}
 PROBE_COLUMNS = [

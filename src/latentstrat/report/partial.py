@@ -46,7 +46,7 @@ def partial_report(cfg: dict, log=print) -> dict | None:
         quality_path=quality,
         upstream={c: [str(p.records_path(c)), *p.probe_files(c, tasks)] for c in cells},
     )
-    meta = {"collection": cfg["collection"], "config": cfg, "cells": cells, "partial": True}
+    meta = {"collection": cfg["collection"], "cells": cells, "partial": True}
     if quality:
         meta["entangle_quality"] = load_entangle_quality(quality)
     build_report(str(p.aggregate_dir), str(p.report_dir), meta)

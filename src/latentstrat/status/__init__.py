@@ -49,13 +49,11 @@ from latentstrat.io import unreadable
 from latentstrat.paths import Paths
 from latentstrat.runtime import host
 from latentstrat.runtime.progress import read_progress
-from latentstrat.stages import BY_NAME
+from latentstrat.stages import BASE_STAGES, BY_NAME, CELL_STAGES
 from latentstrat.stages import names as stage_names
 from latentstrat.status import sizing
 
-STAGES = stage_names("cell")
-BASE_STAGES = stage_names("base", "init")
-SLURM_RULES = {name: (name,) for name in (*STAGES, *BASE_STAGES)}
+SLURM_RULES = {name: (name,) for name in (*CELL_STAGES, *BASE_STAGES)}
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 RECENT_S = 120
 
@@ -144,7 +142,7 @@ def _recently_written(paths) -> bool:
 
 def stage_outputs(p: Paths, cid: str, tasks: list[str]) -> dict[str, list[Path]]:
     """A cell's outputs per cell stage (their declarations' files)."""
-    return {s: [Path(f) for f in p.stage_files(s, cid, tasks=tasks).values()] for s in STAGES}
+    return {s: [Path(f) for f in p.stage_files(s, cid, tasks=tasks).values()] for s in CELL_STAGES}
 
 
 def base_outputs(cfg: dict, p: Paths) -> dict[str, list[Path]]:
@@ -207,7 +205,7 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     for c in expand_cells(cfg):
         cid, stages = c.cell_id, {}
         outputs = stage_outputs(p, cid, tasks)
-        for stage in STAGES:
+        for stage in CELL_STAGES:
             st = stage_state(
                 outputs[stage],
                 p.log_path(stage, cid),
@@ -241,7 +239,8 @@ def collection_status(cfg: dict, jobs: list[dict] | None = None) -> dict:
     base_line = ", ".join(base_states(base, skip_done=True))
     n = len(cells)
     jobs_done = ", ".join(
-        f"{BY_NAME[s].done_word} {sum(c['stages'][s]['state'] in ('done', 'stale') for c in cells)}/{n}" for s in STAGES
+        f"{BY_NAME[s].done_word} {sum(c['stages'][s]['state'] in ('done', 'stale') for c in cells)}/{n}"
+        for s in CELL_STAGES
     )
     summary = (
         f"{p.collection}: base: {base_line or 'done'}; {done}/{n} cells done ({jobs_done}), "
@@ -299,7 +298,7 @@ def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
     left, unmeasured, estimated, n_jobs = 0.0, set(), set(), 0
     train = train_estimate(status, walls)
     for c in status["cells"]:
-        for stage in STAGES:
+        for stage in CELL_STAGES:
             st = c["stages"][stage]
             if st["state"] in ("done", "stale"):
                 continue
@@ -321,7 +320,7 @@ def collection_eta(status: dict, walls: dict, jobs: int) -> dict:
         "jobs_left": n_jobs,
         "parallel": jobs,
         "unmeasured": sorted(unmeasured),
-        "estimated": [s for s in STAGES if s in estimated],
+        "estimated": [s for s in CELL_STAGES if s in estimated],
     }
 
 
@@ -376,10 +375,10 @@ def render(status: dict) -> str:
         if v["state"] not in ("done", "missing")
     ]
     width = max(len(c["cell_id"]) for c in status["cells"]) if status["cells"] else 10
-    lines.append(f"{'cell':<{width}}  " + "  ".join(f"{s:<9}" for s in STAGES))
+    lines.append(f"{'cell':<{width}}  " + "  ".join(f"{s:<9}" for s in CELL_STAGES))
     for c in status["cells"]:
         row = []
-        for s in STAGES:
+        for s in CELL_STAGES:
             st = c["stages"][s]
             row.append(f"{st['state']:<9}")
             if (
@@ -423,7 +422,7 @@ def start_line(cfg: dict, parallel: int | None) -> str:
 def stage_walls(p: Paths) -> dict:
     """Per cell stage, the median wall seconds of this collection's measured jobs (NaN: none yet)."""
     table = sizing.measured(p).set_index("rule")
-    return {stage: float(table.median_wall_s.get(stage, math.nan)) for stage in STAGES}
+    return {stage: float(table.median_wall_s.get(stage, math.nan)) for stage in CELL_STAGES}
 
 
 def rerun_corrupt_command(configfile: str, corrupt: list[str], snakemake_args: list[str]) -> list[str]:

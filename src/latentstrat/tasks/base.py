@@ -23,13 +23,6 @@ def digits(n: int) -> str:
     return " ".join(str(n))
 
 
-def parse_number(tokens: list[str]) -> int:
-    """['1', '2', '3'] -> 123; raises ValueError on anything that is not a digit token."""
-    if not tokens or not all(len(t) == 1 and t.isdigit() for t in tokens):
-        raise ValueError(f"not a number: {' '.join(tokens)!r}")
-    return int("".join(tokens))
-
-
 def normalize(y_text) -> str | None:
     """Whitespace-normalized y, cut at the first end token; None if not text."""
     if not isinstance(y_text, str):
