@@ -18,7 +18,7 @@ COMMANDS = {
     "curve": ("latentstrat.bench.curve", "one cell's learning curves: what a training budget buys"),
     "seedscale": ("latentstrat.bench.seedscale", "one cell of the cluster config on Qwen2.5-0.5B's architecture"),
     "calibrate": (
-        "latentstrat.bench.calibrate",
+        "latentstrat.bench.calibration",
         "the verdict's false-sign rate, coverage and power, by simulation through the aggregate's code",
     ),
 }
