@@ -195,3 +195,42 @@ def test_each_look_is_held_to_its_own_level_over_enough_draws():
     assert looks.procedure_checks(bad) == ["second look 0.046 > its level 0.01"]
     few = {**proc, "followups": 200}
     assert "1,584 needed" in looks.procedure_checks(few)[0]
+
+
+def test_per_example_outcomes_get_their_interval_from_the_projects_bootstrap(default_design):
+    """Per-example draws (bench.examples): the cells' intervals come from the project's own
+    bootstrap over simulated test examples, which recovers the scenario's test-input SE (0.02)
+    without being told it; x alone tells router_mu (0.02) there, within its interval."""
+    d, _ = default_design
+    sc = calibrate.SCENARIOS["per-example"]
+    summary, boot = calibrate.draw(d, sc, np.random.default_rng(1))
+    reps = np.stack([boot[c]["router_information"].to_numpy() for c in d.cell_id])
+    assert np.median(reps.std(axis=1, ddof=1)) == pytest.approx(sc.sd_test, rel=0.1)
+    mu = summary.router_mu_information
+    assert (summary.router_mu_information_ci_low < mu).all() and (mu < summary.router_mu_information_ci_high).all()
+    assert abs(mu.mean() - sc.router_mu) < 4 * sc.sd_test
+
+
+@pytest.mark.slow
+def test_the_harness_sees_a_bootstrap_that_understates_the_test_inputs_se(default_design, monkeypatch):
+    """Negative control for the per-example harness: a bootstrap that draws 16 times the test
+    examples per replicate (its SE a quarter of the truth) is not told the truth by the harness,
+    so the calibration shows it: the variance ratio and mean t^2 rise, false signs appear, where
+    half the test-input noise is shared by one arm (it does not cancel in the pairs)."""
+    import dataclasses
+
+    import latentstrat.metrics as metrics
+
+    d, thr = default_design
+    sc = dataclasses.replace(calibrate.SCENARIOS["per-example"], name="arm-shared", rho_test=0.0, rho_arm_test=0.5)
+    good = calibrate.run_scenario(d, sc, "matched_mean", thr, 60, 0, seed=5)
+    real = metrics.resample_counts
+
+    def sixteen_times(sizes, n_boot=200, seed=0):
+        out = real({t: 16 * n for t, n in sizes.items()}, n_boot, seed)
+        return {t: c.reshape(n_boot, 16, -1).sum(1) for t, c in out.items()}
+
+    monkeypatch.setattr(metrics, "resample_counts", sixteen_times)
+    bad = calibrate.run_scenario(d, sc, "matched_mean", thr, 60, 0, seed=5)
+    assert good["variance_ratio"] < 1.2 and good["false_sign"][0] <= 0.02
+    assert bad["variance_ratio"] > 1.4 and bad["mean_t2"][0] > 1.8 and bad["false_sign"][0] > good["false_sign"][0]

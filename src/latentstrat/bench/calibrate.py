@@ -48,6 +48,9 @@ The generative model of one cell's router information (the primary endpoint):
   only (a draw of test inputs that suits one arm: it does not cancel in the pairs); bootstrap
   replicates are drawn the same way, shared parts shared replicate by replicate, as the cells'
   real bootstrap shares its resampled inputs;
+- per example (`per_example`, bench.examples): the same noise drawn on every test example's bits,
+  the cells' intervals then from the project's own bootstrap over them; router_mu_information
+  (what x alone tells) at `router_mu`;
 - stress: seed effects from a Student t (`noise_df`: heavy tails), the comparison arm's training
   noise a multiple of the primary's (`comparison_sd_ratio`).
 Declared scenarios (`SCENARIOS`) and one fitted to a finished collection (`fit_scenario`).
@@ -101,6 +104,10 @@ class Scenario:
     rho_pair_test: float = 0.0  # a part shared by the two cells of a pair (one model family on the same inputs)
     noise_df: float = math.inf  # Student-t seed effects on this many df (heavy tails); inf: normal
     comparison_sd_ratio: float = 1.0  # the comparison arm's training noise over the primary arm's
+    # per-example test outcomes (bench.examples): this many test examples per task, the cells'
+    # intervals from the project's own bootstrap over them; 0: drawn at the cell level
+    per_example: int = 0
+    router_mu: float = 0.0  # what x alone tells (router_mu_information's true value), every cell
 
     def value(self, family: str, beta: float) -> float:
         return float(self.values.get((family, beta), self.value_by_beta.get(beta, 0.5)))
@@ -178,6 +185,13 @@ SCENARIOS = {
         "the default pattern, the comparison arm's training noise twice the primary arm's",
         comparison_sd_ratio=2.0,
     ),
+    "per-example": _default_pattern(
+        "per-example",
+        "the default pattern from per-example outcomes (300 test examples per task), the intervals from the "
+        "project's own bootstrap, and x alone telling 0.02 bits",
+        per_example=300,
+        router_mu=0.02,
+    ),
     "noisy": Scenario(
         "noisy",
         "bistable with 3x the training noise and 2x the test-input noise",
@@ -235,9 +249,11 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     noise = noise * np.where(primary, 1.0, sc.comparison_sd_ratio)
     truth = np.where(started, value + sc.sd_train_used * noise, sc.sd_train_empty * noise)
     truth = truth + shift * primary
+    arm, pair = pd.factorize(d.arm)[0], d.pair.to_numpy()
+    if sc.per_example:
+        return _per_example(d, sc, rng, truth, started, (arm, pair))
     shared, by_arm, by_pair = math.sqrt(sc.rho_test), math.sqrt(sc.rho_arm_test), math.sqrt(sc.rho_pair_test)
     own = math.sqrt(max(1 - sc.rho_test - sc.rho_arm_test - sc.rho_pair_test, 0.0))
-    arm, pair = pd.factorize(d.arm)[0], d.pair.to_numpy()
     observed = truth + sc.sd_test * (
         shared * rng.standard_normal()
         + by_arm * rng.standard_normal(arm.max() + 1)[arm]
@@ -255,16 +271,37 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
         + by_pair * tau_pair[pair]
         + own * rng.standard_normal((n, N_BOOT))
     )
+    mu = tuple(np.full(len(d), sc.router_mu + off) for off in (0.0, -0.005, 0.005))
+    return _collection(d, started, observed, reps, mu)
+
+
+def _per_example(d: pd.DataFrame, sc: Scenario, rng, truth: np.ndarray, started: np.ndarray, groups: tuple):
+    """The collection of `draw` from per-example outcomes (bench.examples): router information and
+    router_mu_information each from its examples' bits, their intervals from the project's bootstrap."""
+    from latentstrat.bench import examples
+
+    arm, pair = groups
+    bits = examples.example_bits(sc, rng, truth, arm, pair, sc.per_example)
+    observed, reps = examples.replicates(bits, M.router_information, N_BOOT)
+    mu_bits = examples.example_bits(sc, rng, np.full(len(d), sc.router_mu), arm, pair, sc.per_example)
+    mu_value, mu_reps = examples.replicates(mu_bits, M.router_mu_information, N_BOOT)
+    mu_lo, mu_hi = np.percentile(mu_reps, [2.5, 97.5], axis=1)
+    return _collection(d, started, observed, reps, (mu_value, mu_lo, mu_hi))
+
+
+def _collection(d: pd.DataFrame, started: np.ndarray, observed: np.ndarray, reps: np.ndarray, mu: tuple):
+    """(summary rows, bootstrap dict) of a drawn collection: router information with its replicates'
+    interval, router_mu_information (value, low, high), and the loss metrics the cell states read."""
     lo, hi = np.percentile(reps, [2.5, 97.5], axis=1)
-    info, mu = M.router_information, M.router_mu_information
+    info, mu_name = M.router_information, M.router_mu_information
     summary = d.drop(columns=["setting", "replicate", "pair"]).assign(
         **{
             info: observed,
             f"{info}_ci_low": lo,
             f"{info}_ci_high": hi,
-            mu: 0.0,
-            f"{mu}_ci_low": -0.005,
-            f"{mu}_ci_high": 0.005,
+            mu_name: mu[0],
+            f"{mu_name}_ci_low": mu[1],
+            f"{mu_name}_ci_high": mu[2],
             M.kl_prior_loss: np.where(started, 2.0, 0.001),
             M.base_relative_reconstruction: np.where(started, 0.4, 1.0),
             M.token_base_relative_reconstruction: np.where(started, 0.4, 1.0),
