@@ -92,14 +92,14 @@ def parallel_cell_jobs(workflow, threads: int) -> int | None:
         return None
 
 
-def start_message(cfg: dict, parallel: int | None, main: bool = True) -> str:
+def start_message(cfg: dict, parallel: int | None, main: bool = True, configfile: str = "config/config.yaml") -> str:
     """What a run prints first: the collection, its cells and arms (config.describe), the data
     stage's tokenizer, the entangled model, and in the run's main process the cells left with
     their time at `parallel` cell jobs at once (None: unknown)."""
     first, *arms = describe(cfg)
     lines = [f"{first}; data stage tokenizer: {tokenizer_identity(cfg['backbone'])}; entangled model: "
              f"{cfg['entangle']['mode']}", *arms]  # fmt: skip
-    return "\n".join(lines + ([start_line(cfg, parallel)] if main else []))
+    return "\n".join(lines + ([start_line(cfg, parallel, configfile)] if main else []))
 
 
 def stage_settings(cfg: dict, stage: str) -> dict:

@@ -46,7 +46,7 @@ THREADS_BASE = RES["threads_base"] or RES["threads"]  # entangle and reference r
 MODEL_JOB = "gpu" if RES["gpu"] > 0 else "cpu"  # entangle, reference, step0, train, evaluate
 ENTANGLE_DIR = str(P.entangle_dir)  # a model job's param: where the entangled model is
 _parallel = package_rules.parallel_cell_jobs(workflow, RES["threads"])
-logger.info(package_rules.start_message(CFG, _parallel, workflow.is_main_process))
+logger.info(package_rules.start_message(CFG, _parallel, workflow.is_main_process, CONFIG_FILE))
 logger.addFilter(package_rules.NoLockNotice(lambda: workflow.execution_settings))
 TASK_PATTERN = "|".join(re.escape(t) for t in TASKS)  # the `task` wildcard (the Snakefile's constraints)
 

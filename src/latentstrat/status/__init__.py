@@ -400,7 +400,7 @@ def render(status: dict) -> str:
     return "\n".join(lines + notes + [status["summary"]] + ([status["eta_text"]] if status.get("eta_text") else []))
 
 
-def start_line(cfg: dict, parallel: int | None) -> str:
+def start_line(cfg: dict, parallel: int | None, configfile: str = "config/config.yaml") -> str:
     """The line a run starts with: cells done and left, and the time left at `parallel` cell jobs
     at once from this collection's measured jobs (status.collection_eta)."""
     st = collection_status(cfg, jobs=[])
@@ -413,7 +413,8 @@ def start_line(cfg: dict, parallel: int | None) -> str:
         return f"{head}: every cell done"
     if eta["unmeasured"]:
         return (
-            f"{head}: time {unmeasured_text(eta)} (then `python -m latentstrat.status` gives the ETA; the README "
+            f"{head}: time {unmeasured_text(eta)} (then `python -m latentstrat.status --configfile {configfile}` "
+            "gives the ETA; the README "
             "gives the main job's time per core count)"
         )
     return f"{head}: about {duration(eta['seconds'])} at {eta['parallel']} cell job(s) at once ({per_job_text(walls)})"
