@@ -234,3 +234,18 @@ def test_the_harness_sees_a_bootstrap_that_understates_the_test_inputs_se(defaul
     bad = calibrate.run_scenario(d, sc, "matched_mean", thr, 60, 0, seed=5)
     assert good["variance_ratio"] < 1.2 and good["false_sign"][0] <= 0.02
     assert bad["variance_ratio"] > 1.4 and bad["mean_t2"][0] > 1.8 and bad["false_sign"][0] > good["false_sign"][0]
+
+
+@pytest.mark.parametrize("gate", [{}, {"mixed_host_pairs": 0.2}, {"broken_cells": 0.1}])
+def test_the_headlines_gates_are_exercised_through_the_harness(default_design, gate):
+    """Drawn with the records the gates read (bench.gates) at a true difference the interval finds:
+    with every pair on one machine and every cell sound the headline reads what the interval
+    reads (control); pairs on another CPU model, or broken cells, turn it to cannot tell."""
+    import dataclasses
+
+    d, thr = default_design
+    sc = dataclasses.replace(calibrate.SCENARIOS["default"], gates=True, **gate)
+    rng = np.random.default_rng(2)
+    rows = [calibrate.analyse(*calibrate.draw(d, sc, rng, shift=0.2), "matched_mean", thr) for _ in range(4)]
+    assert all(r["verdict"] == "positive" for r in rows)
+    assert all(r["headline"] == ("positive" if not gate else "cannot tell") for r in rows)

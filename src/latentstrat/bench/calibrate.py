@@ -59,7 +59,7 @@ Declared scenarios (`SCENARIOS`) and one fitted to a finished collection (`fit_s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +108,10 @@ class Scenario:
     # intervals from the project's own bootstrap over them; 0: drawn at the cell level
     per_example: int = 0
     router_mu: float = 0.0  # what x alone tells (router_mu_information's true value), every cell
+    # the headline's gates (bench.gates): records for them, pairs on another machine, broken cells
+    gates: bool = False
+    mixed_host_pairs: float = 0.0
+    broken_cells: float = 0.0
 
     def value(self, family: str, beta: float) -> float:
         return float(self.values.get((family, beta), self.value_by_beta.get(beta, 0.5)))
@@ -228,6 +232,11 @@ def design(cells) -> pd.DataFrame:
 def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float = 0.0):
     """A simulated collection with design d: (summary of cell metrics rows, bootstrap dict).
     `shift` is added to every primary cell's true value (the alternative)."""
+    if sc.gates:  # the same draw, with the records the headline's gates read
+        from latentstrat.bench import gates
+
+        summary, boot = draw(d, replace(sc, gates=False), rng, shift)
+        return gates.with_records(summary, d, sc, rng), boot
     n = len(d)
     n_rep, n_pair = int(d.replicate.max()) + 1, int(d.pair.max()) + 1
     g = rng.standard_normal(n_rep)[d.replicate.to_numpy()]  # shared by the settings of a replicate
@@ -337,6 +346,10 @@ def analyse(summary: pd.DataFrame, boot: dict, arm: str, thr: dict, collection: 
         "known": bool(r.training_noise_in_interval),
         "sign_flip_p": float(r.sign_flip_p),
     }
+    if "train_cpu" in summary.columns:  # drawn with the gates' records (bench.gates)
+        from latentstrat.bench.gates import headline_verdict
+
+        out["headline"] = headline_verdict(t, summary, thr)
     if collection is not None:
         contrasts = a[a.comparison_arm == arm]
         out["plan"] = followup_plan(collection, contrasts, pd.DataFrame(columns=["total_s"]), commons=t["common_cells"])
