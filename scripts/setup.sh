@@ -2,7 +2,7 @@
 # Set up everything latentstrat needs on a fresh Debian machine with Python 3.11 + pip:
 # a virtual environment in .venv with the pinned packages (torch 2.13.0 CPU wheel locally),
 # and Debian's slurm-wlm + munge for the real-Slurm tests. Idempotent: installs only what is
-# missing. Cluster users: see the README's "Slurm and clusters" (CUDA torch first, then this package).
+# missing. Cluster users: see docs/slurm.md (CUDA torch first, then this package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
