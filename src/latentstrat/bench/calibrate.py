@@ -113,6 +113,12 @@ class Scenario:
     mixed_host_pairs: float = 0.0
     broken_cells: float = 0.0
 
+    def test_weights(self) -> tuple[float, float, float, float]:
+        """The test-input noise's parts as SD weights: (shared by every cell, by one arm's cells, by a
+        pair's cells, the cell's own), their squares adding up to 1."""
+        own = math.sqrt(max(1 - self.rho_test - self.rho_arm_test - self.rho_pair_test, 0.0))
+        return math.sqrt(self.rho_test), math.sqrt(self.rho_arm_test), math.sqrt(self.rho_pair_test), own
+
     def value(self, family: str, beta: float) -> float:
         return float(self.values.get((family, beta), self.value_by_beta.get(beta, 0.5)))
 
@@ -261,8 +267,7 @@ def draw(d: pd.DataFrame, sc: Scenario, rng: np.random.Generator, shift: float =
     arm, pair = pd.factorize(d.arm)[0], d.pair.to_numpy()
     if sc.per_example:
         return _per_example(d, sc, rng, truth, started, (arm, pair))
-    shared, by_arm, by_pair = math.sqrt(sc.rho_test), math.sqrt(sc.rho_arm_test), math.sqrt(sc.rho_pair_test)
-    own = math.sqrt(max(1 - sc.rho_test - sc.rho_arm_test - sc.rho_pair_test, 0.0))
+    shared, by_arm, by_pair, own = sc.test_weights()
     observed = truth + sc.sd_test * (
         shared * rng.standard_normal()
         + by_arm * rng.standard_normal(arm.max() + 1)[arm]
@@ -531,6 +536,3 @@ def describe(sc: Scenario) -> str:
         f"{sc.sd_train_empty:.4f}; pair correlation {sc.rho_pair:.2f}; start probabilities "
         + ", ".join(f"{family_label(f)} {b:g}: {p:.2f}" for (f, b), p in sorted(sc.p_start.items()))
     )
-
-
-# ----------------------------------------------------------------------------- command

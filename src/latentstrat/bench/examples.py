@@ -27,8 +27,7 @@ def example_bits(
     """[cells, tasks, examples] bits with cell means `truth` and the scenario's test-input noise."""
     n, shape = len(truth), (N_TASKS, per_task)
     sd = sc.sd_test * math.sqrt(N_TASKS * per_task)  # the mean over every example has SE sd_test
-    shared, by_arm, by_pair = math.sqrt(sc.rho_test), math.sqrt(sc.rho_arm_test), math.sqrt(sc.rho_pair_test)
-    own = math.sqrt(max(1 - sc.rho_test - sc.rho_arm_test - sc.rho_pair_test, 0.0))
+    shared, by_arm, by_pair, own = sc.test_weights()
     noise = (
         shared * rng.standard_normal(shape)[None]
         + by_arm * rng.standard_normal((arm.max() + 1, *shape))[arm]
